@@ -163,6 +163,8 @@ class GRPOConfig:
     seed: int = 0
     output_dir: Optional[str] = None
     """Run directory; default: Hydra's (outputs/DATE/TIME)."""
+    resume: Optional[str] = None
+    """null | auto (newest checkpoint in output_dir) | a checkpoint folder."""
     model: ModelConfig = field(default_factory=ModelConfig)
     train_model: TrainModelConfig = field(default_factory=TrainModelConfig)
     ref_model: RefModelConfig = field(default_factory=RefModelConfig)

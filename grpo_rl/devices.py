@@ -83,7 +83,8 @@ def _allocate_cpu(cfg, roles: list[str], num_cpus: int) -> DeviceAllocation:
             )
         counts[role] = int(role_cfg.num_devices)
     total = sum(counts.values())
-    if total > 1 and total > num_cpus:
+    # One worker per role shares a process and takes turns; more workers each need their own core.
+    if max(counts.values()) > 1 and total > num_cpus:
         asked = ", ".join(f"{r}.num_devices={n}" for r, n in counts.items())
         raise ConfigError(
             f"{asked}: on a machine without GPUs num_devices counts CPU worker processes, and {total} workers "

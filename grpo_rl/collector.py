@@ -1,0 +1,155 @@
+"""From prompts to a scored, advantage-annotated batch: the collector, the reference scorer and the advantage stage.
+
+Each stage adds keys to the batch TensorDict (batch size ``[N]``, ``N = P * G``) and rewrites none:
+
+=====================  ==========  =================================================
+stage                  key         shape / meaning
+=====================  ==========  =================================================
+engine                 see :mod:`grpo_rl.rollout.base`
+:class:`Collector`     ``response_text``, ``prompt``, ``reference``   text, for rewards and logging
+                       ``reward``  ``[N]`` total task reward
+                       ``reward_<name>``  ``[N]`` each reward component, unweighted
+                       ``policy_version``  ``[N]`` learner version whose weights sampled it
+                       ``sample_seed``  ``[N]`` seed of the request (reproducible sampling)
+:class:`RefScorer`     ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
+:func:`assign_advantages`  ``advantage``  ``[N]``; ``zero_variance`` ``[N]`` bool
+=====================  ==========  =================================================
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from grpo_rl.advantages import group_advantages
+from grpo_rl.envs.base import PromptEnv
+from grpo_rl.learner import micro_batches
+from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.loss import kl_penalised_rewards
+from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
+
+
+@dataclass
+class CollectStats:
+    seconds: float = 0.0
+    generation_seconds: float = 0.0
+    reward_seconds: float = 0.0
+    num_tokens: int = 0
+    reward_failures: dict = field(default_factory=dict)
+
+
+class Collector:
+    """Draws prompts from ``env``, samples ``group_size`` answers each with ``engine``, and scores them.
+
+    Args:
+        env: the environment.
+        engine: the rollout engine.
+        tokenizer: decodes sampled tokens.
+        group_size: ``G``.
+        max_new_tokens, temperature, top_p: sampling.
+        seed: base seed; the request for prompt ``i`` of step ``s`` is seeded from ``(seed, s, i)``.
+    """
+
+    def __init__(self, env: PromptEnv, engine: RolloutEngine, tokenizer, *, group_size: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0):
+        self.env = env
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+
+    def collect(self, step: int, policy_version: int) -> tuple[TensorDict, CollectStats]:
+        t0 = time.perf_counter()
+        prompts = self.env.reset()
+        n = self.group_size
+        # One seed per (run seed, step): resuming at step s reproduces its samples exactly.
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step)))
+        batch = self.engine.generate(list(prompts["prompt_tokens"]), n, SamplingSpec(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, seed=seed))
+        t1 = time.perf_counter()
+        texts = self.tokenizer.batch_decode(
+            [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])],
+            skip_special_tokens=True,
+        )
+        rows = batch["group_id"].tolist()
+        batch.set("response_text", NonTensorStack(*texts))
+        for key in ("prompt", "reference", "extra"):
+            values = list(prompts[key])
+            batch.set(key, NonTensorStack(*[values[g] for g in rows]))
+        batch.set("prompt_index", prompts["prompt_index"][batch["group_id"]])
+        batch = self.env.step(batch)
+        nxt = batch.get("next")
+        batch.set("reward", nxt["reward"].squeeze(-1))
+        for key in nxt.keys():
+            if key.startswith("reward_"):
+                batch.set(key, nxt[key].squeeze(-1))
+        del batch["next"]
+        batch.set("policy_version", torch.full((batch.batch_size[0],), policy_version, dtype=torch.long))
+        batch.set("sample_seed", seed + torch.arange(batch.batch_size[0]))
+        t2 = time.perf_counter()
+        stats = CollectStats(
+            seconds=t2 - t0, generation_seconds=t1 - t0, reward_seconds=t2 - t1,
+            num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
+        )
+        return batch, stats
+
+
+class RefScorer:
+    """Scores the sampled answers under the frozen reference model, micro-batched by tokens."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, *, temperature: float = 1.0,
+                 micro_batch_tokens: int = 8192, bf16_autocast: bool = False):
+        self.model = model
+        self.device = device
+        self.temperature = temperature
+        self.micro_batch_tokens = micro_batch_tokens
+        self.bf16_autocast = bf16_autocast
+
+    @torch.no_grad()
+    def score(self, batch: TensorDict) -> TensorDict:
+        lr = batch["response_ids"].shape[1]
+        out = torch.zeros(batch["response_ids"].shape, dtype=torch.float32)
+        row = 0
+        model_view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask").to(self.device)
+        for mb in micro_batches(model_view, self.micro_batch_tokens):
+            ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16_autocast else nullcontext()
+            with ctx:
+                lp = sequence_logprobs(self.model, mb, temperature=self.temperature).logprobs.float().cpu()
+            out[row : row + lp.shape[0], : lp.shape[1]] = lp
+            row += lp.shape[0]
+        assert row == batch.batch_size[0] and out.shape[1] == lr
+        batch.set("ref_logprobs", out)
+        return batch
+
+
+def assign_advantages(batch: TensorDict, group_size: int, *, scale_by_std: bool = True,
+                      kl_in_reward_coef: float = 0.0, kl_estimator: str = "k1",
+                      filter_zero_variance: bool = False) -> tuple[TensorDict, dict[str, float]]:
+    """Add ``advantage`` (and ``zero_variance``) to ``batch``; optionally drop zero-variance groups.
+
+    With ``kl_in_reward_coef > 0`` the advantage is computed from the reward minus the KL to the reference
+    (needs ``ref_logprobs``); ``reward`` itself is left as the task reward.
+    """
+    rewards = batch["reward"]
+    if kl_in_reward_coef > 0:
+        rewards = kl_penalised_rewards(rewards, batch["behavior_logprobs"], batch["ref_logprobs"],
+                                       batch["response_mask"], kl_coef=kl_in_reward_coef, estimator=kl_estimator)
+    adv = group_advantages(rewards, group_size, scale_by_std=scale_by_std)
+    batch.set("advantage", adv.advantage)
+    batch.set("zero_variance", adv.zero_variance)
+    stats = {
+        "advantage_mean": float(adv.advantage.mean()),
+        "advantage_std": float(adv.advantage.std()) if adv.advantage.numel() > 1 else 0.0,
+        "advantage_abs_max": float(adv.advantage.abs().max()),
+        "zero_variance_groups": float(adv.num_zero_variance_groups),
+        "zero_variance_fraction": adv.num_zero_variance_groups / max(1, rewards.numel() // group_size),
+    }
+    if filter_zero_variance:
+        batch = batch[~adv.zero_variance]
+    return batch, stats

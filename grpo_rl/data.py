@@ -1,0 +1,261 @@
+"""Loading prompt data sets from the Hugging Face hub or from local files.
+
+Three sources: ``"gsm8k"`` (``openai/gsm8k``, config ``main``), ``"ifeval"``
+(``google/IFEval``) and ``"file"`` (a local ``.jsonl``, ``.json`` or ``.parquet``).
+For the two named data sets the order is: an explicit ``path``, then the hub (skipped
+when ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set, so offline runs and tests
+never wait on a network timeout), then the shared copies under :func:`data_dir`.
+Both give the same records (see ``../shared/data/README.md``); hub IFEval rows are
+made to match the local file by dropping the ``None`` values that Arrow adds to
+``kwargs`` when it unifies their schemas.
+
+Every error names the input it came from and how to fix it, since a bad data path
+is the most common way a training run dies before its first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["data_dir", "load_records"]
+
+_REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+_TRUTHY = {"1", "true", "yes", "on"}
+_FIX = "set env.path=<dir or file> or the GRPO_DATA_DIR environment variable"
+
+
+@dataclass(frozen=True)
+class _NamedDataset:
+    """Where one named data set lives on the hub and in a local data directory."""
+
+    hub_path: str
+    hub_config: str | None
+    local_dir: str
+    # split name -> file name inside local_dir (and inside an explicit path dir)
+    split_files: dict[str, str]
+    # Fields every record must have; checked on load so a wrong file fails here
+    # rather than as a KeyError deep inside a reward function.
+    fields: tuple[str, ...]
+
+
+_NAMED = {
+    "gsm8k": _NamedDataset(
+        hub_path="openai/gsm8k",
+        hub_config="main",
+        local_dir="gsm8k",
+        split_files={"train": "train.jsonl", "test": "test.jsonl"},
+        fields=("question", "answer"),
+    ),
+    "ifeval": _NamedDataset(
+        hub_path="google/IFEval",
+        hub_config=None,
+        local_dir="ifeval",
+        split_files={"train": "input_data.jsonl"},
+        fields=("key", "prompt", "instruction_id_list", "kwargs"),
+    ),
+}
+
+
+def data_dir() -> pathlib.Path | None:
+    """Returns the local data directory, or None when there is none.
+
+    ``$GRPO_DATA_DIR`` if set (returned even if it does not exist, so a typo shows up
+    as a missing-file error naming it), else ``<repo root>/../shared/data`` if that
+    exists, else None.
+    """
+    env = os.environ.get("GRPO_DATA_DIR")
+    if env:
+        return pathlib.Path(env).expanduser()
+    shared = _REPO_ROOT.parent / "shared" / "data"
+    return shared if shared.is_dir() else None
+
+
+def _hub_offline() -> bool:
+    return any(
+        os.environ.get(var, "").strip().lower() in _TRUTHY
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_number}: malformed JSON line: {e}") from e
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}:{line_number}: expected a JSON object per line, "
+                    f"got {type(record).__name__}"
+                )
+            records.append(record)
+    return records
+
+
+def _read_json(path: pathlib.Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        # Many ".json" files are really JSON Lines; the hub's json loader accepts
+        # both, so do the same rather than fail on the second line.
+        if e.msg == "Extra data":
+            return _read_jsonl(path)
+        raise ValueError(f"{path}: malformed JSON at line {e.lineno}: {e}") from e
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ValueError(
+            f"{path}: expected a JSON list of objects (or JSON Lines), got {type(data).__name__}"
+        )
+    return data
+
+
+def _read_parquet(path: pathlib.Path) -> list[dict[str, Any]]:
+    # pyarrow comes with `datasets`; imported here so plain imports stay light.
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several unrelated types for bad files
+        raise ValueError(f"{path}: not a readable parquet file: {e}") from e
+    return table.to_pylist()
+
+
+def _read_file(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        what = "is a directory, expected a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"data file {path} {what}")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _read_jsonl(path)
+    if suffix == ".json":
+        return _read_json(path)
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    raise ValueError(
+        f"data file {path}: unsupported extension {path.suffix!r}; "
+        f"expected one of {list(_FILE_SUFFIXES)}"
+    )
+
+
+def _local_file(dataset: _NamedDataset, root: pathlib.Path, split: str) -> pathlib.Path:
+    """Resolves ``root`` (a file, or a directory holding the split file) to a file."""
+    if root.is_dir():
+        return root / dataset.split_files[split]
+    return root
+
+
+def _load_from_hub(name: str, dataset: _NamedDataset, split: str) -> list[dict[str, Any]]:
+    import datasets  # heavy; only imported when the hub is actually tried
+
+    hub = datasets.load_dataset(dataset.hub_path, dataset.hub_config, split=split)
+    records = hub.to_list()
+    if name == "ifeval":
+        for record in records:
+            record["kwargs"] = [
+                {k: v for k, v in kwargs.items() if v is not None} for kwargs in record["kwargs"]
+            ]
+    return records
+
+
+def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str, Any]], str]:
+    """Loads gsm8k/ifeval; returns the records and a description of where from."""
+    dataset = _NAMED[name]
+    if split not in dataset.split_files:
+        raise ValueError(
+            f"{name} has no split {split!r}; expected one of {sorted(dataset.split_files)}"
+        )
+    if path is not None:
+        file = _local_file(dataset, pathlib.Path(path).expanduser(), split)
+        return _read_file(file), str(file)
+
+    if _hub_offline():
+        hub_failure = "skipped because HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set"
+    else:
+        try:
+            return _load_from_hub(name, dataset, split), f"hub:{dataset.hub_path}[{split}]"
+        except Exception as e:  # no network, no auth, missing cache: all mean "go local"
+            hub_failure = f"unreachable ({type(e).__name__}: {e})"
+
+    local_root = data_dir()
+    if local_root is not None:
+        file = local_root / dataset.local_dir / dataset.split_files[split]
+        if file.is_file():
+            return _read_file(file), str(file)
+        looked = f"{file} does not exist"
+    else:
+        looked = "no local data directory (GRPO_DATA_DIR unset and no ../shared/data)"
+    raise FileNotFoundError(
+        f"cannot load {name} split {split!r}: the hub {dataset.hub_path} was {hub_failure}, "
+        f"and {looked}. To fix, {_FIX} (a directory holding "
+        f"{dataset.local_dir}/{dataset.split_files[split]})."
+    )
+
+
+def _check_fields(records: list[dict[str, Any]], required: Sequence[str], where: str) -> None:
+    for index, record in enumerate(records):
+        for field in required:
+            if field not in record:
+                raise ValueError(
+                    f"{where}: row {index} is missing required field {field!r} "
+                    f"(fields present: {sorted(record)})"
+                )
+
+
+def load_records(
+    source: str,
+    *,
+    split: str = "train",
+    path: str | None = None,
+    required_fields: Sequence[str] = (),
+) -> list[dict]:
+    """Loads a data set as a list of plain dict records.
+
+    Args:
+        source: ``"gsm8k"``, ``"ifeval"`` or ``"file"``.
+        split: ``"train"`` or ``"test"`` for gsm8k; ``"train"`` (the only split) for
+            ifeval; ignored for ``"file"``.
+        path: For gsm8k/ifeval, an optional local override: a file, or a directory
+            holding the split file (``train.jsonl``/``test.jsonl`` for gsm8k,
+            ``input_data.jsonl`` for ifeval). For ``"file"``, the ``.jsonl``,
+            ``.json`` or ``.parquet`` file to read (required).
+        required_fields: Fields every record must have, in addition to the ones
+            the named data sets always need (gsm8k: ``question``, ``answer``;
+            ifeval: ``key``, ``prompt``, ``instruction_id_list``, ``kwargs``).
+
+    Returns:
+        The records, in file order.
+
+    Raises:
+        FileNotFoundError: If a file is missing, or the hub is unreachable and no
+            local copy exists; the message says how to point at one.
+        ValueError: For an unknown source or split, a malformed line (file and line
+            number), a record missing a required field (file, row, field, fields
+            present), or an empty data set.
+    """
+    if source == "file":
+        if path is None:
+            raise ValueError("data source 'file' needs a path: set env.path=<file>")
+        file = pathlib.Path(path).expanduser()
+        records, where = _read_file(file), str(file)
+        required = tuple(required_fields)
+    elif source in _NAMED:
+        records, where = _load_named(source, split, path)
+        required = _NAMED[source].fields + tuple(required_fields)
+    else:
+        raise ValueError(
+            f"unknown data source {source!r}; expected one of {[*sorted(_NAMED), 'file']}"
+        )
+    if not records:
+        raise ValueError(f"{where}: data set is empty (no records)")
+    _check_fields(records, list(dict.fromkeys(required)), where)
+    return records

@@ -1,0 +1,128 @@
+"""Config -> objects. Both entry scripts build every component through these ``make_*`` functions."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo_rl.collector import Collector, RefScorer, assign_advantages
+from grpo_rl.config import validate
+from grpo_rl.devices import DeviceAllocation, allocate_devices
+from grpo_rl.envs import make_env
+from grpo_rl.learner import Learner, LossSettings
+from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunContext:
+    """What every component of a run shares: the config, the devices, the model folder and tokenizer."""
+
+    cfg: object
+    run_dir: Path
+    devices: DeviceAllocation
+    model_path: str
+    tokenizer: object
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.cfg.policy.kl_coef > 0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_run(cfg, run_dir: str | Path) -> RunContext:
+    """Validate the config, allocate devices, resolve the model; fail fast before anything heavy starts."""
+    validate(cfg)
+    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0)
+    if len(devices.train) > 1 or len(devices.inference) > 1 or len(devices.ref) > 1:
+        raise NotImplementedError(
+            f"{devices.describe()}: more than one worker per role needs the distributed learner and engine "
+            "replicas; run with num_devices=1 per role"
+        )
+    model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
+    tokenizer = load_tokenizer(model_path)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("run dir: %s | model: %s | devices: %s", run_dir, model_path, devices.describe())
+    return RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer)
+
+
+def make_engine(run: RunContext):
+    cfg = run.cfg.inference_model
+    device = run.devices.inference[0]
+    kwargs = dict(dtype=run.cfg.model.dtype)
+    if cfg.engine == "vllm":
+        from grpo_rl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(run.model_path, device, max_model_len=cfg.max_model_len, seed=run.cfg.seed,
+                          kv_cache_gb=cfg.kv_cache_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                          enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching, **kwargs)
+    from grpo_rl.rollout.transformers_engine import TransformersEngine
+
+    return TransformersEngine(run.model_path, device, **kwargs)
+
+
+def make_learner(run: RunContext) -> Learner:
+    cfg = run.cfg
+    model = load_causal_lm(run.model_path, run.devices.train[0], cfg.model.dtype, trainable=True)
+    loss = LossSettings(
+        clip_eps_low=cfg.policy.clip_eps_low, clip_eps_high=cfg.policy.clip_eps_high,
+        kl_coef=0.0 if cfg.policy.kl_in_reward else cfg.policy.kl_coef, kl_estimator=cfg.policy.kl_estimator,
+        aggregation=cfg.policy.aggregation, max_tokens=cfg.sampling.max_new_tokens, tis_cap=cfg.policy.tis_cap,
+        temperature=cfg.sampling.temperature,
+    )
+    return Learner(
+        model, run.devices.train[0], loss, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
+        betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
+        warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
+        micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.epochs,
+        bf16_autocast=cfg.train_model.bf16_autocast, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
+    )
+
+
+def make_ref_scorer(run: RunContext) -> RefScorer | None:
+    if not run.uses_ref:
+        return None
+    device = run.devices.ref[0]
+    model = load_causal_lm(run.model_path, device, run.cfg.model.dtype, trainable=False)
+    return RefScorer(model, device, temperature=run.cfg.sampling.temperature,
+                     micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
+                     bf16_autocast=run.cfg.train_model.bf16_autocast)
+
+
+def make_collector(run: RunContext, engine, env=None) -> Collector:
+    cfg = run.cfg
+    env = env if env is not None else make_env(cfg, run.tokenizer)
+    return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
+                     max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
+                     top_p=cfg.sampling.top_p, seed=cfg.seed)
+
+
+def score_batch(run: RunContext, batch, ref: RefScorer | None):
+    """Reference scoring and advantages: the stages between collection and training, shared by both loops."""
+    if ref is not None:
+        ref.score(batch)
+    policy = run.cfg.policy
+    return assign_advantages(
+        batch, run.cfg.env.group_size, scale_by_std=policy.scale_advantages_by_std,
+        kl_in_reward_coef=policy.kl_coef if policy.kl_in_reward else 0.0, kl_estimator=policy.kl_estimator,
+        filter_zero_variance=policy.filter_zero_variance_groups,
+    )
+
+
+def configure_threads() -> int:
+    """Use every core for torch in a single-process run (roles take turns, so they never compete)."""
+    n = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    torch.set_num_threads(n)
+    return n

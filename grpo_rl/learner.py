@@ -1,0 +1,229 @@
+"""The learner: micro-batched GRPO updates with gradient accumulation.
+
+One :meth:`Learner.train_step` is one optimizer step over a whole batch. The batch is cut into
+micro-batches under a token budget (rows x padded length), each trimmed to its own longest prompt and answer.
+Each micro-batch's loss is scaled by its share of the batch's tokens (``token_mean``) or rows (the per-sequence
+aggregations), so the accumulated gradient equals that of the full batch in one pass.
+
+When a batch is used for a single optimizer step (``epochs == 1``) the "old" policy equals the current one,
+so no separate old-log-prob pass is run: ``old_logprobs = logprobs.detach()``, the ratio is 1 with gradient
+``grad logprobs``, exactly GRPO's single-update case. With more epochs the old log-probs are computed once,
+without gradients, before the first epoch.
+
+A step whose loss or gradient is not finite is skipped (no parameter changes), counted and logged.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.loss import grpo_loss
+
+log = logging.getLogger(__name__)
+
+MODEL_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+@dataclass
+class LossSettings:
+    """The scalars the loss takes, resolved once from the ``policy`` config group."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    aggregation: str = "token_mean"
+    max_tokens: int | None = None
+    tis_cap: float | None = 2.0
+    temperature: float = 1.0
+
+
+def micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
+    """Split ``batch`` into consecutive micro-batches of at most ``token_budget`` padded tokens each.
+
+    Each micro-batch is trimmed to its own longest prompt (left padding) and answer (right padding). A row
+    longer than the budget on its own still forms a micro-batch of one.
+    """
+    p_len = batch["prompt_mask"].sum(-1)  # [N]
+    r_len = batch["response_mask"].sum(-1)  # [N]
+    chunks, start = [], 0
+    n = batch.batch_size[0]
+    while start < n:
+        end = start + 1
+        while end < n:
+            width = int(p_len[start : end + 1].max() + r_len[start : end + 1].max())
+            if width * (end + 1 - start) > token_budget:
+                break
+            end += 1
+        chunks.append(trim_padding(batch[start:end]))
+        start = end
+    return chunks
+
+
+def trim_padding(mb: TensorDict) -> TensorDict:
+    lp = max(1, int(mb["prompt_mask"].sum(-1).max()))
+    lr = max(1, int(mb["response_mask"].sum(-1).max()))
+    out = mb.clone(recurse=False)
+    for key in ("prompt_ids", "prompt_mask"):
+        out.set(key, mb[key][:, -lp:])
+    for key in ("response_ids", "response_mask", "behavior_logprobs", "ref_logprobs", "old_logprobs"):
+        if key in mb.keys():
+            out.set(key, mb[key][:, :lr])
+    return out
+
+
+class Learner:
+    """Owns the trainable model, its optimizer and LR schedule, and the policy version.
+
+    Args:
+        model: the trainable causal LM (already on ``device``).
+        device: where training runs.
+        loss: loss settings.
+        lr, weight_decay, betas, eps: AdamW.
+        warmup_steps: linear LR warmup length.
+        max_grad_norm: gradient-norm clip (0 disables).
+        micro_batch_tokens: token budget per micro-batch.
+        epochs: optimizer steps per batch.
+        bf16_autocast: forward/backward under bf16 autocast with fp32 master weights.
+        gradient_checkpointing: recompute activations in backward.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        loss: LossSettings,
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        warmup_steps: int = 0,
+        max_grad_norm: float = 1.0,
+        micro_batch_tokens: int = 4096,
+        epochs: int = 1,
+        bf16_autocast: bool = False,
+        gradient_checkpointing: bool = False,
+    ):
+        self.model = model
+        self.device = device
+        self.loss = loss
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_tokens = micro_batch_tokens
+        self.epochs = epochs
+        self.bf16_autocast = bf16_autocast
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        warm = max(0, warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        self.version = 0
+        self.skipped_steps = 0
+
+    def _autocast(self):
+        if not self.bf16_autocast:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def _logprobs(self, mb: TensorDict, with_entropy: bool):
+        with self._autocast():
+            return sequence_logprobs(self.model, mb, temperature=self.loss.temperature, with_entropy=with_entropy)
+
+    def train_step(self, batch: TensorDict) -> dict[str, float]:
+        """Run ``epochs`` optimizer steps on ``batch``; return averaged diagnostics.
+
+        ``batch`` needs the model keys, ``advantage`` ``[N]``, ``behavior_logprobs`` and, with KL in the loss,
+        ``ref_logprobs``.
+        """
+        batch = batch.to(self.device)
+        chunks = micro_batches(batch, self.micro_batch_tokens)
+        if self.epochs > 1:
+            with torch.no_grad():
+                for mb in chunks:
+                    mb.set("old_logprobs", self._logprobs(mb, with_entropy=False).logprobs)
+        total_tokens = float(batch["response_mask"].sum().clamp(min=1))
+        total_rows = float(batch.batch_size[0])
+        metrics: dict[str, float] = {}
+        for _ in range(self.epochs):
+            metrics = self._optimizer_step(chunks, total_tokens, total_rows)
+        metrics["num_micro_batches"] = float(len(chunks))
+        return metrics
+
+    def _optimizer_step(self, chunks: list[TensorDict], total_tokens: float, total_rows: float) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        finite = True
+        for mb in chunks:
+            share = (
+                float(mb["response_mask"].sum()) / total_tokens
+                if self.loss.aggregation == "token_mean"
+                else mb.batch_size[0] / total_rows
+            )
+            out = self._logprobs(mb, with_entropy=True)
+            old = mb["old_logprobs"] if "old_logprobs" in mb.keys() else out.logprobs.detach()
+            result = grpo_loss(
+                out.logprobs,
+                old,
+                mb["advantage"],
+                mb["response_mask"],
+                ref_logprobs=mb.get("ref_logprobs", None),
+                behavior_logprobs=mb["behavior_logprobs"],
+                clip_eps_low=self.loss.clip_eps_low,
+                clip_eps_high=self.loss.clip_eps_high,
+                kl_coef=self.loss.kl_coef,
+                kl_estimator=self.loss.kl_estimator,
+                aggregation=self.loss.aggregation,
+                max_tokens=self.loss.max_tokens,
+                tis_cap=self.loss.tis_cap,
+                entropy=out.entropy,
+                scale=share,
+            )
+            if not torch.isfinite(result.loss):
+                finite = False
+                break
+            result.loss.backward()
+            for k, v in result.diagnostics().items():
+                # loss terms are already scaled by share; diagnostics are per-micro-batch means
+                weight = 1.0 if k.startswith("loss") else share
+                sums[k] = sums.get(k, 0.0) + weight * v
+        grad_norm = float("nan")
+        if finite:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.version += 1
+        else:
+            self.skipped_steps += 1
+            log.warning("non-finite loss or gradient: optimizer step skipped (%d so far)", self.skipped_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+                    skipped_steps=float(self.skipped_steps), step_skipped=float(not finite))
+        return sums
+
+    def named_weights(self):
+        """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights``."""
+        return self.model.state_dict().items()
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "version": self.version, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]
+        self.skipped_steps = state["skipped_steps"]
