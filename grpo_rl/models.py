@@ -113,7 +113,8 @@ def load_causal_lm(path: str, device: torch.device, dtype: str = "float32", *, t
 
 
 def build_tiny_model(tokenizer_path: str, out_dir: str | Path, *, seed: int = 0, hidden_size: int = 64,
-                     num_layers: int = 2, num_heads: int = 2, intermediate_size: int = 128) -> Path:
+                     num_layers: int = 2, num_heads: int = 2, intermediate_size: int = 128,
+                     initializer_range: float = 0.02) -> Path:
     """Write a tiny random Llama with a real tokenizer to ``out_dir`` (tests, smoke runs).
 
     The head size (``hidden_size / num_heads``) must be one vLLM's CPU attention supports (32, 64, ...).
@@ -126,7 +127,7 @@ def build_tiny_model(tokenizer_path: str, out_dir: str | Path, *, seed: int = 0,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
         max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-        rms_norm_eps=1e-5,
+        rms_norm_eps=1e-5, initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -18,14 +18,24 @@ from grpo_rl.envs.base import PromptEnv
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
 from grpo_rl.rewards.gsm8k import correctness_reward, format_reward, reference_answer
 
+# The hash prompt carries one worked example: with it, 17% of SmolLM2-135M-Instruct's answers use the
+# '#### N' format before any training (9% exactly as asked), against 2% with the instruction alone
+# (8 GSM8K train prompts x 8 samples, temperature 1.0), which gives the format reward something to work with.
 SYSTEM_PROMPTS = {
     "hash": (
-        "You are a careful math tutor. Solve the problem step by step in a few short sentences. "
-        "Then write the final answer, a single number, on the last line in the form '#### <number>'."
+        "Solve the math problem briefly, then give the final answer on the last line as '#### <number>'.\n"
+        "Example:\n"
+        "Question: Tom has 3 apples and buys 2 more. How many apples does he have?\n"
+        "Answer: Tom has 3 + 2 = 5 apples.\n"
+        "#### 5"
     ),
     "tags": (
-        "You are a careful math tutor. Think through the problem inside <think> </think> tags, then give the "
-        "final answer, a single number, inside <answer> </answer> tags."
+        "Think through the math problem inside <think> </think> tags, then give the final answer, a single "
+        "number, inside <answer> </answer> tags.\n"
+        "Example:\n"
+        "Question: Tom has 3 apples and buys 2 more. How many apples does he have?\n"
+        "<think>Tom has 3 + 2 = 5 apples.</think>\n"
+        "<answer>5</answer>"
     ),
 }
 

@@ -81,6 +81,10 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=gpu_memory_utilization,
+            # Seeded requests and chunked prefill do not mix on the CPU: rewinding the sampler's generator
+            # after a partial prefill needs generator offsets, which CPU generators lack.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(8192, max_model_len),
         )
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
