@@ -34,7 +34,7 @@ def test_tiny_model_learns_toy_task(tokenizer_dir, tokenizer, tmp_path):
     torch.manual_seed(0)
     engine = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=256, kv_cache_gb=1, seed=0)
     learner = Learner(load_causal_lm(str(tiny_model_dir), torch.device("cpu")), torch.device("cpu"),
-                      LossSettings(kl_coef=0.0), lr=3e-3, warmup_steps=0, micro_batch_tokens=4096)
+                      LossSettings(kl_coef=0.0), lr=1e-2, warmup_steps=0, micro_batch_tokens=4096)
     engine.update_weights(learner.named_weights())
     records = [{"q": f"Write something about topic {i}."} for i in range(16)]
     env = PromptEnv(records, tokenizer, CompositeReward([RewardComponent("early", early_letter_fraction)]),
@@ -42,7 +42,7 @@ def test_tiny_model_learns_toy_task(tokenizer_dir, tokenizer, tmp_path):
                     prompts_per_step=4, max_prompt_tokens=64, seed=0)
     collector = Collector(env, engine, tokenizer, group_size=8, max_new_tokens=12, seed=0)
     means = []
-    for step in range(16):
+    for step in range(20):
         batch, _ = collector.collect(step, learner.version)
         means.append(float(batch["reward"].mean()))
         batch, _ = assign_advantages(batch, 8)

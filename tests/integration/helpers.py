@@ -1,0 +1,35 @@
+"""Running the entry scripts as subprocesses, the way a user does."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", VLLM_LOGGING_LEVEL="WARNING",
+               PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    shared = ROOT.parent / "shared" / "data"
+    if "GRPO_DATA_DIR" not in env and shared.exists():
+        env["GRPO_DATA_DIR"] = str(shared)
+    return env
+
+
+def tiny_overrides(model_dir: Path, out_dir: Path, steps: int = 2) -> list[str]:
+    return [f"model.name={model_dir}", f"output_dir={out_dir}", f"train.steps={steps}", "logger.backend=none",
+            "sampling.max_new_tokens=16", "env.prompts_per_step=2", "env.group_size=4",
+            "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512"]
+
+
+def run_script(script: str, *overrides: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=cwd or ROOT,
+                          env=script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -1,0 +1,45 @@
+"""sota/grpo.py end to end on a tiny model with the vLLM engine, and its start-up errors on bad input."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.helpers import read_metrics, run_script, tiny_overrides
+
+pytestmark = [pytest.mark.integration]
+
+STEP_KEYS = {"reward_mean", "reward_correct_mean", "reward_format_mean", "kl_ref", "clip_fraction", "ess",
+             "entropy", "grad_norm", "lr", "tokens_per_second", "generation_seconds", "reference_seconds",
+             "training_seconds", "weight_sync_seconds", "response_length_mean", "advantage_mean",
+             "zero_variance_groups", "policy_version"}
+
+
+@pytest.mark.slow
+def test_sync_script_runs_steps(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, out, steps=2))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    missing = STEP_KEYS - set(rows[0])
+    assert not missing, f"metrics lack {missing}"
+    assert rows[-1]["policy_version"] == 2
+    assert (out / "checkpoints" / "step_00000002" / "model" / "config.json").exists()
+    assert (out / "final_model" / "model.safetensors").exists()
+    assert "reward: start" in proc.stdout and str(out) in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["model.name=meta-llama/Llama-2-7b-hf"], "cannot be loaded"),
+        (["train_model.devices=[0,1]", "ref_model.devices=[2,3]", "inference_model.devices=[4,5]"], "names GPUs"),
+        (["train_model.num_devices=2", "ref_model.num_devices=2", "inference_model.num_devices=2"], "CPU cores"),
+        (["optimizer.lrr=1e-5"], "lrr"),
+        (["policy.aggregation=mean"], "policy.aggregation"),
+        (["env.path=/nonexistent/gsm8k"], "/nonexistent/gsm8k"),
+    ],
+)
+def test_bad_input_fails_fast_with_a_clear_error(overrides, expected, tmp_path):
+    proc = run_script("grpo.py", f"output_dir={tmp_path}", "logger.backend=none", *overrides, timeout=120)
+    assert proc.returncode != 0
+    assert expected in proc.stderr + proc.stdout, (proc.stderr + proc.stdout)[-2000:]

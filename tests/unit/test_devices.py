@@ -1,0 +1,123 @@
+"""Tests for grpo_rl.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU count)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from grpo_rl.config import ConfigError, GRPOConfig
+from grpo_rl.devices import allocate_devices
+
+CPU = torch.device("cpu")
+
+
+def _cfg(**overrides):
+    """The schema's defaults with dotted overrides, e.g. ``_cfg(**{"train_model.num_devices": 2})``."""
+    cfg = OmegaConf.structured(GRPOConfig)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+def _ids(devs: tuple[torch.device, ...]) -> list[int]:
+    assert all(d.type == "cuda" for d in devs)
+    return [d.index for d in devs]
+
+
+def test_cpu_default_maps_every_role_to_cpu():
+    alloc = allocate_devices(_cfg(), num_gpus=0, num_cpus=2)
+    assert alloc.train == (CPU,)
+    assert alloc.ref == (CPU,)
+    assert alloc.inference == (CPU,)
+    assert not alloc.on_gpu
+    assert "train: [cpu]" in alloc.describe()
+
+
+@pytest.mark.parametrize("role", ["train_model", "ref_model", "inference_model"])
+def test_explicit_devices_without_gpus_raise_naming_the_key(role):
+    with pytest.raises(ConfigError, match=rf"{role}\.devices=\[0\]"):
+        allocate_devices(_cfg(**{f"{role}.devices": [0]}), num_gpus=0, num_cpus=2)
+
+
+def test_explicit_ref_devices_ignored_when_no_reference_is_needed():
+    alloc = allocate_devices(_cfg(**{"ref_model.devices": [0]}), need_ref=False, num_gpus=0, num_cpus=2)
+    assert alloc.train == (CPU,)
+
+
+def test_cpu_workers_must_fit_the_cores():
+    cfg = _cfg(**{f"{r}.num_devices": 2 for r in ("train_model", "ref_model", "inference_model")})
+    with pytest.raises(ConfigError, match="num_devices") as info:
+        allocate_devices(cfg, num_gpus=0, num_cpus=2)
+    assert "6 workers" in str(info.value) and "2 CPU cores" in str(info.value)
+    # The same request fits a 6-core machine: each worker gets a core.
+    alloc = allocate_devices(cfg, num_gpus=0, num_cpus=6)
+    assert alloc.train == (CPU, CPU) and alloc.ref == (CPU, CPU) and alloc.inference == (CPU, CPU)
+
+
+def test_gpus_assigned_disjointly_in_role_order():
+    cfg = _cfg(**{f"{r}.num_devices": 2 for r in ("train_model", "ref_model", "inference_model")})
+    alloc = allocate_devices(cfg, num_gpus=8)
+    assert _ids(alloc.train) == [0, 1]
+    assert _ids(alloc.ref) == [2, 3]
+    assert _ids(alloc.inference) == [4, 5]
+    assert alloc.on_gpu
+
+
+def test_explicit_lists_are_used_and_others_fill_the_gaps():
+    cfg = _cfg(**{"train_model.devices": [6, 7], "inference_model.devices": [0]})
+    alloc = allocate_devices(cfg, num_gpus=8)
+    assert _ids(alloc.train) == [6, 7]
+    assert _ids(alloc.inference) == [0]
+    assert _ids(alloc.ref) == [1]  # first GPU no explicit list claims
+
+
+def test_explicit_overlap_raises():
+    cfg = _cfg(**{"train_model.devices": [0, 1], "ref_model.devices": [1, 2]})
+    with pytest.raises(ConfigError, match="share GPUs") as info:
+        allocate_devices(cfg, num_gpus=4)
+    assert "share_with_train" in str(info.value)
+
+
+def test_overlap_allowed_for_ref_with_share_with_train():
+    cfg = _cfg(**{"train_model.devices": [0, 1], "ref_model.devices": [1], "ref_model.share_with_train": True})
+    alloc = allocate_devices(cfg, num_gpus=4)
+    assert _ids(alloc.train) == [0, 1]
+    assert _ids(alloc.ref) == [1]
+    assert _ids(alloc.inference) == [2]
+
+
+def test_share_with_train_puts_ref_on_training_gpus():
+    cfg = _cfg(**{"train_model.num_devices": 2, "ref_model.share_with_train": True})
+    alloc = allocate_devices(cfg, num_gpus=3)
+    assert _ids(alloc.train) == [0, 1]
+    assert _ids(alloc.ref) == [0]
+    assert _ids(alloc.inference) == [2]
+
+
+def test_share_with_train_does_not_allow_inference_overlap():
+    cfg = _cfg(**{"train_model.devices": [0], "inference_model.devices": [0], "ref_model.share_with_train": True})
+    with pytest.raises(ConfigError, match="share GPUs"):
+        allocate_devices(cfg, num_gpus=4)
+
+
+def test_more_gpus_than_exist_raise():
+    cfg = _cfg(**{f"{r}.num_devices": 2 for r in ("train_model", "ref_model", "inference_model")})
+    with pytest.raises(ConfigError, match="more GPUs than the 4"):
+        allocate_devices(cfg, num_gpus=4)
+
+
+def test_explicit_gpu_index_out_of_range_raises():
+    with pytest.raises(ConfigError, match=r"inference_model\.devices=\[8\]"):
+        allocate_devices(_cfg(**{"inference_model.devices": [8]}), num_gpus=8)
+
+
+def test_explicit_gpu_listed_twice_raises():
+    with pytest.raises(ConfigError, match="twice"):
+        allocate_devices(_cfg(**{"train_model.devices": [1, 1]}), num_gpus=8)
+
+
+def test_no_reference_takes_no_gpu():
+    cfg = _cfg(**{"train_model.num_devices": 2, "ref_model.num_devices": 2, "inference_model.num_devices": 2})
+    alloc = allocate_devices(cfg, need_ref=False, num_gpus=4)  # 6 asked with the reference, 4 without
+    assert _ids(alloc.train) == [0, 1]
+    assert _ids(alloc.inference) == [2, 3]
