@@ -6,7 +6,9 @@ that types cannot (ranges, choices, combinations) and raises :class:`ConfigError
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -14,6 +16,22 @@ from hydra.core.config_store import ConfigStore
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and how to fix it."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of every weight; the reference is the base with adapters disabled,
+    and the engine and exports get merged weights. LoRA usually wants a larger optimizer.lr (1e-4 to 1e-3)."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: float = 32.0
+    """Scaling numerator: the update is (alpha / r) B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Module names to adapt, or [all-linear]."""
 
 
 @dataclass
@@ -25,6 +43,7 @@ class ModelConfig:
     """Where converted embedded models are kept; default ``$GRPO_CACHE_DIR`` or ``~/.cache/grpo_rl``."""
     dtype: str = "float32"
     """Parameter dtype of every copy of the model: float32 | bfloat16 (master weights stay in this dtype)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -66,6 +85,16 @@ class InferenceModelConfig(RoleDevices):
 
 
 @dataclass
+class RewardModelConfig(RoleDevices):
+    batch_size: int = 16
+    """Responses scored per forward pass."""
+    max_length: int = 1024
+    """Longest (prompt + response) in reward-model tokens; longer inputs lose their start."""
+    dtype: str = "float32"
+    """float32 | bfloat16."""
+
+
+@dataclass
 class EnvConfig:
     dataset: str = "gsm8k"
     """gsm8k | ifeval | file."""
@@ -85,15 +114,55 @@ class EnvConfig:
     too_long_prompts: str = "skip"
     """skip | error: what to do with a prompt over max_prompt_tokens."""
     shuffle: bool = True
+    prompt_column: str = "prompt"
+    """env.dataset=file: the column holding the prompt (a string, or a list of {role, content} chat messages)."""
+    ground_truth_column: Optional[str] = "ground_truth"
+    """env.dataset=file: the column passed to the reward as ``references``; null passes None for every row."""
+    extra_columns: Optional[list[str]] = None
+    """env.dataset=file: columns passed to the reward as keyword lists; null: every column but the ground truth."""
+
+
+IFEVAL_COMPONENTS = ("prompt_strict", "prompt_loose", "inst_strict", "inst_loose")
+
+
+@dataclass
+class RewardFunctionConfig:
+    path: Optional[str] = None
+    """Python file defining the function."""
+    name: Optional[str] = None
+    """Name of the function in that file: ``(responses, references, **columns) -> list[float]``."""
+    weight: float = 1.0
+    label: Optional[str] = None
+    """Logged as ``reward_<label>``; default: the function's name."""
 
 
 @dataclass
 class RewardConfig:
     correctness_weight: float = 1.0
+    """GSM8K: weight of the 0/1 answer-correctness reward."""
     format_weight: float = 0.5
-    """Weight of the partial format reward (0 disables it)."""
+    """Weight of the partial format reward (0 disables it): GSM8K's template, or IFEval's answer tags."""
     last_number_fallback: bool = True
-    """Take the last number in the answer when no explicit final-answer marker is found."""
+    """GSM8K: take the last number in the answer when no explicit final-answer marker is found."""
+    ifeval_weights: dict[str, float] = field(default_factory=lambda: {
+        "prompt_strict": 0.0, "prompt_loose": 0.0, "inst_strict": 1.0, "inst_loose": 0.0})
+    """IFEval: weight per component (prompt_strict, prompt_loose: all instructions followed, 0/1; inst_strict,
+    inst_loose: fraction followed). Every component is logged as reward_<name>, weighted 0 or not."""
+    ifeval_answer_tags: bool = False
+    """IFEval: ask for the answer inside <answer>...</answer> and check only that text; adds a ``format``
+    component weighted by format_weight."""
+    path: Optional[str] = None
+    """A Python file defining a reward function (see docs/custom_tasks.md); used with ``name``, weight 1."""
+    name: Optional[str] = None
+    """The function in ``path``: ``(responses, references, **columns) -> list[float]``."""
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """More reward functions, each with a weight: ``[{path: r.py, name: f, weight: 0.5}, ...]``."""
+    fallback: float = 0.0
+    """Reward component value for a sample on which that component raised or returned a non-number."""
+    model_path: Optional[str] = None
+    """A local HF folder with a sequence-classification reward model (num_labels=1); null: none."""
+    model_weight: float = 1.0
+    """Weight of the reward model's score (logged as reward_model)."""
 
 
 @dataclass
@@ -141,9 +210,15 @@ class TrainConfig:
     """Passes over each batch (each pass is one optimizer step's worth of micro-batches)."""
     micro_batch_tokens: int = 4096
     """Token budget of one micro-batch (prompt + response tokens, padded); gradients accumulate across them."""
+    share_prompt: bool = True
+    """Run each group's shared prompt once in the reference and policy passes (one packed row per group,
+    see grpo_rl/packing.py) instead of once per answer; same log-probs, about (G-1)/G fewer prompt tokens."""
     checkpoint_frequency: int = 0
     """Save every N steps (0: only at the end)."""
     keep_checkpoints: int = 2
+    export_checkpoints: bool = False
+    """LoRA runs: also write each checkpoint's merged HF folder (checkpoint/model); full fine-tuning
+    checkpoints always hold one. The final model is always exported to <run_dir>/final_model."""
     max_time_minutes: Optional[float] = None
     """Stop cleanly after this much wall time."""
 
@@ -156,6 +231,62 @@ class LoggerConfig:
     num_examine: int = 2
     """How many (prompt, answer, reward) samples to print and log each examine step."""
     examine_every: int = 5
+    csv: bool = False
+    """Also write <run_dir>/metrics.csv."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to <run_dir>/tensorboard."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate on held-out prompts every N training steps and after the last one (0: never)."""
+    num_prompts: int = 32
+    """Held-out prompts per evaluation: the first N of the split in file order, the same ones every time."""
+    split: Optional[str] = None
+    """Held-out split; default: test for GSM8K; IFEval has only its 541 prompts, which are used as they are."""
+    pass_k: int = 4
+    """k of pass@k over sampled answers (0: greedy accuracy only)."""
+    num_samples: Optional[int] = None
+    """Answers sampled per prompt for pass@k, at least pass_k (default pass_k); the estimate is unbiased."""
+    temperature: float = 1.0
+    """Temperature of the pass@k samples (accuracy is greedy)."""
+    max_new_tokens: Optional[int] = None
+    """Default: sampling.max_new_tokens."""
+    success_component: Optional[str] = None
+    """Reward component that marks an answer solved (value >= 1): default correct (GSM8K), prompt_strict
+    (IFEval); null with env.dataset=file: the total reward >= 1."""
+
+
+@dataclass
+class PipelineConfig:
+    """The asynchronous loop (sota/grpo-async.py); the synchronous script ignores this group.
+
+    Named ``pipeline`` rather than ``async``, which is a Python keyword and cannot be a schema field."""
+
+    max_staleness: int = 2
+    """A sample generated by policy version v is trained on only while learner_version - v <= max_staleness;
+    older samples are dropped and counted (metric dropped_samples)."""
+    push_every: int = 1
+    """Push the learner's weights to the engine(s) every k optimizer steps."""
+    buffer_capacity: int = 2
+    """Collected batches the buffer holds; a collector waits while it is full (memory stays bounded)."""
+    weight_transport: str = "auto"
+    """auto (nccl on GPUs, object_store on the CPU) | object_store | nccl."""
+    ref_placement: str = "learner"
+    """Where the reference model scores samples: learner (in the learner's process, before each update) |
+    actor (its own Ray actor between the collector and the buffer)."""
+    poll_seconds: float = 1.0
+    """How often blocked roles wake up to check for shutdown and failed actors."""
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    """null: start a local Ray instance (stopped at exit); auto or ray://host:port: join a running cluster."""
+    num_cpus: Optional[int] = None
+    """CPUs of the local instance (default: all cores); ignored when joining a cluster."""
+    include_dashboard: bool = False
 
 
 @dataclass
@@ -171,11 +302,15 @@ class GRPOConfig:
     inference_model: InferenceModelConfig = field(default_factory=InferenceModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def register_configs() -> None:
@@ -229,7 +364,89 @@ def validate(cfg: Any) -> None:
         )
     if cfg.policy.tis_cap is not None and cfg.policy.tis_cap < 1.0:
         raise ConfigError(f"policy.tis_cap={cfg.policy.tis_cap} must be >= 1 (or null to disable)")
-    for role in ("train_model", "ref_model", "inference_model"):
+    for role in ("train_model", "ref_model", "inference_model", "reward_model"):
         n = getattr(cfg, role).num_devices
         if n < 1:
             raise ConfigError(f"{role}.num_devices={n} must be >= 1")
+    _validate_rewards(cfg)
+    _validate_lifecycle(cfg)
+    _validate_pipeline(cfg)
+
+
+def _validate_pipeline(cfg: Any) -> None:
+    """The asynchronous loop's settings."""
+    p = cfg.pipeline
+    _positive("pipeline.max_staleness", p.max_staleness, allow_zero=True)
+    _positive("pipeline.push_every", p.push_every)
+    _positive("pipeline.buffer_capacity", p.buffer_capacity)
+    _positive("pipeline.poll_seconds", p.poll_seconds)
+    _choice("pipeline.weight_transport", p.weight_transport, ("auto", "object_store", "nccl"))
+    _choice("pipeline.ref_placement", p.ref_placement, ("learner", "actor"))
+    if p.max_staleness < p.push_every - 1:
+        raise ConfigError(
+            f"pipeline.max_staleness={p.max_staleness} < pipeline.push_every - 1 = {p.push_every - 1}: the engine "
+            f"keeps a policy version for push_every steps, so nearly every sample would be dropped; raise "
+            f"max_staleness or lower push_every")
+
+
+def _validate_lifecycle(cfg: Any) -> None:
+    """LoRA, evaluation and logging settings."""
+    lora = cfg.model.lora
+    if lora.enabled:
+        _positive("model.lora.r", lora.r)
+        _positive("model.lora.alpha", lora.alpha)
+        if not 0.0 <= lora.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout={lora.dropout} must be in [0, 1)")
+        if not lora.target_modules:
+            raise ConfigError("model.lora.target_modules is empty; name modules (q_proj, v_proj, ...) or [all-linear]")
+    ev = cfg.eval
+    _positive("eval.every", ev.every, allow_zero=True)
+    _positive("eval.num_prompts", ev.num_prompts)
+    _positive("eval.pass_k", ev.pass_k, allow_zero=True)
+    _positive("eval.temperature", ev.temperature)
+    if ev.num_samples is not None and ev.num_samples < ev.pass_k:
+        raise ConfigError(f"eval.num_samples={ev.num_samples} must be >= eval.pass_k={ev.pass_k}")
+    if ev.max_new_tokens is not None:
+        _positive("eval.max_new_tokens", ev.max_new_tokens)
+
+
+def _validate_rewards(cfg: Any) -> None:
+    """Task reward settings; user reward files are loaded here so a bad path fails before any model starts."""
+    weights = dict(cfg.reward.ifeval_weights)
+    unknown = sorted(set(weights) - set(IFEVAL_COMPONENTS))
+    if unknown:
+        raise ConfigError(f"reward.ifeval_weights has unknown key(s) {unknown}; valid: {', '.join(IFEVAL_COMPONENTS)}")
+    for key, w in weights.items():
+        _positive(f"reward.ifeval_weights.{key}", w, allow_zero=True)
+    _positive("reward.format_weight", cfg.reward.format_weight, allow_zero=True)
+    if cfg.env.dataset == "ifeval" and not any(weights.values()):
+        raise ConfigError("every reward.ifeval_weights entry is 0; give one a weight, e.g. reward.ifeval_weights.inst_strict=1")
+    if not math.isfinite(cfg.reward.fallback):
+        raise ConfigError(f"reward.fallback={cfg.reward.fallback} must be a finite number")
+    if bool(cfg.reward.path) != bool(cfg.reward.name):
+        raise ConfigError(f"reward.path={cfg.reward.path!r} and reward.name={cfg.reward.name!r}: set both "
+                          "(the Python file and the function in it) or neither")
+    for i, fn in enumerate(cfg.reward.functions):
+        if not fn.path or not fn.name:
+            raise ConfigError(f"reward.functions[{i}] needs both path and name, e.g. "
+                              "reward.functions=[{path: /abs/rewards.py, name: my_reward, weight: 1.0}]")
+        if not math.isfinite(fn.weight):
+            raise ConfigError(f"reward.functions[{i}].weight={fn.weight} must be a finite number")
+    if cfg.env.dataset == "file" and not (cfg.reward.path or cfg.reward.functions or cfg.reward.model_path):
+        raise ConfigError("env.dataset=file needs a reward: set reward.path=/path/to/rewards.py reward.name=<function> "
+                          "(see docs/custom_tasks.md), reward.functions=[...], or reward.model_path=<reward model folder>")
+    if cfg.reward.path or cfg.reward.functions:
+        from grpo_rl.rewards.custom import user_reward_components
+
+        user_reward_components(cfg.reward)  # imports the files once (cached) and checks each signature
+    rm = cfg.reward_model
+    _choice("reward_model.dtype", rm.dtype, ("float32", "bfloat16"))
+    _positive("reward_model.batch_size", rm.batch_size)
+    _positive("reward_model.max_length", rm.max_length)
+    if cfg.reward.model_path:
+        if not (Path(cfg.reward.model_path).expanduser() / "config.json").is_file():
+            raise ConfigError(f"reward.model_path={cfg.reward.model_path}: no config.json there; point it at a local "
+                              "HF folder holding an AutoModelForSequenceClassification with num_labels=1")
+        if rm.num_devices != 1 or (rm.devices and len(rm.devices) != 1):
+            raise ConfigError(f"reward_model.num_devices={rm.num_devices} (devices={rm.devices}): a reward model runs "
+                              "on one device; set reward_model.num_devices=1 (or one index in reward_model.devices)")

@@ -5,6 +5,8 @@ rollout engine (``inference_model``). Each asks for ``num_devices`` or an explic
 
 * On a machine with GPUs, roles get disjoint GPUs, in the order train, ref, inference, unless explicit
   lists say otherwise; overlap is an error unless ``ref_model.share_with_train`` asks for it.
+* A fourth role, ``reward_model``, exists only when ``reward.model_path`` is set; on GPUs it comes after the
+  others (its own GPU), on the CPU it maps to the CPU.
 * On a machine without GPUs every role maps to the CPU. ``num_devices`` then counts CPU workers (processes),
   and the workers of all roles may not outnumber the CPU cores, since each needs at least one core to itself.
 """
@@ -20,7 +22,7 @@ from grpo_rl.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-ROLES = ("train_model", "ref_model", "inference_model")
+ROLES = ("train_model", "ref_model", "inference_model", "reward_model")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class DeviceAllocation:
     train: tuple[torch.device, ...]
     ref: tuple[torch.device, ...]
     inference: tuple[torch.device, ...]
+    reward_model: tuple[torch.device, ...] = ()
+    """Empty unless a reward model is configured."""
 
     @property
     def on_gpu(self) -> bool:
@@ -39,7 +43,8 @@ class DeviceAllocation:
         def fmt(devs: tuple[torch.device, ...]) -> str:
             return ", ".join(str(d) for d in devs)
 
-        return f"train: [{fmt(self.train)}]  ref: [{fmt(self.ref)}]  inference: [{fmt(self.inference)}]"
+        text = f"train: [{fmt(self.train)}]  ref: [{fmt(self.ref)}]  inference: [{fmt(self.inference)}]"
+        return text + (f"  reward_model: [{fmt(self.reward_model)}]" if self.reward_model else "")
 
 
 def available_gpus() -> int:
@@ -47,7 +52,8 @@ def available_gpus() -> int:
 
 
 def allocate_devices(
-    cfg, *, need_ref: bool = True, num_gpus: int | None = None, num_cpus: int | None = None
+    cfg, *, need_ref: bool = True, need_reward_model: bool | None = None, num_gpus: int | None = None,
+    num_cpus: int | None = None,
 ) -> DeviceAllocation:
     """Turn the ``train_model``, ``ref_model`` and ``inference_model`` groups into devices.
 
@@ -55,6 +61,7 @@ def allocate_devices(
         cfg: the run config (uses ``cfg.<role>.num_devices``, ``cfg.<role>.devices``,
             ``cfg.ref_model.share_with_train``).
         need_ref: whether a reference model is used (KL on); if not, the ref role takes no device.
+        need_reward_model: whether a reward model is used (default: ``cfg.reward.model_path`` is set).
         num_gpus: GPUs on this machine (default: detected).
         num_cpus: CPU cores on this machine (default: detected).
 
@@ -63,7 +70,9 @@ def allocate_devices(
     """
     num_gpus = available_gpus() if num_gpus is None else num_gpus
     num_cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
-    roles = [r for r in ROLES if need_ref or r != "ref_model"]
+    if need_reward_model is None:
+        need_reward_model = bool(getattr(getattr(cfg, "reward", None), "model_path", None))
+    roles = [r for r in ROLES if (need_ref or r != "ref_model") and (need_reward_model or r != "reward_model")]
     if num_gpus == 0:
         alloc = _allocate_cpu(cfg, roles, num_cpus)
     else:
@@ -96,6 +105,7 @@ def _allocate_cpu(cfg, roles: list[str], num_cpus: int) -> DeviceAllocation:
         train=(cpu,) * counts["train_model"],
         ref=(cpu,) * counts.get("ref_model", 1),
         inference=(cpu,) * counts["inference_model"],
+        reward_model=(cpu,) * counts.get("reward_model", 0),
     )
 
 
@@ -145,4 +155,5 @@ def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
         train=cuda(assigned["train_model"]),
         ref=cuda(assigned.get("ref_model", assigned["train_model"][:1])),
         inference=cuda(assigned["inference_model"]),
+        reward_model=cuda(assigned.get("reward_model", [])),
     )

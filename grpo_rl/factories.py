@@ -44,7 +44,8 @@ def seed_everything(seed: int) -> None:
 def make_run(cfg, run_dir: str | Path) -> RunContext:
     """Validate the config, allocate devices, resolve the model; fail fast before anything heavy starts."""
     validate(cfg)
-    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0)
+    # A LoRA run's reference is its own model with the adapters off: no device of its own.
+    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled)
     if len(devices.train) > 1 or len(devices.inference) > 1 or len(devices.ref) > 1:
         raise NotImplementedError(
             f"{devices.describe()}: more than one worker per role needs the distributed learner and engine "
@@ -76,6 +77,13 @@ def make_engine(run: RunContext):
 def make_learner(run: RunContext) -> Learner:
     cfg = run.cfg
     model = load_causal_lm(run.model_path, run.devices.train[0], cfg.model.dtype, trainable=True)
+    if cfg.model.lora.enabled:
+        from grpo_rl.lora import apply_lora
+
+        lora = cfg.model.lora
+        model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+        if cfg.train_model.gradient_checkpointing:
+            model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need an input grad
     loss = LossSettings(
         clip_eps_low=cfg.policy.clip_eps_low, clip_eps_high=cfg.policy.clip_eps_high,
         kl_coef=0.0 if cfg.policy.kl_in_reward else cfg.policy.kl_coef, kl_estimator=cfg.policy.kl_estimator,
@@ -88,22 +96,34 @@ def make_learner(run: RunContext) -> Learner:
         warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
         micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.epochs,
         bf16_autocast=cfg.train_model.bf16_autocast, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
+        share_prompt=cfg.train.share_prompt,
     )
 
 
-def make_ref_scorer(run: RunContext) -> RefScorer | None:
+def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScorer | None:
+    """The reference scorer: a frozen copy of the initial model, or, for LoRA, ``learner``'s model with its
+    adapters disabled (no second copy)."""
     if not run.uses_ref:
         return None
+    if run.cfg.model.lora.enabled:
+        from grpo_rl.lora import AdapterDisabledRefScorer
+
+        if learner is None:
+            raise ValueError("model.lora.enabled=true: the reference is the learner's model; call make_ref_scorer(run, learner)")
+        return AdapterDisabledRefScorer(learner.model, learner.device, temperature=run.cfg.sampling.temperature,
+                                        micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
+                                        bf16_autocast=run.cfg.train_model.bf16_autocast,
+                                        share_prompt=run.cfg.train.share_prompt)
     device = run.devices.ref[0]
     model = load_causal_lm(run.model_path, device, run.cfg.model.dtype, trainable=False)
     return RefScorer(model, device, temperature=run.cfg.sampling.temperature,
                      micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
-                     bf16_autocast=run.cfg.train_model.bf16_autocast)
+                     bf16_autocast=run.cfg.train_model.bf16_autocast, share_prompt=run.cfg.train.share_prompt)
 
 
 def make_collector(run: RunContext, engine, env=None) -> Collector:
     cfg = run.cfg
-    env = env if env is not None else make_env(cfg, run.tokenizer)
+    env = env if env is not None else make_env(cfg, run.tokenizer, devices=run.devices)
     return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
                      max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
                      top_p=cfg.sampling.top_p, seed=cfg.seed)

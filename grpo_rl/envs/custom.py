@@ -1,0 +1,92 @@
+"""A user's own task: prompts from a local jsonl/json/parquet file, scored by the user's reward functions.
+
+Each row needs a prompt column (``env.prompt_column``, default ``prompt``): a string sent as the user turn, or
+a list of ``{"role", "content"}`` chat messages sent as is. ``env.ground_truth_column`` (default
+``ground_truth``) is passed to the reward as ``references``; set it to null for rewards that need none. Every
+other column (or just ``env.extra_columns``) is passed to the reward as a keyword list aligned with the
+responses, the prompt column included. See docs/custom_tasks.md.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Sequence
+
+from grpo_rl.config import ConfigError
+from grpo_rl.envs.base import PromptEnv
+from grpo_rl.rewards.base import CompositeReward, RewardComponent
+
+
+def file_messages(row: dict, *, prompt_column: str, system_prompt: str | None = None) -> list[dict]:
+    """Chat messages for one row: the prompt as the user turn, or the row's own message list."""
+    prompt = row[prompt_column]
+    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def _check_rows(records: Sequence[dict], prompt_column: str, ground_truth_column: str | None, where: str) -> None:
+    for key, column in (("env.prompt_column", prompt_column), ("env.ground_truth_column", ground_truth_column)):
+        if column is None:
+            continue
+        for i, row in enumerate(records):
+            if column not in row:
+                fix = "" if key == "env.prompt_column" else f", or {key}=null if your reward needs no ground truth"
+                raise ConfigError(f"{where}: row {i} has no column {key}={column!r} (columns: {sorted(row)}); "
+                                  f"set {key} to the right column{fix}")
+    for i, row in enumerate(records):
+        prompt = row[prompt_column]
+        is_messages = isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                       for m in prompt)
+        if not (isinstance(prompt, str) and prompt.strip()) and not (is_messages and prompt):
+            raise ConfigError(f"{where}: row {i} column {prompt_column!r} is {prompt!r:.80}; expected a non-empty "
+                              "string or a list of {role, content} messages")
+
+
+def passed_columns(records: Sequence[dict], prompt_column: str, ground_truth_column: str | None,
+                   extra_columns: Sequence[str] | None) -> tuple[str, ...]:
+    """The columns passed to the reward as keywords: every column but the ground truth, or the prompt column
+    and ``extra_columns``. A column missing from some rows is passed as None for them."""
+    present = list(dict.fromkeys(k for row in records for k in row))
+    if extra_columns is None:
+        return tuple(c for c in present if c != ground_truth_column)
+    missing = [c for c in extra_columns if c not in present]
+    if missing:
+        raise ConfigError(f"env.extra_columns={list(extra_columns)}: no row has {missing}; columns: {present}")
+    return tuple(dict.fromkeys([prompt_column, *extra_columns]))
+
+
+def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
+                  components: Sequence[RewardComponent]) -> PromptEnv:
+    """Build the environment over a user's prompt file.
+
+    Args:
+        cfg: the run config (``env`` group).
+        records: the file's rows.
+        tokenizer: the policy's tokenizer.
+        seed: prompt-order seed.
+        components: the reward components (user functions, a reward model); at least one.
+    """
+    env = cfg.env
+    _check_rows(records, env.prompt_column, env.ground_truth_column, f"env.path={env.path}")
+    columns = passed_columns(records, env.prompt_column, env.ground_truth_column,
+                             None if env.extra_columns is None else list(env.extra_columns))
+    gt = env.ground_truth_column
+
+    def reference_of(row: dict) -> Any:
+        return row.get(gt) if gt else None
+
+    return PromptEnv(
+        records,
+        tokenizer,
+        CompositeReward(components, fallback=cfg.reward.fallback),
+        format_messages=partial(file_messages, prompt_column=env.prompt_column, system_prompt=env.system_prompt),
+        reference_of=reference_of,
+        prompts_per_step=env.prompts_per_step,
+        max_prompt_tokens=env.max_prompt_tokens,
+        seed=seed,
+        shuffle=env.shuffle,
+        too_long=env.too_long_prompts,
+        extra_columns=columns,
+        name=f"file:{env.path}",
+    )

@@ -1,0 +1,154 @@
+"""A user's reward functions, loaded from Python files named in the config.
+
+A reward function has the signature every reward here has, plus keyword columns::
+
+    def my_reward(responses: list[str], references: list[Any], **columns) -> list[float]: ...
+
+``responses[i]`` is one sampled answer, ``references[i]`` its prompt's ground truth, and each keyword is one
+data column, a list aligned with ``responses``. A function receives only the columns its signature names
+(all of them when it takes ``**columns``), so ``def f(responses, references)`` works on any data set.
+
+Files are imported once per process (keyed by path and modification time), so validating the config and
+building the environment do not run a file's top-level code twice. Every loading problem raises
+:class:`RewardLoadError` naming the config key (``reward.path``, ``reward.functions[1].name``) and the fix.
+See docs/custom_tasks.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterable, Sequence
+
+from grpo_rl.config import ConfigError
+from grpo_rl.rewards.base import RewardComponent
+
+__all__ = ["RewardLoadError", "UserReward", "load_reward_function", "user_reward_components"]
+
+DOCS = "see docs/custom_tasks.md"
+_MODULES: dict[tuple[str, float], ModuleType] = {}
+
+
+class RewardLoadError(ConfigError):
+    """A configured reward function cannot be loaded or has the wrong signature."""
+
+
+class UserReward:
+    """A user's reward function, called with the data columns its signature accepts.
+
+    Args:
+        fn: the function.
+        key: the config key it came from, for error messages (``reward.name``).
+    """
+
+    def __init__(self, fn: Callable, key: str = "reward.name"):
+        self.fn = fn
+        self.key = key
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        params = list(inspect.signature(fn).parameters.values())
+        self.takes_all_columns = any(p.kind is p.VAR_KEYWORD for p in params)
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keyword = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        self.columns = tuple(p.name for p in keyword)
+        self.required_columns = tuple(p.name for p in keyword if p.default is p.empty)
+        # Only the first two (responses, references) are positional; the rest must be columns.
+        if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise RewardLoadError(
+                f"{key}={self.__name__} has signature {self.__name__}{inspect.signature(fn)}; a reward function "
+                f"must accept (responses, references, **columns) and return one float per response ({DOCS})"
+            )
+        extra_positional = [p.name for p in positional[2:] if p.default is p.empty and p.kind is p.POSITIONAL_ONLY]
+        if extra_positional:
+            raise RewardLoadError(f"{key}={self.__name__}: positional-only parameters {extra_positional} cannot be "
+                                  f"filled; make them keyword parameters named after data columns ({DOCS})")
+
+    def check_columns(self, available: Iterable[str]) -> None:
+        """Raise if the function requires a column that the data does not have."""
+        available = set(available)
+        missing = [c for c in self.required_columns if c not in available]
+        if missing:
+            raise RewardLoadError(
+                f"{self.key}={self.__name__} requires column(s) {missing}, but the data passes only "
+                f"{sorted(available) or 'no columns'}; add them to the data (and env.extra_columns), "
+                f"or give the parameters defaults"
+            )
+
+    def __call__(self, responses: Sequence[str], references: Sequence[Any], **columns: Sequence[Any]) -> list:
+        if not self.takes_all_columns:
+            columns = {k: v for k, v in columns.items() if k in self.columns}
+        out = self.fn(list(responses), list(references), **columns)
+        return out.tolist() if hasattr(out, "tolist") else out  # numpy arrays and tensors -> plain floats
+
+
+def _import_file(path: str, key: str) -> ModuleType:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        what = "is a directory" if file.is_dir() else "does not exist"
+        raise RewardLoadError(f"{key}={path}: {file} {what}; set {key} to the Python file that defines your reward "
+                              f"function (an absolute path, or relative to where you run the script; {DOCS})")
+    if file.suffix != ".py":
+        raise RewardLoadError(f"{key}={path}: expected a Python source file (.py)")
+    cache_key = (str(file), file.stat().st_mtime)
+    if cache_key in _MODULES:
+        return _MODULES[cache_key]
+    module_name = f"grpo_rl_user_reward_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    module = importlib.util.module_from_spec(spec)
+    # Registered while it runs so that dataclasses and pickling inside the file can find their module.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(module_name, None)
+        raise RewardLoadError(f"{key}={path}: importing the file raised {type(e).__name__}: {e}") from e
+    _MODULES[cache_key] = module
+    return module
+
+
+def load_reward_function(path: str, name: str, *, key: str = "reward") -> UserReward:
+    """Import ``path`` and return its function ``name``, signature-checked.
+
+    Args:
+        path: a Python file.
+        name: a callable defined (or imported) at the file's top level.
+        key: config prefix for error messages: ``"reward"`` or ``"reward.functions[2]"``.
+
+    Raises:
+        RewardLoadError: the file is missing or fails to import, the name is missing or not callable, or the
+            signature cannot take ``(responses, references)``.
+    """
+    module = _import_file(path, f"{key}.path")
+    fn = getattr(module, name, None)
+    if fn is None:
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
+        raise RewardLoadError(f"{key}.name={name}: {path} defines no {name!r}; functions it defines: "
+                              f"{defined or 'none'}. Set {key}.name to one of them ({DOCS})")
+    if not callable(fn):
+        raise RewardLoadError(f"{key}.name={name}: {name!r} in {path} is a {type(fn).__name__}, not a function")
+    return UserReward(fn, key=f"{key}.name")
+
+
+def user_reward_components(reward_cfg) -> list[RewardComponent]:
+    """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``.
+
+    Each is logged as ``reward_<label or function name>``; two components with the same name are an error.
+    """
+    specs = []
+    if reward_cfg.path:
+        specs.append(("reward", reward_cfg.path, reward_cfg.name, 1.0, None))
+    for i, f in enumerate(reward_cfg.functions):
+        specs.append((f"reward.functions[{i}]", f.path, f.name, f.weight, f.label))
+    components, seen = [], {}
+    for key, path, name, weight, label in specs:
+        fn = load_reward_function(path, name, key=key)
+        label = label or name
+        if label in seen:
+            raise RewardLoadError(f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "
+                                  f"label, e.g. reward.functions=[{{path: ..., name: {name}, label: {label}_2}}]")
+        seen[label] = key
+        components.append(RewardComponent(label, fn, float(weight)))
+    return components
