@@ -29,6 +29,7 @@ from grpo_rl.envs.base import PromptEnv
 from grpo_rl.learner import micro_batches
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.loss import kl_penalised_rewards
+from grpo_rl.packing import group_micro_batches
 from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
 
 
@@ -101,15 +102,19 @@ class Collector:
 
 
 class RefScorer:
-    """Scores the sampled answers under the frozen reference model, micro-batched by tokens."""
+    """Scores the sampled answers under the frozen reference model, micro-batched by tokens.
+
+    With ``share_prompt`` each group's prompt is run once (:mod:`grpo_rl.packing`).
+    """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, temperature: float = 1.0,
-                 micro_batch_tokens: int = 8192, bf16_autocast: bool = False):
+                 micro_batch_tokens: int = 8192, bf16_autocast: bool = False, share_prompt: bool = False):
         self.model = model
         self.device = device
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
         self.bf16_autocast = bf16_autocast
+        self.share_prompt = share_prompt
 
     @torch.no_grad()
     def score(self, batch: TensorDict) -> TensorDict:
@@ -117,10 +122,12 @@ class RefScorer:
         out = torch.zeros(batch["response_ids"].shape, dtype=torch.float32)
         row = 0
         model_view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask").to(self.device)
-        for mb in micro_batches(model_view, self.micro_batch_tokens):
+        split = group_micro_batches if self.share_prompt else micro_batches
+        for mb in split(model_view, self.micro_batch_tokens):
             ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16_autocast else nullcontext()
             with ctx:
-                lp = sequence_logprobs(self.model, mb, temperature=self.temperature).logprobs.float().cpu()
+                lp = sequence_logprobs(self.model, mb, temperature=self.temperature,
+                                       share_prompt=self.share_prompt).logprobs.float().cpu()
             out[row : row + lp.shape[0], : lp.shape[1]] = lp
             row += lp.shape[0]
         assert row == batch.batch_size[0] and out.shape[1] == lr

@@ -82,6 +82,9 @@ class InferenceModelConfig(RoleDevices):
     """vLLM: skip graph capture (start-up time matters more than decode speed at this scale)."""
     enable_prefix_caching: bool = True
     """vLLM: reuse the KV cache of a group's shared prompt across its G samples."""
+    dtype: Optional[str] = None
+    """Engine weights: float32 | bfloat16; null: model.dtype. bfloat16 samples from bf16-rounded weights (the
+    learner's master weights stay in model.dtype; policy.tis_cap corrects the small engine/learner mismatch)."""
 
 
 @dataclass
@@ -273,9 +276,6 @@ class PipelineConfig:
     """Collected batches the buffer holds; a collector waits while it is full (memory stays bounded)."""
     weight_transport: str = "auto"
     """auto (nccl on GPUs, object_store on the CPU) | object_store | nccl."""
-    ref_placement: str = "learner"
-    """Where the reference model scores samples: learner (in the learner's process, before each update) |
-    actor (its own Ray actor between the collector and the buffer)."""
     poll_seconds: float = 1.0
     """How often blocked roles wake up to check for shutdown and failed actors."""
 
@@ -332,6 +332,8 @@ def validate(cfg: Any) -> None:
     """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix."""
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "transformers"))
+    if cfg.inference_model.dtype is not None:
+        _choice("inference_model.dtype", cfg.inference_model.dtype, ("float32", "bfloat16"))
     _choice("env.dataset", cfg.env.dataset, ("gsm8k", "ifeval", "file"))
     _choice("env.template", cfg.env.template, ("hash", "tags"))
     _choice("env.too_long_prompts", cfg.env.too_long_prompts, ("skip", "error"))
@@ -381,7 +383,6 @@ def _validate_pipeline(cfg: Any) -> None:
     _positive("pipeline.buffer_capacity", p.buffer_capacity)
     _positive("pipeline.poll_seconds", p.poll_seconds)
     _choice("pipeline.weight_transport", p.weight_transport, ("auto", "object_store", "nccl"))
-    _choice("pipeline.ref_placement", p.ref_placement, ("learner", "actor"))
     if p.max_staleness < p.push_every - 1:
         raise ConfigError(
             f"pipeline.max_staleness={p.max_staleness} < pipeline.push_every - 1 = {p.push_every - 1}: the engine "

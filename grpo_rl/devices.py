@@ -7,8 +7,8 @@ rollout engine (``inference_model``). Each asks for ``num_devices`` or an explic
   lists say otherwise; overlap is an error unless ``ref_model.share_with_train`` asks for it.
 * A fourth role, ``reward_model``, exists only when ``reward.model_path`` is set; on GPUs it comes after the
   others (its own GPU), on the CPU it maps to the CPU.
-* On a machine without GPUs every role maps to the CPU. ``num_devices`` then counts CPU workers (processes),
-  and the workers of all roles may not outnumber the CPU cores, since each needs at least one core to itself.
+* On a machine without GPUs every role maps to the CPU. ``num_devices`` then counts CPU workers (processes);
+  one role's workers compute at once and need a core each, and all roles together get at most 2 per core.
 """
 from __future__ import annotations
 
@@ -92,14 +92,18 @@ def _allocate_cpu(cfg, roles: list[str], num_cpus: int) -> DeviceAllocation:
             )
         counts[role] = int(role_cfg.num_devices)
     total = sum(counts.values())
-    # One worker per role shares a process and takes turns; more workers each need their own core.
-    if max(counts.values()) > 1 and total > num_cpus:
+    # A role's workers (e.g. data-parallel learner ranks) compute at once: each needs a core. Roles take turns
+    # in the synchronous loop and split the cores in the asynchronous one, so their sum may exceed the cores,
+    # but not by more than 2 workers per core.
+    if max(counts.values()) > 1 and (max(counts.values()) > num_cpus or total > 2 * num_cpus):
         asked = ", ".join(f"{r}.num_devices={n}" for r, n in counts.items())
         raise ConfigError(
             f"{asked}: on a machine without GPUs num_devices counts CPU worker processes, and {total} workers "
-            f"do not fit on {num_cpus} CPU cores. Use num_devices=1 per role on this machine "
-            f"(the default), or run on a machine with GPUs."
+            f"do not fit on {num_cpus} CPU cores (one role's workers need a core each). Lower num_devices, "
+            f"or run on a machine with GPUs."
         )
+    if max(counts.values()) > 1 and total > num_cpus:
+        log.warning("%d CPU workers on %d cores: roles that compute at the same time share cores", total, num_cpus)
     cpu = torch.device("cpu")
     return DeviceAllocation(
         train=(cpu,) * counts["train_model"],

@@ -46,11 +46,11 @@ def make_run(cfg, run_dir: str | Path) -> RunContext:
     validate(cfg)
     # A LoRA run's reference is its own model with the adapters off: no device of its own.
     devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled)
-    if len(devices.train) > 1 or len(devices.inference) > 1 or len(devices.ref) > 1:
-        raise NotImplementedError(
-            f"{devices.describe()}: more than one worker per role needs the distributed learner and engine "
-            "replicas; run with num_devices=1 per role"
-        )
+    # train_model.num_devices > 1 is a data-parallel learner (grpo_rl/distributed/learner_group.py);
+    # inference_model.num_devices > 1 are engine replicas, one collector actor each (sota/grpo-async.py).
+    if len(devices.ref) > 1:
+        raise NotImplementedError(f"{devices.describe()}: a sharded reference is not implemented; run with "
+                                  "ref_model.num_devices=1")
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
     tokenizer = load_tokenizer(model_path)
     run_dir = Path(run_dir)
@@ -59,23 +59,35 @@ def make_run(cfg, run_dir: str | Path) -> RunContext:
     return RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer)
 
 
-def make_engine(run: RunContext):
+def make_engine(run: RunContext, *, weight_transfer_backend: str | None = None):
+    """The rollout engine (``weight_transfer_backend``: see :class:`~grpo_rl.rollout.vllm_engine.VLLMEngine`)."""
+    if len(run.devices.inference) > 1:
+        raise NotImplementedError(
+            f"inference_model.num_devices={len(run.devices.inference)}: engine replicas run in sota/grpo-async.py "
+            "(one collector actor each); the synchronous loop drives one engine, use inference_model.num_devices=1")
     cfg = run.cfg.inference_model
     device = run.devices.inference[0]
-    kwargs = dict(dtype=run.cfg.model.dtype)
+    kwargs = dict(dtype=cfg.dtype or run.cfg.model.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(run.model_path, device, max_model_len=cfg.max_model_len, seed=run.cfg.seed,
                           kv_cache_gb=cfg.kv_cache_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching, **kwargs)
+                          enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+                          weight_transfer_backend=weight_transfer_backend, **kwargs)
     from grpo_rl.rollout.transformers_engine import TransformersEngine
 
     return TransformersEngine(run.model_path, device, **kwargs)
 
 
-def make_learner(run: RunContext) -> Learner:
+def make_learner(run: RunContext, threads: int | None = None) -> Learner:
+    """The learner; with ``train_model.num_devices > 1`` a data-parallel group of ranks with the same interface
+    (``threads``: torch threads per rank, default the cores split between the ranks)."""
     cfg = run.cfg
+    if len(run.devices.train) > 1:
+        from grpo_rl.distributed.learner_group import LearnerGroup
+
+        return LearnerGroup(run, threads=threads)
     model = load_causal_lm(run.model_path, run.devices.train[0], cfg.model.dtype, trainable=True)
     if cfg.model.lora.enabled:
         from grpo_rl.lora import apply_lora
@@ -109,7 +121,8 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
         from grpo_rl.lora import AdapterDisabledRefScorer
 
         if learner is None:
-            raise ValueError("model.lora.enabled=true: the reference is the learner's model; call make_ref_scorer(run, learner)")
+            raise ValueError("model.lora.enabled=true: the reference is the learner's model; "
+                             "call make_ref_scorer(run, learner)")
         return AdapterDisabledRefScorer(learner.model, learner.device, temperature=run.cfg.sampling.temperature,
                                         micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
                                         bf16_autocast=run.cfg.train_model.bf16_autocast,

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.loss import grpo_loss
+from grpo_rl.packing import group_micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class Learner:
         epochs: optimizer steps per batch.
         bf16_autocast: forward/backward under bf16 autocast with fp32 master weights.
         gradient_checkpointing: recompute activations in backward.
+        share_prompt: run each group's prompt once per forward (:mod:`grpo_rl.packing`); micro-batches then
+            hold whole groups and ``micro_batch_tokens`` counts packed tokens.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class Learner:
         epochs: int = 1,
         bf16_autocast: bool = False,
         gradient_checkpointing: bool = False,
+        share_prompt: bool = False,
     ):
         self.model = model
         self.device = device
@@ -118,16 +122,23 @@ class Learner:
         self.micro_batch_tokens = micro_batch_tokens
         self.epochs = epochs
         self.bf16_autocast = bf16_autocast
+        self.share_prompt = share_prompt
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # The fused kernel makes one pass over memory: on the CPU 5x faster than the per-tensor loop (0.065 s vs
+        # 0.31 s a step for 135M parameters), with the same update rule.
+        fused = device.type in ("cpu", "cuda")
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
         warm = max(0, warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
         )
         self.version = 0
         self.skipped_steps = 0
+        self.data_parallel = None
+        """A :class:`~grpo_rl.distributed.data_parallel.GradientAllReduce` when this is one rank of a
+        data-parallel learner: shares, gradients and diagnostics are then summed over ranks."""
 
     def _autocast(self):
         if not self.bf16_autocast:
@@ -136,7 +147,8 @@ class Learner:
 
     def _logprobs(self, mb: TensorDict, with_entropy: bool):
         with self._autocast():
-            return sequence_logprobs(self.model, mb, temperature=self.loss.temperature, with_entropy=with_entropy)
+            return sequence_logprobs(self.model, mb, temperature=self.loss.temperature, with_entropy=with_entropy,
+                                     share_prompt=self.share_prompt)
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """Run ``epochs`` optimizer steps on ``batch``; return averaged diagnostics.
@@ -145,13 +157,16 @@ class Learner:
         ``ref_logprobs``.
         """
         batch = batch.to(self.device)
-        chunks = micro_batches(batch, self.micro_batch_tokens)
+        split = group_micro_batches if self.share_prompt else micro_batches
+        chunks = split(batch, self.micro_batch_tokens)
         if self.epochs > 1:
             with torch.no_grad():
                 for mb in chunks:
                     mb.set("old_logprobs", self._logprobs(mb, with_entropy=False).logprobs)
-        total_tokens = float(batch["response_mask"].sum().clamp(min=1))
-        total_rows = float(batch.batch_size[0])
+        total_tokens, total_rows = float(batch["response_mask"].sum()), float(batch.batch_size[0])
+        if self.data_parallel is not None:  # each micro-batch's share is of the batch over all ranks
+            total_tokens, total_rows = self.data_parallel.sum_scalars([total_tokens, total_rows])
+        total_tokens = max(total_tokens, 1.0)
         metrics: dict[str, float] = {}
         for _ in range(self.epochs):
             metrics = self._optimizer_step(chunks, total_tokens, total_rows)
@@ -196,7 +211,13 @@ class Learner:
                 # loss terms are already scaled by share; diagnostics are per-micro-batch means
                 weight = 1.0 if k.startswith("loss") else share
                 sums[k] = sums.get(k, 0.0) + weight * v
+        if self.data_parallel is not None:  # every rank skips, or every rank steps on the summed gradient
+            finite = self.data_parallel.all_finite(finite)
+            if finite:
+                self.data_parallel.sum_gradients([p for p in self.model.parameters() if p.requires_grad])
+                sums = self.data_parallel.sum_metrics(sums)
         grad_norm = float("nan")
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses; scheduler.step() below moves it on
         if finite:
             params = [p for p in self.model.parameters() if p.grad is not None]
             max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
@@ -210,13 +231,15 @@ class Learner:
             self.skipped_steps += 1
             log.warning("non-finite loss or gradient: optimizer step skipped (%d so far)", self.skipped_steps)
         self.optimizer.zero_grad(set_to_none=True)
-        sums.update(grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+        sums.update(grad_norm=grad_norm, lr=lr,
                     skipped_steps=float(self.skipped_steps), step_skipped=float(not finite))
         return sums
 
     def named_weights(self):
-        """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights``."""
-        return self.model.state_dict().items()
+        """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights`` (LoRA: merged, out of place)."""
+        from grpo_rl.lora import hf_named_weights  # lora imports the collector, which imports this module
+
+        return hf_named_weights(self.model)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

@@ -1,25 +1,60 @@
-"""Run lifecycle shared by both loops: run directory, resume, periodic and final checkpoints, the summary."""
+"""Run lifecycle shared by both loops: run directory, resume, periodic and final checkpoints, export, the summary.
+
+Exact resume: a run killed at any moment and restarted with ``resume=auto output_dir=<same dir>`` logs the same
+losses and rewards, step by step, as a run that was never stopped (``tests/integration/test_resume.py``).
+What makes that hold:
+
+* a checkpoint holds everything the next step depends on (see :mod:`grpo_rl.checkpoint`); the engine's
+  sampling seeds are derived from ``(seed, step)`` by the collector, so they need no state;
+* checkpoints are taken at step boundaries only. When an exception stops the loop mid-step, a checkpoint
+  is written only if the learner has not been updated in that step, and then with the data position and RNG
+  states of the last step boundary (:meth:`RunState.finish`);
+* the resumed run cuts its logs back to the checkpoint's step (:meth:`grpo_rl.metrics.RunLogger.rewind`), so a
+  step logged after the last checkpoint by the killed run is not logged twice.
+"""
 from __future__ import annotations
 
+import copy
 import logging
+import sys
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grpo_rl.checkpoint import Checkpointer, export_model, load_trainer_state, set_rng_state
-from grpo_rl.metrics import RunLogger
+from grpo_rl.checkpoint import (Checkpointer, checkpoint_step, export_model_atomic, load_model_weights,
+                                load_trainer_state, rng_state, set_rng_state)
+from grpo_rl.metrics import RunLogger, read_jsonl
 
 log = logging.getLogger(__name__)
 
+# Keys that may change between a run and its resumption without changing what is computed.
+_RESUMABLE_CHANGES = ("resume", "output_dir", "train.steps", "train.max_time_minutes", "train.checkpoint_frequency",
+                      "train.keep_checkpoints", "train.export_checkpoints", "logger.", "eval.", "model.cache_dir")
+
 
 def hydra_run_dir(cfg) -> Path:
-    """``cfg.output_dir`` if set, else the folder Hydra made for this job (outputs/DATE/TIME)."""
+    """``cfg.output_dir`` if set, else the folder Hydra made for this job (outputs/DATE/TIME, or
+    multirun/DATE/TIME/N in a sweep). In a sweep, ``output_dir`` gets the job number appended so jobs never
+    share a folder."""
     if cfg.output_dir:
-        return Path(cfg.output_dir).expanduser().resolve()
+        base = Path(cfg.output_dir).expanduser().resolve()
+        job = _multirun_job_number()
+        return base / str(job) if job is not None else base
     from hydra.core.hydra_config import HydraConfig
 
     return Path(HydraConfig.get().runtime.output_dir)
+
+
+def _multirun_job_number() -> int | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+    except (ImportError, ValueError):  # not running under Hydra
+        return None
+    return int(hydra_cfg.job.num) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
 def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
@@ -36,8 +71,35 @@ def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
     return path
 
 
+def config_changes(saved_yaml: str, cfg) -> list[str]:
+    """``key: old -> new`` for every setting that differs from the saved config and matters for resuming."""
+    old = _flatten(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
+    new = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key.startswith(_RESUMABLE_CHANGES) or key in _RESUMABLE_CHANGES:
+            continue
+        if old.get(key) != new.get(key):
+            changes.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return changes
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _learner_fingerprint(learner) -> tuple:
+    """Changes whenever the learner's weights or optimizer state may have changed."""
+    return (learner.version, getattr(learner, "skipped_steps", None))
+
+
 class RunState:
-    """Tracks the step, saves checkpoints, and remembers the reward curve for the closing summary.
+    """Tracks the step, saves checkpoints, resumes, exports, and remembers the reward curve for the summary.
 
     Args:
         cfg: the run config.
@@ -47,17 +109,42 @@ class RunState:
 
     def __init__(self, cfg, run_dir: Path, logger: RunLogger):
         self.cfg = cfg
-        self.run_dir = run_dir
+        self.run_dir = Path(run_dir)
         self.logger = logger
         self.checkpointer = Checkpointer(run_dir, keep=cfg.train.keep_checkpoints)
         self.step = 0
         self.rewards: list[float] = []
         self.started = time.monotonic()
         self.last_checkpoint: Path | None = None
+        self.resumed_from: Path | None = None
+        self._boundary: tuple | None = None  # (learner fingerprint, env state, RNG states) at the last step end
+
+    def resume(self, learner, env, engine) -> Path | None:
+        """Continue from the checkpoint ``cfg.resume`` names, if any: weights, trainer state, data position and
+        RNG; push the weights to ``engine``; cut the logs back to the checkpoint's step. Call once, before the loop.
+        """
+        checkpoint = find_resume_checkpoint(self.cfg, self.checkpointer)
+        if checkpoint is None and not self.cfg.resume and self.checkpointer.latest() is not None:
+            log.warning("%s already holds checkpoints of an earlier run; this run starts fresh and will replace "
+                        "them. Pass resume=auto to continue that run instead.", self.checkpointer.root)
+        if checkpoint is not None:
+            load_model_weights(checkpoint, learner.model)
+            self.restore(checkpoint, learner, env)
+            engine.update_weights(learner.named_weights())
+            self.resumed_from = checkpoint
+        if self.cfg.resume:
+            self.logger.rewind(self.step)
+        self._mark_boundary(learner, env)
+        return checkpoint
 
     def restore(self, checkpoint: Path, learner, env) -> None:
         """Load trainer state written by :meth:`save` (the model weights are loaded by the caller)."""
         state = load_trainer_state(checkpoint)
+        if state.get("config"):
+            changes = config_changes(state["config"], self.cfg)
+            if changes:
+                log.warning("resuming %s with changed settings (the run will not match an uninterrupted one):\n  %s",
+                            checkpoint, "\n  ".join(changes))
         learner.load_state_dict(state["learner"])
         env.load_state_dict(state["env"])
         set_rng_state(state["rng"])
@@ -65,10 +152,28 @@ class RunState:
         self.rewards = list(state.get("rewards", []))
         log.info("resumed from %s at step %d (policy version %d)", checkpoint, self.step, learner.version)
 
+    def complete_step(self, learner, env, metrics: dict) -> None:
+        """Count a finished step: call it once per step, after the learner update and the weight push."""
+        self.step += 1
+        self.rewards.append(float(metrics["reward_mean"]))
+        self._mark_boundary(learner, env)
+
+    def _mark_boundary(self, learner, env) -> None:
+        self._boundary = (_learner_fingerprint(learner), copy.deepcopy(env.state_dict()), rng_state())
+
     def save(self, learner, env, tokenizer, extra: dict | None = None) -> Path:
-        state = {"learner": learner.state_dict(), "env": env.state_dict(), "rewards": list(self.rewards),
-                 "config": OmegaConf.to_yaml(self.cfg), **(extra or {})}
-        self.last_checkpoint = self.checkpointer.save(self.step, learner.model, tokenizer, state)
+        """Checkpoint the current step (call at a step boundary)."""
+        return self._save(learner, env.state_dict(), tokenizer, extra)
+
+    def _save(self, learner, env_state: dict, tokenizer, extra: dict | None = None, rng: dict | None = None) -> Path:
+        config_yaml = OmegaConf.to_yaml(self.cfg)
+        state = {"learner": learner.state_dict(), "env": env_state, "rewards": list(self.rewards),
+                 "config": config_yaml, **(extra or {})}
+        if rng is not None:
+            state["rng"] = rng
+        self.last_checkpoint = self.checkpointer.save(
+            self.step, learner.model, tokenizer, state, export_model_dir=self.cfg.train.export_checkpoints,
+            config_yaml=config_yaml)
         return self.last_checkpoint
 
     def should_checkpoint(self) -> bool:
@@ -79,8 +184,32 @@ class RunState:
         limit = self.cfg.train.max_time_minutes
         return limit is not None and (time.monotonic() - self.started) / 60 >= limit
 
+    def finish(self, learner, env, tokenizer) -> None:
+        """The final checkpoint and export; call from the loop's ``finally`` block.
+
+        When an exception is on its way out (a crash, Ctrl-C), the loop stopped mid-step: the checkpoint is
+        written only if the learner was not updated in that step, with the data position and RNG states of the
+        last step boundary, so that resuming from it is still exact. Otherwise the last periodic checkpoint
+        stands, and nothing is exported.
+        """
+        if self.step == 0:
+            return
+        failed = sys.exc_info()[0] is not None
+        env_state, rng = env.state_dict(), None
+        if failed and self._boundary is not None:
+            fingerprint, env_state, rng = self._boundary
+            if _learner_fingerprint(learner) != fingerprint:
+                log.warning("stopped in the middle of step %d after the learner had been updated: no checkpoint "
+                            "written; resume=auto continues from %s", self.step + 1, self.last_checkpoint)
+                return
+        saved_step = checkpoint_step(self.last_checkpoint) if self.last_checkpoint is not None else None
+        if saved_step != self.step:
+            self._save(learner, env_state, tokenizer, rng=rng)
+        self.export_final(learner, tokenizer)
+
     def export_final(self, learner, tokenizer) -> Path:
-        return export_model(learner.model, tokenizer, self.run_dir / "final_model")
+        """The policy as an HF folder (merged, for LoRA) at ``<run_dir>/final_model``, replaced atomically."""
+        return export_model_atomic(learner.model, tokenizer, self.run_dir / "final_model")
 
     def summary(self) -> str:
         k = max(1, min(5, len(self.rewards) // 3))
@@ -89,9 +218,15 @@ class RunState:
         lines = [
             f"reward: start {start:.3f} (mean of first {k} steps) -> end {end:.3f} (mean of last {k} steps)",
             f"steps: {self.step} in {(time.monotonic() - self.started) / 60:.1f} min",
-            f"run dir: {self.run_dir}",
-            f"metrics: {self.run_dir / 'metrics.jsonl'}",
         ]
+        evals = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+        if evals:
+            last = evals[-1]
+            extra = "".join(f", {k.split('/', 1)[1]} {v:.3f}" for k, v in last.items() if k.startswith("eval/pass@"))
+            lines.append(f"eval at step {last['step']}: accuracy {last['eval/accuracy']:.3f}{extra}")
+        lines += [f"run dir: {self.run_dir}", f"metrics: {self.run_dir / 'metrics.jsonl'}"]
+        if self.resumed_from is not None:
+            lines.append(f"resumed from: {self.resumed_from}")
         if self.last_checkpoint is not None:
             lines.append(f"checkpoint: {self.last_checkpoint}")
         if (self.run_dir / "final_model").exists():

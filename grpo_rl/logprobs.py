@@ -4,6 +4,10 @@ The prompt is left-padded and the answer right-padded (see :mod:`grpo_rl.rollout
 concatenated sequence ``[prompt | answer]`` the logits that predict answer token ``t`` sit at position
 ``Lp - 1 + t``. Only those ``Lr`` positions go through the LM head: the vocabulary projection and the
 log-softmax are the largest per-token cost of a small model, and prompt positions would be thrown away.
+
+With ``share_prompt=True`` the answers of a group are packed behind one copy of their prompt
+(:mod:`grpo_rl.packing`), so the prompt goes through the model once per group instead of once per answer; only
+real answer tokens reach the LM head. The log-probs are the same up to summation order.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
+
+from grpo_rl.packing import pack_groups
 
 
 @dataclass
@@ -33,6 +39,7 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prompt: bool = False,
 ) -> TokenLogprobs:
     """Log-probs of ``batch["response_ids"]`` under ``model``.
 
@@ -41,10 +48,13 @@ def sequence_logprobs(
         batch: holds ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` and ``response_ids``/``response_mask`` ``[B, Lr]``.
         temperature: the sampling temperature; logits are divided by it, as the engine did.
         with_entropy: also return the per-token entropy of the (tempered) distribution.
+        share_prompt: run each group's prompt once (:func:`packed_sequence_logprobs`).
 
     Returns:
         :class:`TokenLogprobs` with zeros at padded answer positions.
     """
+    if share_prompt:
+        return packed_sequence_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy)
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
     response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
     lp, lr = prompt_ids.shape[1], response_ids.shape[1]
@@ -68,4 +78,54 @@ def sequence_logprobs(
         with torch.no_grad():
             probs = torch.softmax(logits, dim=-1)
             entropy = (logz - (probs * logits).sum(-1)) * mask  # [B, Lr]
+    return TokenLogprobs(logprobs=logprobs, entropy=entropy)
+
+
+def _packed_mask(model: torch.nn.Module, mask_bool: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The packed attention mask in the form the model's attention implementation takes as given."""
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl == "sdpa":
+        return mask_bool  # torch's SDPA: True = attend
+    if impl == "eager":
+        return torch.zeros(mask_bool.shape, dtype=dtype, device=mask_bool.device).masked_fill(
+            ~mask_bool, torch.finfo(dtype).min)  # added to the scores
+    raise ValueError(f"share_prompt needs the 'sdpa' or 'eager' attention implementation, not {impl!r}; "
+                     "set train.share_prompt=false or load the model with attn_implementation='sdpa'")
+
+
+def packed_sequence_logprobs(
+    model: torch.nn.Module,
+    batch: TensorDict,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> TokenLogprobs:
+    """:func:`sequence_logprobs` with each group's prompt run once (see :mod:`grpo_rl.packing`).
+
+    Same arguments and result layout (``[B, Lr]``, zeros at padding); rows with the same prompt must be
+    consecutive, as every engine returns them.
+    """
+    response_ids = batch["response_ids"]  # [B, Lr]
+    packed = pack_groups(batch)
+    backbone, head = _backbone_and_head(model)
+    dtype = next(model.parameters()).dtype
+    hidden = backbone(
+        input_ids=packed.input_ids,
+        attention_mask=_packed_mask(model, packed.attention_mask, dtype),
+        position_ids=packed.position_ids,
+    ).last_hidden_state  # [R, S, H]
+    hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source_index)  # [T, H]
+    logits = head(hidden).float()  # [T, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)  # [T]
+    token_lp = logits.gather(-1, packed.target_ids.unsqueeze(-1)).squeeze(-1) - logz  # [T]
+    where = (packed.target_row, packed.target_col)
+    zeros = torch.zeros(response_ids.shape, dtype=logits.dtype, device=logits.device)  # [B, Lr]
+    logprobs = zeros.index_put(where, token_lp)  # [B, Lr]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            probs = torch.softmax(logits, dim=-1)
+            entropy = zeros.index_put(where, logz - (probs * logits).sum(-1))  # [B, Lr]
     return TokenLogprobs(logprobs=logprobs, entropy=entropy)

@@ -13,14 +13,13 @@ import logging
 import time
 
 import hydra
-from omegaconf import OmegaConf
 
 from grpo_rl.config import register_configs
 from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
                                make_run, score_batch, seed_everything)
-from grpo_rl.lifecycle import RunState, find_resume_checkpoint, hydra_run_dir
-from grpo_rl.metrics import RunLogger, batch_metrics, console_line
-from grpo_rl.models import load_causal_lm
+from grpo_rl.evaluation import make_evaluator
+from grpo_rl.lifecycle import RunState, hydra_run_dir
+from grpo_rl.metrics import RunLogger, batch_metrics, console_line, log_reward_failures
 
 log = logging.getLogger("grpo")
 register_configs()
@@ -36,18 +35,14 @@ def main(cfg) -> float:
     engine = make_engine(run)
     seed_everything(cfg.seed)
     learner = make_learner(run)
-    ref = make_ref_scorer(run)
+    ref = make_ref_scorer(run, learner)
     collector = make_collector(run, engine)
-    logger = RunLogger(run.run_dir, backend=cfg.logger.backend, project=cfg.logger.project,
-                       config=OmegaConf.to_container(cfg, resolve=True), resume=bool(cfg.resume))
+    evaluator = make_evaluator(run, engine)
+    logger = RunLogger.from_config(cfg, run.run_dir)
     state = RunState(cfg, run.run_dir, logger)
 
-    # Resume: weights, optimizer, data position, RNG; then push the weights to the engine.
-    checkpoint = find_resume_checkpoint(cfg, state.checkpointer)
-    if checkpoint is not None:
-        learner.model.load_state_dict(load_causal_lm(str(checkpoint / "model"), learner.device).state_dict())
-        state.restore(checkpoint, learner, collector.env)
-        engine.update_weights(learner.named_weights())
+    # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG, engine weights; logs cut back.
+    state.resume(learner, collector.env, engine)
 
     try:
         while state.step < cfg.train.steps and not state.out_of_time():
@@ -63,8 +58,7 @@ def main(cfg) -> float:
             engine.update_weights(learner.named_weights())
             t4 = time.perf_counter()
 
-            state.step += 1
-            state.rewards.append(metrics["reward_mean"])
+            state.complete_step(learner, collector.env, metrics)
             metrics.update(adv_stats)
             metrics.update(
                 policy_version=learner.version, generation_seconds=collect_stats.generation_seconds,
@@ -74,7 +68,10 @@ def main(cfg) -> float:
                 generation_tokens_per_second=collect_stats.num_tokens / max(collect_stats.generation_seconds, 1e-9),
                 reward_failures=sum(collect_stats.reward_failures.values()),
             )
+            if evaluator is not None:
+                metrics.update(evaluator.maybe_evaluate(state.step, cfg.train.steps))
             logger.log(state.step, metrics)
+            log_reward_failures(run.run_dir, state.step, collector.env.last_failure_examples)
             log.info(console_line(state.step, cfg.train.steps, metrics))
             if cfg.logger.num_examine and state.step % cfg.logger.examine_every in (0, 1):
                 logger.log_samples(state.step, batch, cfg.logger.num_examine,
@@ -82,10 +79,8 @@ def main(cfg) -> float:
             if state.should_checkpoint():
                 state.save(learner, collector.env, run.tokenizer)
     finally:
-        # Cleanup: a final checkpoint and export even when a step raised, then release the engine.
-        if state.step > 0:
-            state.save(learner, collector.env, run.tokenizer)
-            state.export_final(learner, run.tokenizer)
+        # Cleanup: the final checkpoint and export (only at a step boundary), then release the engine.
+        state.finish(learner, collector.env, run.tokenizer)
         logger.close()
         engine.shutdown()
     print(state.summary(), flush=True)

@@ -62,10 +62,10 @@ class TransformersEngine:
         out = self.model.generate(
             input_ids=ids.repeat_interleave(n, 0).to(self.device),
             attention_mask=mask.repeat_interleave(n, 0).to(self.device),
-            do_sample=True,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=0,
+            do_sample=sampling.temperature > 0,  # temperature 0 means greedy, as in vLLM
+            temperature=sampling.temperature if sampling.temperature > 0 else None,
+            top_p=sampling.top_p if sampling.temperature > 0 else None,
+            top_k=0 if sampling.temperature > 0 else None,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids),

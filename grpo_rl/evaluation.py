@@ -1,0 +1,291 @@
+"""Held-out evaluation: greedy accuracy and pass@k on a fixed set of prompts.
+
+During training (``eval.every``), and alone on a checkpoint or an exported model::
+
+    python -m grpo_rl.evaluation checkpoint=outputs/2026-01-01/12-00-00/checkpoints/step_00000030 eval.num_prompts=100
+    python -m grpo_rl.evaluation checkpoint=outputs/2026-01-01/12-00-00/final_model eval.pass_k=8
+    python -m grpo_rl.evaluation checkpoint=<run_dir> --config-name grpo_ifeval   # newest checkpoint of a run
+
+Every evaluation answers the same prompts: the first ``eval.num_prompts`` of the held-out split in file order
+(GSM8K's test split; IFEval's 541 prompts, since it has no other). An answer counts as solved when the task's
+success component (GSM8K: ``correct``; IFEval: ``prompt_strict``, the benchmark's headline metric) is 1.
+
+* ``eval/accuracy``: fraction of prompts whose greedy answer (temperature 0) is solved.
+* ``eval/pass@k``: the unbiased estimator of Chen et al. (2021, "Evaluating Large Language Models Trained on
+  Code", eq. 1) from ``n = eval.num_samples >= k`` answers sampled at ``eval.temperature``:
+  ``pass@k = 1 - C(n - c, k) / C(n, k)`` for ``c`` solved answers, averaged over prompts. The samples use
+  fixed seeds, so successive evaluations differ only through the weights.
+
+It runs on the training engine (whose weights are the learner's after each push) through the same
+:class:`~grpo_rl.collector.Collector` and environment code as training, so prompts are formatted and scored
+exactly as in training.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo_rl.collector import Collector
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SUCCESS = {"gsm8k": "correct", "ifeval": "prompt_strict"}
+DEFAULT_SPLIT = {"gsm8k": "test", "ifeval": "train"}
+_EVAL_SEED_OFFSET = 1_000_000  # keeps the pass@k sample seeds apart from the training collector's
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chance that ``k`` answers drawn without replacement from ``n`` (``c`` of them correct) hold a correct one."""
+    if not 0 < k <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def solved(batch, success_component: str | None) -> torch.Tensor:
+    """``[N]`` bool: which answers of a scored batch count as solved."""
+    if success_component is None:
+        return batch["reward"] >= 1.0 - 1e-6
+    key = f"reward_{success_component}"
+    if key not in batch.keys():
+        have = sorted(k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_"))
+        raise KeyError(f"eval.success_component={success_component}: the environment logs no {key} (it has {have})")
+    return batch[key] >= 1.0 - 1e-6
+
+
+def eval_config(cfg):
+    """A copy of ``cfg`` whose ``env`` serves the held-out prompts in file order, ``eval.num_prompts`` at a time."""
+    ev = copy.deepcopy(cfg)
+    ev.env.shuffle = False
+    ev.env.prompts_per_step = cfg.eval.num_prompts
+    if cfg.env.dataset != "file":
+        ev.reward.model_path = None  # the success component does not need a reward model; do not load another
+    return ev
+
+
+class Evaluator:
+    """Greedy accuracy and pass@k of the engine's current weights on fixed held-out prompts.
+
+    Args:
+        env: the held-out environment (unshuffled, ``prompts_per_step`` = prompts per evaluation).
+        engine: the rollout engine to evaluate.
+        tokenizer: the policy's tokenizer.
+        pass_k: k (0: no sampled pass).
+        num_samples: answers sampled per prompt for pass@k (>= ``pass_k``).
+        temperature: temperature of the sampled answers.
+        max_new_tokens: answer length limit.
+        success_component: reward component marking a solved answer; None: total reward >= 1.
+        seed: base seed of the sampled answers.
+        every: evaluate in :meth:`maybe_evaluate` every this many steps (0: never).
+    """
+
+    def __init__(self, env, engine, tokenizer, *, pass_k: int, num_samples: int | None, temperature: float,
+                 max_new_tokens: int, success_component: str | None, seed: int = 0, every: int = 0):
+        self.env = env
+        self.pass_k = pass_k
+        self.num_samples = num_samples or pass_k
+        self.success_component = success_component
+        self.every = every
+        self.greedy = Collector(env, engine, tokenizer, group_size=1, max_new_tokens=max_new_tokens, temperature=0.0,
+                                seed=seed + _EVAL_SEED_OFFSET)
+        self.sampled = None
+        if pass_k > 0:
+            self.sampled = Collector(env, engine, tokenizer, group_size=self.num_samples, max_new_tokens=max_new_tokens,
+                                     temperature=temperature, seed=seed + _EVAL_SEED_OFFSET)
+        self.last_answers: list[dict] = []
+
+    def _rewind(self) -> None:
+        self.env.load_state_dict({"epoch": 0, "position": 0, "seed": self.env.seed})
+
+    def evaluate(self) -> dict[str, float]:
+        """Evaluate once; returns ``eval/...`` metrics."""
+        t0 = time.perf_counter()
+        self._rewind()
+        batch, _ = self.greedy.collect(0, 0)
+        ok = solved(batch, self.success_component)  # [P]
+        metrics = {"eval/accuracy": float(ok.float().mean()), "eval/reward_mean": float(batch["reward"].mean()),
+                   "eval/num_prompts": float(batch.batch_size[0])}
+        for key in batch.keys():
+            if isinstance(key, str) and key.startswith("reward_"):
+                metrics[f"eval/{key}_mean"] = float(batch[key].float().mean())
+        metrics["eval/response_length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
+        metrics["eval/truncated_fraction"] = float(batch["truncated"].float().mean())
+        self.last_answers = [{"prompt": batch["prompt"][i], "response": batch["response_text"][i],
+                              "solved": bool(ok[i])} for i in range(batch.batch_size[0])]
+        if self.sampled is not None:
+            self._rewind()
+            samples, _ = self.sampled.collect(0, 0)
+            n = self.num_samples
+            correct = solved(samples, self.success_component).view(-1, n).sum(-1).tolist()  # [P]
+            metrics[f"eval/pass@{self.pass_k}"] = float(np.mean([pass_at_k(n, c, self.pass_k) for c in correct]))
+            metrics["eval/sample_accuracy"] = float(sum(correct) / (n * len(correct)))
+        metrics["eval/seconds"] = time.perf_counter() - t0
+        return metrics
+
+    def maybe_evaluate(self, step: int, last_step: int) -> dict[str, float]:
+        """:meth:`evaluate` when ``step`` is a multiple of ``every`` or the last step; else nothing."""
+        if not self.every or not (step % self.every == 0 or step == last_step):
+            return {}
+        metrics = self.evaluate()
+        log.info("eval at step %d: %s", step, "  ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items()
+                                                           if k in ("eval/accuracy", f"eval/pass@{self.pass_k}")))
+        return metrics
+
+
+def make_evaluator(run, engine, *, every: int | None = None) -> Evaluator | None:
+    """The evaluator ``cfg.eval`` asks for, on ``engine``; None when ``eval.every`` is 0 (and ``every`` not given)."""
+    cfg = run.cfg
+    in_training = every is None
+    every = cfg.eval.every if in_training else every
+    if not every:
+        return None
+    from grpo_rl.envs import make_env
+
+    ev = eval_config(cfg)
+    split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
+    env = make_env(ev, run.tokenizer, split=split, devices=run.devices)
+    success = cfg.eval.success_component or DEFAULT_SUCCESS.get(cfg.env.dataset)
+    log.info("evaluation: %d %s/%s prompts (success: %s)%s", min(len(env), cfg.eval.num_prompts), cfg.env.dataset,
+             split, f"reward_{success}" if success else "total reward >= 1",
+             f", every {every} steps" if in_training else "")
+    if len(env) < cfg.eval.num_prompts:
+        env.prompts_per_step = len(env)
+    return Evaluator(env, engine, run.tokenizer, pass_k=cfg.eval.pass_k, num_samples=cfg.eval.num_samples,
+                     temperature=cfg.eval.temperature,
+                     max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
+                     success_component=success, seed=cfg.seed, every=every)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Standalone: python -m grpo_rl.evaluation checkpoint=<dir> [--config-name NAME] [key=value ...]
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, an HF model folder, or a run folder (its newest checkpoint, else its final model)."""
+    from grpo_rl.checkpoint import Checkpointer
+
+    path = Path(path).expanduser().resolve()
+    if (path / "trainer_state.pt").exists() or (path / "config.json").exists():
+        return path
+    latest = Checkpointer(path).latest()
+    if latest is not None:
+        return latest
+    if (path / "final_model" / "config.json").exists():
+        return path / "final_model"
+    raise FileNotFoundError(f"checkpoint={path}: not a checkpoint folder, an HF model folder, or a run folder")
+
+
+def _saved_config(path: Path):
+    """The run config stored with a checkpoint (its config.yaml), or with the run a final model came from."""
+    from omegaconf import OmegaConf
+
+    from grpo_rl.checkpoint import Checkpointer
+
+    candidates = [path / "config.yaml"]
+    if path.name == "final_model":  # <run_dir>/final_model: the run's newest checkpoint knows the config
+        latest = Checkpointer(path.parent).latest()
+        candidates += [latest / "config.yaml"] if latest is not None else []
+        candidates.append(path.parent / ".hydra" / "config.yaml")
+    for candidate in candidates:
+        if candidate.exists():
+            return OmegaConf.load(candidate)
+    return None
+
+
+def materialize_model(path: Path, cfg, out_dir: Path) -> Path:
+    """An HF folder with the weights at ``path``: itself, its ``model/``, or its LoRA adapter merged onto the base."""
+    if (path / "config.json").exists():
+        return path
+    if (path / "model" / "config.json").exists():
+        return path / "model"
+    from grpo_rl.checkpoint import export_model
+    from grpo_rl.lora import ADAPTER_DIR, apply_lora, load_adapter
+    from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
+
+    if not (path / ADAPTER_DIR).exists():
+        raise FileNotFoundError(f"{path}: holds neither model/ nor {ADAPTER_DIR}/")
+    base = resolve_model(cfg.model.name, cfg.model.cache_dir)
+    lora = cfg.model.lora
+    model = apply_lora(load_causal_lm(base, torch.device("cpu"), cfg.model.dtype, trainable=False),
+                       r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    load_adapter(model, path / ADAPTER_DIR)
+    log.info("merging the LoRA adapter of %s onto %s into %s", path, base, out_dir)
+    return export_model(model, load_tokenizer(base), out_dir)
+
+
+def compose_config(argv: list[str]):
+    """``(checkpoint path, config)`` from ``checkpoint=...``, ``--config-name NAME`` and ``key=value`` overrides.
+
+    The config is the schema with the named YAML, then the checkpoint's saved run config, then the overrides.
+    """
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from grpo_rl.config import register_configs
+
+    checkpoint, config_name, overrides = None, "grpo_gsm8k", []
+    args = iter(argv)
+    for arg in args:
+        if arg.startswith("checkpoint="):
+            checkpoint = arg.split("=", 1)[1]
+        elif arg == "--config-name":
+            config_name = next(args)
+        elif arg.startswith("--config-name="):
+            config_name = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg)
+    if checkpoint is None:
+        raise SystemExit("usage: python -m grpo_rl.evaluation checkpoint=<dir> [--config-name NAME] [key=value ...]")
+    path = resolve_checkpoint(checkpoint)
+    register_configs()
+    config_dir = Path(__file__).resolve().parents[1] / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        cfg = compose(config_name=config_name)
+    saved = _saved_config(path)
+    if saved is not None:
+        saved.pop("hydra", None)
+        cfg = OmegaConf.merge(cfg, saved)
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    return path, cfg
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Evaluate a checkpoint; print the metrics and write them to ``<checkpoint>/eval_results.json``."""
+    from grpo_rl.factories import configure_threads, make_engine, make_run
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    path, cfg = compose_config(list(sys.argv[1:] if argv is None else argv))
+    with tempfile.TemporaryDirectory(prefix="grpo-eval-") as tmp:
+        cfg.model.name = str(materialize_model(path, cfg, Path(tmp) / "merged"))
+        cfg.resume = None
+        run = make_run(cfg, Path(tmp) / "run")
+        configure_threads()
+        engine = make_engine(run)
+        try:
+            metrics = make_evaluator(run, engine, every=1).evaluate()
+        finally:
+            engine.shutdown()
+    out = path / "eval_results.json" if path.is_dir() else Path("eval_results.json")
+    result = {"checkpoint": str(path), "split": cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split),
+              **metrics}
+    try:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as e:  # a read-only checkpoint folder: the printed table is the result
+        log.warning("could not write %s (%s)", out, e)
+    width = max(len(k) for k in result)
+    print("\n".join(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}"
+                    for k, v in result.items()), flush=True)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
