@@ -83,6 +83,8 @@ def main(cfg) -> float:
         state.finish(learner, collector.env, run.tokenizer)
         logger.close()
         engine.shutdown()
+        if hasattr(learner, "shutdown"):  # a data-parallel learner group owns worker processes
+            learner.shutdown()
     print(state.summary(), flush=True)
     return state.rewards[-1] if state.rewards else float("nan")
 

@@ -1,0 +1,123 @@
+"""Asynchronous GRPO on Ray: the collector generates continuously while the learner trains on what it made.
+
+    python sota/grpo-async.py                                  # GSM8K, embedded SmolLM2-135M-Instruct, CPU
+    python sota/grpo-async.py pipeline.max_staleness=1 pipeline.push_every=2
+    python sota/grpo-async.py ray.address=auto                 # join a running Ray cluster
+
+Same config, factories, loss and learner as sota/grpo.py; only the loop differs. A collector actor (vLLM
+engine + environment, built by the same ``make_*`` factories) fills a bounded buffer actor, waiting while it
+is full; the learner (this process, or ``train_model.num_devices`` data-parallel ranks) takes the oldest
+batch, drops samples older than ``pipeline.max_staleness`` policy versions, scores the rest under the
+reference model, trains, and pushes its weights every ``pipeline.push_every`` optimizer steps. The loss's
+truncated importance weight (``policy.tis_cap``) corrects the remaining lag; ``staleness_max``,
+``dropped_samples``, ``tis_fraction`` and ``ess`` are logged every step.
+
+The reference model runs in the learner's process: on a 2-core machine the collector and the learner
+already keep both cores busy, so a reference actor could only time-slice with them, and a LoRA run's
+reference is the learner's own model with the adapters off. Ctrl-C or a failed actor stops every actor,
+writes a checkpoint at the last step boundary and shuts down the Ray instance this script started.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import hydra
+import torch
+
+from grpo_rl.config import register_configs
+from grpo_rl.distributed.pipeline import AsyncRollouts, GracefulStop, staleness_metrics, step_rates
+from grpo_rl.distributed.ray_setup import cpu_threads_per_worker, start_ray, stop_ray
+from grpo_rl.factories import make_learner, make_ref_scorer, make_run, score_batch, seed_everything
+from grpo_rl.lifecycle import RunState, hydra_run_dir
+from grpo_rl.metrics import RunLogger, batch_metrics, console_line
+
+log = logging.getLogger("grpo")
+register_configs()
+
+
+@hydra.main(config_path="../config", config_name="grpo_gsm8k", version_base="1.3")
+def main(cfg) -> float:
+    # Create the run: validate, allocate devices, resolve the model (fails fast on bad input).
+    run = make_run(cfg, hydra_run_dir(cfg))
+    # Every role computes at once: split the cores between the learner rank(s) and the collector(s).
+    num_train, num_inference = len(run.devices.train), len(run.devices.inference)
+    threads = cpu_threads_per_worker(num_train + num_inference)
+    actor_devices = run.devices.inference + (run.devices.train if num_train > 1 else ())
+    started = start_ray(cfg.ray, min_cpus=len(actor_devices) * threads, actor_gpus=actor_devices)
+    rollouts = learner = state = logger = None
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint, shut down
+    try:
+        # Create the rollout side (collector actors with their engines, the buffer actor), then the learner.
+        rollouts = AsyncRollouts(run, threads=threads)
+        torch.set_num_threads(threads)
+        seed_everything(cfg.seed)
+        learner = make_learner(run, threads=threads)
+        ref = make_ref_scorer(run, learner)
+        rollouts.connect_weights(learner)
+        logger = RunLogger.from_config(cfg, run.run_dir)
+        state = RunState(cfg, run.run_dir, logger)
+
+        # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG; the engines get the weights.
+        state.resume(learner, rollouts.env, rollouts.engine_proxy(learner))
+        pushed_version = learner.version
+        rollouts.start(state.step)
+        prev_stats, t_prev = rollouts.stats(), time.perf_counter()
+
+        while state.step < cfg.train.steps and not state.out_of_time() and not stop.requested:
+            taken = rollouts.take(learner.version, lambda: stop.requested)  # only samples within max_staleness
+            if taken is None:
+                break
+            t1 = time.perf_counter()
+            metrics = {**batch_metrics(taken.batch), **staleness_metrics(taken)}
+            batch, adv_stats = score_batch(run, taken.batch, ref)
+            t2 = time.perf_counter()
+            if batch.batch_size[0] > 0:
+                metrics.update(learner.train_step(batch))
+            t3 = time.perf_counter()
+            push_seconds = 0.0
+            if learner.version - pushed_version >= cfg.pipeline.push_every:
+                push_seconds, pushed_version = rollouts.push(learner), learner.version
+            t4 = time.perf_counter()
+
+            state.complete_step(learner, rollouts.env, metrics)
+            stats, step_seconds = rollouts.stats(), t4 - t_prev
+            num_tokens = int(batch["response_mask"].sum()) if batch.batch_size[0] else 0
+            metrics.update(adv_stats)
+            metrics.update(step_rates(prev_stats, stats, step_seconds))
+            metrics.update(
+                policy_version=learner.version, reference_seconds=t2 - t1, training_seconds=t3 - t2,
+                weight_push_seconds=push_seconds, step_seconds=step_seconds,
+                learner_busy_fraction=(t4 - t1) / step_seconds,
+                learner_samples_per_second=batch.batch_size[0] / step_seconds,
+                learner_tokens_per_second=num_tokens / step_seconds, tokens_per_second=num_tokens / step_seconds,
+            )
+            metrics.update(rollouts.maybe_evaluate(learner, state.step, cfg.train.steps))  # eval.every steps
+            prev_stats, t_prev = stats, time.perf_counter()
+            logger.log(state.step, metrics)
+            log.info(console_line(state.step, cfg.train.steps, metrics)
+                     + f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
+                     + f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
+            if cfg.logger.num_examine and state.step % cfg.logger.examine_every in (0, 1):
+                logger.log_samples(state.step, batch, cfg.logger.num_examine,
+                                   [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")])
+            if state.should_checkpoint():
+                state.save(learner, rollouts.env, run.tokenizer)
+    finally:
+        # Cleanup: stop the actors first (they free the cores), then the checkpoint at the last step boundary.
+        if rollouts is not None:
+            rollouts.shutdown()
+        if state is not None:
+            state.finish(learner, rollouts.env, run.tokenizer)
+        if logger is not None:
+            logger.close()
+        if learner is not None and hasattr(learner, "shutdown"):
+            learner.shutdown()
+        stop_ray(started)
+        stop.restore()
+    print(state.summary(), flush=True)
+    return state.rewards[-1] if state.rewards else float("nan")
+
+
+if __name__ == "__main__":
+    main()

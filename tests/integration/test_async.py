@@ -1,0 +1,188 @@
+"""The asynchronous loop on Ray with a tiny model: weight pushes across processes, both scripts, shutdown.
+
+Each test starts its own Ray instance (in this process or in the script's) and stops it again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA_DIR = os.environ.get("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
+
+
+def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
+    """Settings that keep a step to about a second on 2 CPU cores."""
+    base = {"model.name": str(model_dir), "output_dir": str(run_dir), "logger.backend": "none",
+            "logger.num_examine": 0, "env.prompts_per_step": 2, "env.group_size": 4, "sampling.max_new_tokens": 16,
+            "policy.kl_coef": 0.0, "inference_model.kv_cache_gb": 1, "inference_model.max_model_len": 512,
+            "eval.every": 0, "train.checkpoint_frequency": 0}
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def script_env(**extra) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "GRPO_DATA_DIR": DATA_DIR,
+            "PYTHONPATH": str(ROOT), **extra}
+
+
+def run_script(script: str, overrides: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_path, monkeypatch):
+    """Engine log-probs (in the collector actor) equal the learner's own (here) for the same tokens, 1e-4;
+    a collector that dies makes the learner's wait raise instead of hang."""
+    from omegaconf import OmegaConf
+
+    from grpo_rl.config import GRPOConfig
+    from grpo_rl.distributed.pipeline import AsyncRollouts, CollectorFailed
+    from grpo_rl.distributed.ray_setup import start_ray, stop_ray
+    from grpo_rl.factories import make_learner, make_run
+    from grpo_rl.learner import trim_padding
+    from grpo_rl.logprobs import sequence_logprobs
+
+    monkeypatch.setenv("GRPO_DATA_DIR", DATA_DIR)
+    cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
+        tiny_overrides(tiny_model_dir, tmp_path, **{"pipeline.max_staleness": 0, "pipeline.buffer_capacity": 1})))
+    run = make_run(cfg, tmp_path)
+    started = start_ray(cfg.ray, min_cpus=1)
+    rollouts = AsyncRollouts(run, threads=1)
+    try:
+        learner = make_learner(run)
+        rollouts.connect_weights(learner)
+        rollouts.start(0)
+
+        def max_gap(batch) -> float:
+            b = trim_padding(batch)
+            with torch.no_grad():
+                mine = sequence_logprobs(learner.model, b, temperature=cfg.sampling.temperature).logprobs
+            return float(((mine - b["behavior_logprobs"]).abs() * b["response_mask"]).max())
+
+        before = rollouts.take(0).batch
+        assert max_gap(before) < 1e-4  # the engine starts from the learner's weights
+        for version in (1, 2):  # two pushes: the second goes into an engine that was already updated
+            torch.manual_seed(version)
+            with torch.no_grad():
+                for p in learner.model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            learner.version = version
+            rollouts.push(learner)
+            after = rollouts.take(version).batch  # max_staleness=0: only samples of the pushed version pass
+            assert bool((after["policy_version"] == version).all())
+            assert max_gap(after) < 1e-4, f"engine and learner disagree after push {version}"
+        assert max_gap(before) > 1e-2  # the check can fail: old samples no longer match the new weights
+
+        import ray  # a collector that dies is noticed by the learner's next wait, which raises
+        ray.kill(rollouts.collectors[0])
+        with pytest.raises(CollectorFailed):
+            rollouts.take(99)
+    finally:
+        rollouts.shutdown()
+        stop_ray(started)
+
+
+def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
+    """Two engine replicas feed one buffer; every trained sample is within the staleness bound."""
+    run_dir = tmp_path / "async"
+    run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
+        "train.steps": 4, "pipeline.max_staleness": 1, "pipeline.buffer_capacity": 1,
+        "inference_model.num_devices": 2, "logger.num_examine": 8, "logger.examine_every": 1,
+        "eval.every": 2, "eval.num_prompts": 2, "eval.pass_k": 2}))
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:  # the bound holds for every sample trained on, step by step
+        assert 0 <= r["staleness_max"] <= 1, r
+        assert r["buffer_max_fill"] <= 1
+        for key in ("tis_fraction", "ess", "dropped_samples", "learner_wait_seconds", "collector_wait_seconds",
+                    "weight_push_seconds", "collector_samples_per_second", "learner_samples_per_second"):
+            assert key in r, key
+    assert rows[-1]["policy_version"] == 4
+    evals = [r for r in rows if "eval/accuracy" in r]  # held-out evaluation by the first engine replica
+    assert [r["step"] for r in evals] == [2, 4] and all(r["eval/policy_version"] == r["step"] for r in evals)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    prompts_by_step: dict[int, set] = {}
+    for row in samples:
+        prompts_by_step.setdefault(row["step"], set()).add(row["prompt"])
+    trained = [p for step in sorted(prompts_by_step) for p in prompts_by_step[step]]
+    assert len(trained) == 4 * 2 and len(set(trained)) == len(trained)  # the replicas share prompts out
+    assert (run_dir / "checkpoints" / "step_00000004" / "trainer_state.pt").exists()
+    assert (run_dir / "final_model" / "config.json").exists()
+
+
+def test_sync_script_on_the_same_tiny_config(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "sync"
+    run_script("grpo.py", tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": 2}))
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["policy_version"] == 2
+
+
+def _processes_with(tag: str) -> list[str]:
+    """Command lines of live processes whose environment carries ``tag`` (the run's Ray and vLLM processes)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+    return found
+
+
+def test_sigint_stops_every_process_and_checkpoints(tiny_model_dir, tmp_path):
+    """Ctrl-C: the step in progress finishes, a checkpoint is written, no Ray or vLLM process of the run remains."""
+    run_dir, tag = tmp_path / "interrupted", f"grpo-test-{uuid.uuid4().hex}"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
+         *tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": 1000})],
+        cwd=ROOT, env=script_env(GRPO_TEST_RUN_TAG=tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    lines: list[str] = []
+    first_step = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "step 1/1000" in line:
+                first_step.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert first_step.wait(timeout=240), "no first step:\n" + "".join(lines[-60:])
+        assert _processes_with(tag), "the tag did not reach the run's processes; the check below would be vacuous"
+        os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C in a terminal: the driver and Ray's processes
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    log = "".join(lines)
+    assert proc.returncode == 0 and "stopping after this step" in log, log[-5000:]
+    assert list((run_dir / "checkpoints").glob("step_*/trainer_state.pt")), log[-5000:]
+    deadline, left = time.monotonic() + 30, _processes_with(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = _processes_with(tag)
+    assert not left, f"processes of the run outlived it: {left}"

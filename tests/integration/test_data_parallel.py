@@ -1,0 +1,106 @@
+"""Data-parallel learner: two CPU ranks (gloo) make the same update as one process on the same batch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def grpo_batch(group_sizes: list[int], vocab: int, seed: int = 0) -> TensorDict:
+    """Groups of answers to random prompts, left/right padded like the engine's output, random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    n, lp, lr = sum(group_sizes), 12, 10
+    batch = TensorDict({
+        "prompt_ids": torch.zeros(n, lp, dtype=torch.long), "prompt_mask": torch.zeros(n, lp, dtype=torch.long),
+        "response_ids": torch.zeros(n, lr, dtype=torch.long), "response_mask": torch.zeros(n, lr, dtype=torch.long),
+        "behavior_logprobs": torch.zeros(n, lr), "advantage": torch.randn(n, generator=g),
+    }, batch_size=[n])
+    row = 0
+    for size in group_sizes:
+        plen = int(torch.randint(4, lp + 1, (1,), generator=g))
+        prompt = torch.randint(0, vocab, (plen,), generator=g)
+        for _ in range(size):
+            rlen = int(torch.randint(2, lr + 1, (1,), generator=g))
+            batch["prompt_ids"][row, lp - plen:] = prompt
+            batch["prompt_mask"][row, lp - plen:] = 1
+            batch["response_ids"][row, :rlen] = torch.randint(0, vocab, (rlen,), generator=g)
+            batch["response_mask"][row, :rlen] = 1
+            batch["behavior_logprobs"][row, :rlen] = -10.0 + torch.rand(rlen, generator=g)
+            row += 1
+    return batch
+
+
+def make_cfg(model_dir: Path, run_dir: Path, num_devices: int):
+    from grpo_rl.config import GRPOConfig
+
+    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([
+        f"model.name={model_dir}", f"output_dir={run_dir}", f"train_model.num_devices={num_devices}",
+        "policy.kl_coef=0.0", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "train.micro_batch_tokens=64"]))
+
+
+def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):
+    from grpo_rl.distributed.learner_group import LearnerGroup
+    from grpo_rl.distributed.ray_setup import start_ray, stop_ray
+    from grpo_rl.factories import make_learner, make_run
+
+    started = start_ray(make_cfg(tiny_model_dir, tmp_path, 2).ray, min_cpus=2)  # one Ray session for both cases
+    try:
+        for aggregation in ("token_mean", "seq_mean_token_mean"):  # shares by tokens, and by rows
+            single_cfg, dp_cfg = (make_cfg(tiny_model_dir, tmp_path / aggregation / str(n), n) for n in (1, 2))
+            for cfg in (single_cfg, dp_cfg):
+                cfg.policy.aggregation = aggregation
+            single = make_learner(make_run(single_cfg, single_cfg.output_dir))
+            init = {k: v.clone() for k, v in single.model.state_dict().items()}
+            group = make_learner(make_run(dp_cfg, dp_cfg.output_dir))
+            assert isinstance(group, LearnerGroup)
+            try:
+                _check_same_updates(single, group, init)
+            finally:
+                group.shutdown()
+    finally:
+        stop_ray(started)
+
+
+def _check_same_updates(single, group, init: dict) -> None:
+    # 3 groups of unequal size on 2 ranks: shards of 4 and 9 rows, several micro-batches each
+    batch = grpo_batch([4, 3, 6], vocab=single.model.config.vocab_size)
+    for step in range(2):
+        ms, md = single.train_step(batch.clone()), group.train_step(batch.clone())
+        assert md["num_micro_batches"] > 2
+        for key in ("loss", "loss_policy", "grad_norm", "clip_fraction", "ratio_mean", "tis_fraction"):
+            assert md[key] == pytest.approx(ms[key], rel=1e-5, abs=1e-7), (step, key, ms[key], md[key])
+    assert group.version == single.version == 2
+    group.state_dict()  # refreshes the driver's copy of rank 0's weights
+    theirs = dict(group.model.state_dict())
+    moved = 0.0
+    for name, mine in single.model.state_dict().items():
+        torch.testing.assert_close(theirs[name], mine, rtol=1e-5, atol=1e-6, msg=name)
+        moved = max(moved, float((mine - init[name]).abs().max()))
+    assert moved > 1e-4  # the update is far larger than the tolerance
+
+
+def test_sync_script_with_two_learner_ranks(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "sync_dp"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "GRPO_DATA_DIR": os.environ.get("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sota" / "grpo.py"), f"model.name={tiny_model_dir}", f"output_dir={run_dir}",
+         "train_model.num_devices=2", "train.steps=2", "logger.backend=none", "logger.num_examine=0",
+         "env.prompts_per_step=2", "env.group_size=4", "sampling.max_new_tokens=16", "policy.kl_coef=0.0",
+         "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512", "eval.every=0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert (run_dir / "final_model" / "config.json").exists()
