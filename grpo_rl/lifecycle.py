@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from grpo_rl.checkpoint import (Checkpointer, checkpoint_step, export_model_atomic, load_model_weights,
                                 load_trainer_state, rng_state, set_rng_state)
-from grpo_rl.metrics import RunLogger, read_jsonl
+from grpo_rl.metrics import RunLogger, console_line, log_reward_failures, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,20 @@ class RunState:
         self.step += 1
         self.rewards.append(float(metrics["reward_mean"]))
         self._mark_boundary(learner, env)
+
+    def record_step(self, learner, env, tokenizer, metrics: dict, batch, console_suffix: str = "") -> None:
+        """Log a completed step (metrics, reward failures, console line, sample table) and checkpoint on schedule.
+
+        Shared by both loops, so that what a step leaves behind does not depend on the loop that ran it.
+        """
+        self.logger.log(self.step, metrics)
+        log_reward_failures(self.run_dir, self.step, getattr(env, "last_failure_examples", None) or [])
+        log.info(console_line(self.step, self.cfg.train.steps, metrics) + console_suffix)
+        if self.cfg.logger.num_examine and self.step % self.cfg.logger.examine_every in (0, 1):
+            reward_keys = [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")]
+            self.logger.log_samples(self.step, batch, self.cfg.logger.num_examine, reward_keys)
+        if self.should_checkpoint():
+            self.save(learner, env, tokenizer)
 
     def _mark_boundary(self, learner, env) -> None:
         self._boundary = (_learner_fingerprint(learner), copy.deepcopy(env.state_dict()), rng_state())

@@ -30,7 +30,7 @@ from grpo_rl.distributed.pipeline import AsyncRollouts, GracefulStop, staleness_
 from grpo_rl.distributed.ray_setup import cpu_threads_per_worker, start_ray, stop_ray
 from grpo_rl.factories import make_learner, make_ref_scorer, make_run, score_batch, seed_everything
 from grpo_rl.lifecycle import RunState, hydra_run_dir
-from grpo_rl.metrics import RunLogger, batch_metrics, console_line
+from grpo_rl.metrics import RunLogger, batch_metrics
 
 log = logging.getLogger("grpo")
 register_configs()
@@ -94,15 +94,9 @@ def main(cfg) -> float:
             )
             metrics.update(rollouts.maybe_evaluate(learner, state.step, cfg.train.steps))  # eval.every steps
             prev_stats, t_prev = stats, time.perf_counter()
-            logger.log(state.step, metrics)
-            log.info(console_line(state.step, cfg.train.steps, metrics)
-                     + f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
-                     + f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
-            if cfg.logger.num_examine and state.step % cfg.logger.examine_every in (0, 1):
-                logger.log_samples(state.step, batch, cfg.logger.num_examine,
-                                   [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")])
-            if state.should_checkpoint():
-                state.save(learner, rollouts.env, run.tokenizer)
+            state.record_step(learner, rollouts.env, run.tokenizer, metrics, batch,
+                              console_suffix=f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
+                              f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
     finally:
         # Cleanup: stop the actors first (they free the cores), then the checkpoint at the last step boundary.
         if rollouts is not None:

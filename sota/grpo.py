@@ -19,7 +19,7 @@ from grpo_rl.factories import (configure_threads, make_collector, make_engine, m
                                make_run, score_batch, seed_everything)
 from grpo_rl.evaluation import make_evaluator
 from grpo_rl.lifecycle import RunState, hydra_run_dir
-from grpo_rl.metrics import RunLogger, batch_metrics, console_line, log_reward_failures
+from grpo_rl.metrics import RunLogger, batch_metrics
 
 log = logging.getLogger("grpo")
 register_configs()
@@ -59,6 +59,7 @@ def main(cfg) -> float:
             t4 = time.perf_counter()
 
             state.complete_step(learner, collector.env, metrics)
+            processed_tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())  # through each pass
             metrics.update(adv_stats)
             metrics.update(
                 policy_version=learner.version, generation_seconds=collect_stats.generation_seconds,
@@ -67,17 +68,12 @@ def main(cfg) -> float:
                 tokens_per_second=collect_stats.num_tokens / (t4 - t0),
                 generation_tokens_per_second=collect_stats.num_tokens / max(collect_stats.generation_seconds, 1e-9),
                 reward_failures=sum(collect_stats.reward_failures.values()),
+                reference_tokens_per_second=processed_tokens / max(t2 - t1, 1e-9),
+                training_tokens_per_second=processed_tokens / max(t3 - t2, 1e-9),
             )
             if evaluator is not None:
                 metrics.update(evaluator.maybe_evaluate(state.step, cfg.train.steps))
-            logger.log(state.step, metrics)
-            log_reward_failures(run.run_dir, state.step, collector.env.last_failure_examples)
-            log.info(console_line(state.step, cfg.train.steps, metrics))
-            if cfg.logger.num_examine and state.step % cfg.logger.examine_every in (0, 1):
-                logger.log_samples(state.step, batch, cfg.logger.num_examine,
-                                   [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")])
-            if state.should_checkpoint():
-                state.save(learner, collector.env, run.tokenizer)
+            state.record_step(learner, collector.env, run.tokenizer, metrics, batch)
     finally:
         # Cleanup: the final checkpoint and export (only at a step boundary), then release the engine.
         state.finish(learner, collector.env, run.tokenizer)
