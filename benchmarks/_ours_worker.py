@@ -1,0 +1,135 @@
+"""Our side of ``trl_compare.py``: the synchronous GRPO step of ``sota/grpo.py``, one step per 'step' command.
+
+    python benchmarks/_ours_worker.py --prompts P.json --threads 2 [hydra overrides ...]
+
+Builds every component through the same ``make_*`` factories as ``sota/grpo.py`` and runs its loop body
+(collect -> reference + advantages -> train -> push weights), timing each phase. Emits protocol lines (see
+``_bench_common.py``). Run by the orchestrator, not by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _bench_common import REWARD_WEIGHTS, ROOT, WORKLOAD, brevity, emit, peak_rss_gib, set_threads, wait_for_command
+
+
+def workload_overrides(run_dir: str) -> list[str]:
+    w = WORKLOAD
+    return [
+        f"seed={w['seed']}", f"output_dir={run_dir}", f"model.name={w['model']}", "model.dtype=float32",
+        "env.dataset=gsm8k", "env.split=train", "env.template=hash",
+        f"env.prompts_per_step={w['prompts_per_step']}", f"env.group_size={w['group_size']}",
+        f"sampling.max_new_tokens={w['max_new_tokens']}", f"sampling.temperature={w['temperature']}", "sampling.top_p=1.0",
+        f"policy.kl_coef={w['kl_coef']}", f"optimizer.lr={w['lr']}", "optimizer.warmup_steps=0",
+        f"reward.correctness_weight={REWARD_WEIGHTS['correct']}", f"reward.format_weight={REWARD_WEIGHTS['format']}",
+        "logger.backend=none", "train.steps=1000",
+    ]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from grpo_rl.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "config"), version_base="1.3"):
+        return hydra_compose(config_name="grpo_gsm8k", overrides=overrides)
+
+
+def group_stats(batch) -> list[list[int]]:
+    """``[[prompt_len, answer_len, ...], ...]`` per group: what the FLOP accounting needs."""
+    p_len = batch["prompt_mask"].sum(-1).tolist()
+    r_len = batch["response_mask"].sum(-1).tolist()
+    gid = batch["group_id"].tolist()
+    groups: dict[int, list[int]] = {}
+    for g, p, r in zip(gid, p_len, r_len):
+        groups.setdefault(g, [int(p)]).append(int(r))
+    return list(groups.values())
+
+
+def numerics_check(learner, ref, batch) -> dict:
+    """On the warm-up batch (policy == reference): packed vs unpacked reference log-probs, and engine vs learner."""
+    import torch
+
+    from grpo_rl.logprobs import sequence_logprobs
+
+    view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    mask = batch["response_mask"].bool()
+    with torch.no_grad():
+        packed = sequence_logprobs(ref.model, view, share_prompt=True).logprobs
+        unpacked = sequence_logprobs(ref.model, view, share_prompt=False).logprobs
+    out = {"packed_vs_unpacked_max_abs": float((packed - unpacked)[mask].abs().max())}
+    out["engine_vs_ref_mean_abs"] = float((batch["behavior_logprobs"] - batch["ref_logprobs"])[mask].abs().mean())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", required=True, help="JSON list of the prompts each step must see, in order")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    set_threads(args.threads)
+    t_start = time.perf_counter()
+
+    import torch
+
+    from grpo_rl.envs import make_env
+    from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
+                                   make_run, score_batch, seed_everything)
+    from grpo_rl.rewards.base import RewardComponent
+
+    run_dir = tempfile.mkdtemp(prefix="trl_compare_ours_")
+    cfg = compose(workload_overrides(run_dir) + list(args.overrides))
+    run = make_run(cfg, run_dir)
+    configure_threads()
+    engine = make_engine(run)
+    seed_everything(cfg.seed)
+    learner = make_learner(run)
+    ref = make_ref_scorer(run)
+    env = make_env(cfg, run.tokenizer)
+    env.reward.components.append(RewardComponent("brevity", brevity, REWARD_WEIGHTS["brevity"]))
+    collector = make_collector(run, engine, env=env)
+    expected = [p["prompt_index"] for p in json.loads(Path(args.prompts).read_text())]
+    emit("ready", startup_s=time.perf_counter() - t_start, torch_threads=torch.get_num_threads(),
+         config={k: v for k, v in (o.split("=", 1) for o in args.overrides)})
+
+    step = 0
+    while wait_for_command() == "step":
+        t0 = time.perf_counter()
+        batch, cs = collector.collect(step, learner.version)
+        t1 = time.perf_counter()
+        rewards = batch["reward"].clone()
+        batch, _ = score_batch(run, batch, ref)
+        t2 = time.perf_counter()
+        metrics = learner.train_step(batch)
+        t3 = time.perf_counter()
+        engine.update_weights(learner.named_weights())
+        t4 = time.perf_counter()
+        extra = numerics_check(learner, ref, batch) if step == 0 else {}
+        seen = batch["prompt_index"][:: cfg.env.group_size].tolist()
+        want = expected[step * cfg.env.prompts_per_step : (step + 1) * cfg.env.prompts_per_step]
+        emit(
+            "step", step=step, seconds=t4 - t0, generation_s=cs.generation_seconds, reward_s=cs.reward_seconds,
+            reference_s=t2 - t1, training_s=t3 - t2, weight_sync_s=t4 - t3,
+            completion_tokens=int(batch["response_mask"].sum()), grad_norm=metrics["grad_norm"],
+            reward_mean=float(rewards.mean()), reward_std_within_groups=float(
+                rewards.view(-1, cfg.env.group_size).std(-1).mean()),
+            kl_ref=metrics.get("kl_ref", float("nan")), groups=group_stats(batch), prompts_match=seen == want,
+            peak_rss_gib=peak_rss_gib(), **extra,
+        )
+        step += 1
+    engine.shutdown()
+    emit("done", peak_rss_gib=peak_rss_gib())
+    os._exit(0)  # skip interpreter teardown of vLLM's threads
+
+
+if __name__ == "__main__":
+    sys.exit(main())
