@@ -2,6 +2,7 @@
 
     bash benchmarks/setup_trl_env.sh                     # once: TRL's own venv in benchmarks/.venv-trl
     .venv/bin/python benchmarks/trl_compare.py           # fp32 vs fp32, then our best vs TRL bf16 (~20 min)
+    .venv/bin/python benchmarks/trl_compare.py --threads 1   # the same on a machine others are using
     .venv/bin/python benchmarks/trl_compare.py --round ours:fp32-unpacked,ours:fp32   # a lever, our side only
     .venv/bin/python benchmarks/trl_compare.py --round ours:best,ours:fp32 --steps 30 --warmup 0   # reward curves
 
@@ -290,7 +291,9 @@ def main() -> None:
                              + " then ".join(DEFAULT_ROUNDS))
     parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps per arm")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (vLLM compiles on its first)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of every worker")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads of every worker; use 1 on a shared machine: with 2, another busy process "
+                             "makes OpenMP barriers collapse and steps run 5-10x slower")
     parser.add_argument("--trl-python", type=Path, default=HERE / ".venv-trl" / "bin" / "python")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
