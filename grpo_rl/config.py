@@ -74,8 +74,10 @@ class InferenceModelConfig(RoleDevices):
     """Rollout engine: vllm | transformers."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache (GPU only)."""
-    kv_cache_gb: float = 2.0
-    """vLLM on the CPU: KV cache size in GiB."""
+    kv_cache_gb: float = 1.0
+    """vLLM on the CPU: KV cache size in GiB (fractions allowed). A step needs about
+    ``prompts x (prompt + G x max_new_tokens)`` tokens of it (prefix caching shares the prompt); when it is too
+    small vLLM queues requests, which is slower but correct."""
     max_model_len: int = 1024
     """Longest prompt + response the engine accepts."""
     enforce_eager: bool = True

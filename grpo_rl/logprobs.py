@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.packing import pack_groups
+from grpo_rl.vocab import token_logprobs
 
 
 @dataclass
@@ -66,18 +67,12 @@ def sequence_logprobs(
     backbone, head = _backbone_and_head(model)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     hidden = hidden[:, lp - 1 : lp - 1 + lr]  # [B, Lr, H]: the states that predict answer tokens
-    logits = head(hidden).float()  # [B, Lr, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)  # [B, Lr]
-    token_logits = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)  # [B, Lr]
-    mask = response_mask.to(logits.dtype)
-    logprobs = (token_logits - logz) * mask  # [B, Lr]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            entropy = (logz - (probs * logits).sum(-1)) * mask  # [B, Lr]
+    b = response_ids.shape[0]
+    flat_lp, flat_ent = token_logprobs(hidden.reshape(b * lr, -1), head, response_ids.reshape(-1),
+                                       temperature=temperature, with_entropy=with_entropy)
+    mask = response_mask.to(flat_lp.dtype)
+    logprobs = flat_lp.view(b, lr) * mask  # [B, Lr]
+    entropy = flat_ent.view(b, lr) * mask if flat_ent is not None else None
     return TokenLogprobs(logprobs=logprobs, entropy=entropy)
 
 
@@ -115,17 +110,10 @@ def packed_sequence_logprobs(
         position_ids=packed.position_ids,
     ).last_hidden_state  # [R, S, H]
     hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source_index)  # [T, H]
-    logits = head(hidden).float()  # [T, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)  # [T]
-    token_lp = logits.gather(-1, packed.target_ids.unsqueeze(-1)).squeeze(-1) - logz  # [T]
+    token_lp, token_ent = token_logprobs(hidden, head, packed.target_ids, temperature=temperature,
+                                         with_entropy=with_entropy)  # [T]
     where = (packed.target_row, packed.target_col)
-    zeros = torch.zeros(response_ids.shape, dtype=logits.dtype, device=logits.device)  # [B, Lr]
+    zeros = torch.zeros(response_ids.shape, dtype=token_lp.dtype, device=token_lp.device)  # [B, Lr]
     logprobs = zeros.index_put(where, token_lp)  # [B, Lr]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            entropy = zeros.index_put(where, logz - (probs * logits).sum(-1))  # [B, Lr]
+    entropy = zeros.index_put(where, token_ent) if token_ent is not None else None
     return TokenLogprobs(logprobs=logprobs, entropy=entropy)

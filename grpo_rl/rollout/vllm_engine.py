@@ -43,7 +43,7 @@ class VLLMEngine:
         dtype: ``float32`` or ``bfloat16``.
         max_model_len: longest prompt + answer.
         seed: engine seed (also used for requests without their own seed).
-        kv_cache_gb: KV cache size on the CPU.
+        kv_cache_gb: KV cache size on the CPU, in GiB (fractions allowed).
         gpu_memory_utilization: memory fraction on a GPU.
         enforce_eager: skip CUDA-graph capture / compilation.
         enable_prefix_caching: share the KV cache of a group's common prompt.
@@ -59,7 +59,7 @@ class VLLMEngine:
         dtype: str = "float32",
         max_model_len: int = 1024,
         seed: int = 0,
-        kv_cache_gb: float = 2.0,
+        kv_cache_gb: float = 1.0,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
@@ -67,9 +67,7 @@ class VLLMEngine:
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
-        if device.type == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
-        elif device.index is not None:
+        if device.type != "cpu" and device.index is not None:
             # vLLM addresses "the" GPU of its process; pick ours before it initialises CUDA.
             os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device.index))
         from vllm import LLM
@@ -84,6 +82,8 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=gpu_memory_utilization,
+            # On the CPU an explicit size in bytes: VLLM_CPU_KVCACHE_SPACE only takes whole GiB (>= 1).
+            kv_cache_memory_bytes=int(kv_cache_gb * 2**30) if device.type == "cpu" else None,
             # Seeded requests and chunked prefill do not mix on the CPU: rewinding the sampler's generator
             # after a partial prefill needs generator offsets, which CPU generators lack.
             enable_chunked_prefill=False,
