@@ -66,6 +66,9 @@ def summarize(rows: list[dict], warmup: int, samples_per_step: int) -> dict:
     out = {
         "measured_steps": len(measured),
         "samples_per_second": samples_per_step * len(measured) / wall,
+        # samples/s alone hides answer length, which differs between the loops once their samples differ
+        "trained_tokens_per_second": samples_per_step * sum(r["response_length_mean"] for r in measured) / wall,
+        "response_length_mean": statistics.mean(r["response_length_mean"] for r in measured),
         "step_seconds": wall / len(measured),
         "learner_busy_fraction": learner / wall,
         "training_seconds": statistics.mean(r["training_seconds"] for r in measured),
@@ -126,8 +129,8 @@ def main() -> None:
     results["speedup"] = results["async"]["samples_per_second"] / results["sync"]["samples_per_second"]
     shown = [m for m in ("sync", "sync_1thread", "async") if m in results]
 
-    keys = ["samples_per_second", "step_seconds", "learner_busy_fraction", "generation_seconds", "training_seconds",
-            "reference_seconds", "final_reward", "staleness_mean", "staleness_max", "dropped_samples",
+    keys = ["samples_per_second", "trained_tokens_per_second", "response_length_mean", "step_seconds",
+            "learner_busy_fraction", "generation_seconds", "training_seconds", "reference_seconds", "final_reward", "staleness_mean", "staleness_max", "dropped_samples",
             "learner_wait_seconds", "collector_busy_fraction", "collector_wait_seconds", "weight_push_seconds",
             "process_seconds"]
     print(f"\n{'metric':26s} " + " ".join(f"{m:>12s}" for m in shown))
@@ -139,6 +142,10 @@ def main() -> None:
         results["speedup_vs_sync_1thread"] = (results["async"]["samples_per_second"]
                                               / results["sync_1thread"]["samples_per_second"])
         print(f"{'async / sync_1thread':26s} {results['speedup_vs_sync_1thread']:12.2f}x")
+    for m in shown[:-1]:
+        ratio = results["async"]["trained_tokens_per_second"] / results[m]["trained_tokens_per_second"]
+        results[f"token_speedup_vs_{m}"] = ratio
+        print(f"{'async / ' + m + ' tokens/s':26s} {ratio:12.2f}x")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")

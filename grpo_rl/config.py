@@ -275,7 +275,9 @@ class PipelineConfig:
     push_every: int = 1
     """Push the learner's weights to the engine(s) every k optimizer steps."""
     buffer_capacity: int = 2
-    """Collected batches the buffer holds; a collector waits while it is full (memory stays bounded)."""
+    """Collected batches the buffer holds; a collector waits while it is full (memory stays bounded). When the
+    learner is the bottleneck a batch is trained about ``buffer_capacity + 1`` versions after it was generated, so
+    with ``buffer_capacity >= max_staleness`` some collected batches are dropped as too stale (benchmarks/README.md)."""
     weight_transport: str = "auto"
     """auto (nccl on GPUs, object_store on the CPU) | object_store | nccl."""
     poll_seconds: float = 1.0
