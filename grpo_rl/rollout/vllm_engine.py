@@ -34,6 +34,20 @@ from grpo_rl.rollout.base import SamplingSpec, pack_rollouts
 log = logging.getLogger(__name__)
 
 
+class _RotaryReloadFilter(logging.Filter):
+    """Drop vLLM's "RotaryEmbedding: Failed to load weights" on every in-place reload.
+
+    The rotary cos/sin cache is a buffer, not a checkpoint weight, so a reload never contains it; vLLM then puts
+    the layer's own tensors back (the correct result) and warns once per push.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadFilter())
+
+
 class VLLMEngine:
     """A ``RolloutEngine`` over ``vllm.LLM``.
 
@@ -73,6 +87,7 @@ class VLLMEngine:
         from vllm import LLM
 
         self.device = device
+        self.dtype = getattr(torch, dtype)
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -120,7 +135,8 @@ class VLLMEngine:
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        weights = [(name, t.detach()) for name, t in named_tensors]
+        # In the engine's dtype: a bf16 engine gets bf16 tensors (half the bytes, and no per-tensor dtype warning).
+        weights = [(name, t.detach().to(self.dtype)) for name, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
 

@@ -1,0 +1,88 @@
+"""Where our process's memory goes on the TRL-comparison workload: resident set size after each stage.
+
+    .venv/bin/python benchmarks/memory_breakdown.py                      # the "best" preset
+    .venv/bin/python benchmarks/memory_breakdown.py --preset fp32 --steps 3
+
+Builds the components of ``sota/grpo.py`` one by one through the same factories (as ``_ours_worker.py`` does) and
+prints the current RSS (``VmRSS``) and the peak so far (``ru_maxrss``) after each: imports, the vLLM engine,
+the learner (weights, then AdamW state after the first step), the reference, and each training step. Writes
+``benchmarks/results/memory_breakdown.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from _bench_common import ROOT, peak_rss_gib, set_threads
+from _ours_worker import compose, workload_overrides
+
+
+def rss_gib() -> float:
+    """Current resident set size of this process in GiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="best", help="a preset of trl_compare.py: fp32 | best | lowmem")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "memory_breakdown.json"))
+    args = parser.parse_args()
+    set_threads(args.threads)
+    rows: list[dict] = []
+
+    def mark(stage: str) -> None:
+        rows.append({"stage": stage, "rss_gib": rss_gib(), "peak_gib": peak_rss_gib()})
+        print(f"{stage:40s} rss {rows[-1]['rss_gib']:6.2f} GiB   peak {rows[-1]['peak_gib']:6.2f} GiB", flush=True)
+
+    mark("python")
+    import torch  # noqa: F401
+    import vllm  # noqa: F401
+
+    from grpo_rl.envs import make_env
+    from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
+                                   make_run, score_batch, seed_everything)
+    from trl_compare import COMMON_OURS, PRESETS
+    mark("imports (torch, vllm, grpo_rl)")
+
+    cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="memory_breakdown_")) + COMMON_OURS
+                  + PRESETS[args.preset])
+    run = make_run(cfg, cfg.output_dir)
+    configure_threads()
+    engine = make_engine(run)
+    mark(f"+ vLLM engine ({cfg.inference_model.dtype or cfg.model.dtype}, KV {cfg.inference_model.kv_cache_gb} GiB)")
+    seed_everything(cfg.seed)
+    learner = make_learner(run)
+    mark("+ learner (fp32 weights)")
+    ref = make_ref_scorer(run)
+    mark("+ reference")
+    collector = make_collector(run, engine, env=make_env(cfg, run.tokenizer))
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        batch, _ = collector.collect(step, learner.version)
+        mark(f"step {step}: collected")
+        batch, _ = score_batch(run, batch, ref)
+        mark(f"step {step}: reference scored")
+        learner.train_step(batch)
+        mark(f"step {step}: trained (+ grads, AdamW state)")
+        engine.update_weights(learner.named_weights())
+        mark(f"step {step}: weights pushed")
+        rows[-1]["step_seconds"] = time.perf_counter() - t0
+        print(f"step {step}: {rows[-1]['step_seconds']:.2f} s", flush=True)
+    engine.shutdown()
+    out = {"preset": args.preset, "overrides": COMMON_OURS + PRESETS[args.preset], "threads": args.threads,
+           "stages": rows}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
