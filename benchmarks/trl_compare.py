@@ -1,7 +1,7 @@
 """Our synchronous GRPO step against Hugging Face TRL's ``GRPOTrainer`` on the same workload, in one run.
 
     bash benchmarks/setup_trl_env.sh                     # once: TRL's own venv in benchmarks/.venv-trl
-    .venv/bin/python benchmarks/trl_compare.py           # fp32 vs fp32, then our best vs TRL bf16 (~20 min)
+    .venv/bin/python benchmarks/trl_compare.py           # fp32 vs fp32, then our best vs TRL bf16 (~17 min)
     .venv/bin/python benchmarks/trl_compare.py --threads 1   # the same on a machine others are using
     .venv/bin/python benchmarks/trl_compare.py --round ours:fp32-unpacked,ours:fp32   # a lever, our side only
     .venv/bin/python benchmarks/trl_compare.py --round ours:best,ours:fp32 --steps 30 --warmup 0   # reward curves
@@ -70,7 +70,6 @@ class Arm:
     steps: list[dict] = field(default_factory=list)
     ready: dict = field(default_factory=dict)
     done: dict = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
     @property

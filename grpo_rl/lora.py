@@ -92,9 +92,7 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def hf_named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs in HF naming for a weight push: merged for a LoRA model, the model's own otherwise."""
-    if is_lora(model):
-        return merged_state_dict(model).items()
-    return model.state_dict().items()
+    return merged_state_dict(model).items()
 
 
 def save_merged_pretrained(model: torch.nn.Module, out_dir: str | Path) -> None:

@@ -2,8 +2,8 @@
 
 The plain form, ``logits = head(hidden).float(); logits.log_softmax(-1)``, materialises ``[T, V]`` fp32 tensors
 (``V`` = 49k for SmolLM2) several times over: the logits, their exponentials, the softmax autograd saves and
-its gradient. For ``T`` = 4k answer tokens each one is 0.8 GB, and every elementwise pass over them runs at memory
-bandwidth, not matmul rate; on the CPU that was about a quarter of a bf16 training pass. :class:`ChunkedTokenLogprob`
+its gradient. For ``T`` = 4k answer tokens each one is 0.8 GB (the passes over them were about a quarter of a bf16
+training pass on the CPU; chunking does not make them cheaper, it stops them being held). :class:`ChunkedTokenLogprob`
 instead runs the head over ``chunk`` tokens at a time, keeps only the log-normaliser per token, and recomputes
 each chunk's logits in the backward pass (as Liger's fused linear cross-entropy does). The result is the same
 function: the forward is the same sequence of operations per token, and the gradient is the analytic one,
@@ -26,6 +26,12 @@ def _compute_dtype(device_type: str, fallback: torch.dtype) -> torch.dtype:
     return fallback
 
 
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[c, V]`` fp32 tempered logits of one chunk; ``hidden`` and ``weight`` already in the compute dtype."""
+    z = (hidden @ weight.t()).float()
+    return z / temperature if temperature != 1.0 else z
+
+
 class ChunkedTokenLogprob(torch.autograd.Function):
     """``(hidden [T, H], weight [V, H], targets [T])`` -> ``(logprob [T], entropy [T])``, chunked over ``T``.
 
@@ -41,9 +47,7 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         entropy = torch.empty_like(logprob) if with_entropy else None
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
-                z = (hidden[s : s + chunk].to(dtype) @ w.t()).float()  # [c, V]
-                if temperature != 1.0:
-                    z = z / temperature
+                z = _chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
                 lz = torch.logsumexp(z, dim=-1)  # [c]
                 logz[s : s + chunk] = lz
                 logprob[s : s + chunk] = z.gather(-1, targets[s : s + chunk].unsqueeze(-1)).squeeze(-1) - lz
@@ -52,7 +56,8 @@ class ChunkedTokenLogprob(torch.autograd.Function):
                     entropy[s : s + chunk] = lz - (p * z).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, logz)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
-        ctx.mark_non_differentiable(*(t for t in (entropy, targets) if t is not None))
+        if entropy is not None:
+            ctx.mark_non_differentiable(entropy)
         return logprob, entropy
 
     @staticmethod
@@ -65,9 +70,7 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 h = hidden[s : s + chunk].to(dtype)  # [c, H]
-                z = (h @ w.t()).float()  # [c, V]
-                if temperature != 1.0:
-                    z = z / temperature
+                z = _chunk_logits(h, w, temperature)  # [c, V]
                 g = grad_logprob[s : s + chunk].float()  # [c]
                 # d logprob / d z = onehot(y) - softmax(z); then through z = logits / temperature.
                 gz = (z - logz[s : s + chunk].unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # [c, V]

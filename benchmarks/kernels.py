@@ -1,0 +1,120 @@
+"""Micro-benchmarks behind the step-breakdown notes: the LM head and attention of one packed training micro-batch.
+
+    .venv/bin/python benchmarks/kernels.py profile    # torch.profiler table of one bf16 packed fwd + bwd
+    .venv/bin/python benchmarks/kernels.py lm-head    # chunked LM-head log-prob vs the plain log-softmax
+    .venv/bin/python benchmarks/kernels.py attention  # dense packed mask vs attention split per answer
+
+Shape (the old default step): 2 groups, prompt 300 tokens + 8 answers x 140 tokens, SmolLM2-135M shapes
+(hidden 576, 9 heads of 64, vocabulary 49152), bf16 autocast, 2 threads. Prints seconds; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+GROUPS, G, PROMPT, ANSWER = 2, 8, 300, 140
+HIDDEN, HEADS, HEAD_DIM, VOCAB, LAYERS = 576, 9, 64, 49152, 30
+
+
+def timed(fn, repeats: int = 2) -> float:
+    fn()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) / repeats
+
+
+def profile() -> None:
+    from tensordict import TensorDict
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from grpo_rl.logprobs import packed_sequence_logprobs
+    from grpo_rl.models import load_causal_lm, resolve_model
+
+    model = load_causal_lm(resolve_model("embedded:smollm2-135m-instruct"), torch.device("cpu"))
+    b = GROUPS * G
+    prompt = torch.randint(100, 40000, (GROUPS, PROMPT)).repeat_interleave(G, 0)
+    batch = TensorDict({"prompt_ids": prompt, "prompt_mask": torch.ones(b, PROMPT, dtype=torch.long),
+                        "response_ids": torch.randint(100, 40000, (b, ANSWER)),
+                        "response_mask": torch.ones(b, ANSWER, dtype=torch.long)}, [b])
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = packed_sequence_logprobs(model, batch, with_entropy=True)
+        out.logprobs.sum().backward()
+
+    print(f"packed fwd + bwd: {timed(step, 1):.2f} s")
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def lm_head() -> None:
+    from grpo_rl.vocab import ChunkedTokenLogprob
+
+    tokens = GROUPS * G * ANSWER
+    hidden = torch.randn(tokens, HIDDEN, requires_grad=True)
+    weight = (torch.randn(VOCAB, HIDDEN) * 0.02).requires_grad_()
+    targets = torch.randint(0, VOCAB, (tokens,))
+
+    def plain():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = (hidden @ weight.t()).float()
+            logz = torch.logsumexp(z, -1)
+            logprob = z.gather(-1, targets[:, None])[:, 0] - logz
+            with torch.no_grad():
+                (logz - (torch.softmax(z, -1) * z).sum(-1)).sum()
+        logprob.sum().backward()
+
+    def chunked(chunk):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprob, _ = ChunkedTokenLogprob.apply(hidden, weight, targets, 1.0, True, chunk)
+        logprob.sum().backward()
+
+    print(f"{tokens} tokens, fwd + bwd")
+    print(f"plain           {timed(plain):.2f} s")
+    for chunk in (128, (1 << 24) // VOCAB, 1024):
+        print(f"chunk {chunk:5d}     {timed(lambda: chunked(chunk)):.2f} s")
+
+
+def attention() -> None:
+    dt, s = torch.bfloat16, PROMPT + G * ANSWER
+
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=dt, requires_grad=True)
+
+    q, k = leaf(GROUPS, HEADS, s, HEAD_DIM), leaf(GROUPS, HEADS, s, HEAD_DIM)
+    segment = torch.cat([torch.zeros(PROMPT, dtype=torch.long)] + [torch.full((ANSWER,), i + 1) for i in range(G)])
+    idx = torch.arange(s)
+    dense_mask = (idx[:, None] >= idx[None, :]) & ((segment[None, :] == 0) | (segment[None, :] == segment[:, None]))
+    qp, kp = leaf(GROUPS, HEADS, PROMPT, HEAD_DIM), leaf(GROUPS, HEADS, PROMPT, HEAD_DIM)
+    qa, ka = leaf(GROUPS * G, HEADS, ANSWER, HEAD_DIM), leaf(GROUPS * G, HEADS, PROMPT + ANSWER, HEAD_DIM)
+    i, j = torch.arange(ANSWER)[:, None], torch.arange(PROMPT + ANSWER)[None, :]
+    answer_mask = (j < PROMPT) | (j - PROMPT <= i)  # the whole prompt, then causal within the answer
+
+    def dense():
+        F.scaled_dot_product_attention(q, k, k, attn_mask=dense_mask).sum().backward()
+
+    def split():
+        F.scaled_dot_product_attention(qp, kp, kp, is_causal=True).sum().backward()
+        F.scaled_dot_product_attention(qa, ka, ka, attn_mask=answer_mask).sum().backward()
+
+    print(f"fwd + bwd over {LAYERS} layers: dense {timed(dense, 3) * LAYERS:.2f} s, "
+          f"split {timed(split, 3) * LAYERS:.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["profile", "lm-head", "attention"])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    {"profile": profile, "lm-head": lm_head, "attention": attention}[args.what]()
+
+
+if __name__ == "__main__":
+    main()
