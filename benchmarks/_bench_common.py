@@ -75,6 +75,22 @@ def wait_for_command() -> str:
     return line.strip() or "quit"
 
 
+def machine() -> dict:
+    """The CPU model, core count and the matmul instruction sets that decide the bf16 rate."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return {"cpu": model, "cores": os.cpu_count(), "isa": isa}
+
+
 def peak_rss_gib() -> float:
     """This process's peak resident set size (``ru_maxrss``, KiB on Linux) in GiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -83,7 +83,7 @@ def main() -> None:
 
     from grpo_rl.envs import make_env
     from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
-                                   make_run, score_batch, seed_everything)
+                                   make_run, seed_everything, train_on_batch)
     from grpo_rl.rewards.base import RewardComponent
 
     run_dir = tempfile.mkdtemp(prefix="trl_compare_ours_")
@@ -105,11 +105,8 @@ def main() -> None:
     while wait_for_command() == "step":
         t0 = time.perf_counter()
         batch, cs = collector.collect(step, learner.version)
-        t1 = time.perf_counter()
         rewards = batch["reward"].clone()
-        batch, _ = score_batch(run, batch, ref)
-        t2 = time.perf_counter()
-        metrics = learner.train_step(batch)
+        batch, metrics = train_on_batch(run, learner, ref, batch)
         t3 = time.perf_counter()
         engine.update_weights(learner.named_weights())
         t4 = time.perf_counter()
@@ -118,7 +115,7 @@ def main() -> None:
         want = expected[step * cfg.env.prompts_per_step : (step + 1) * cfg.env.prompts_per_step]
         emit(
             "step", step=step, seconds=t4 - t0, generation_s=cs.generation_seconds, reward_s=cs.reward_seconds,
-            reference_s=t2 - t1, training_s=t3 - t2, weight_sync_s=t4 - t3,
+            reference_s=metrics["reference_seconds"], training_s=metrics["training_seconds"], weight_sync_s=t4 - t3,
             completion_tokens=int(batch["response_mask"].sum()), grad_norm=metrics["grad_norm"],
             reward_mean=float(rewards.mean()), reward_std_within_groups=float(
                 rewards.view(-1, cfg.env.group_size).std(-1).mean()),

@@ -4,8 +4,10 @@
     .venv/bin/python benchmarks/kernels.py lm-head    # chunked LM-head log-prob vs the plain log-softmax
     .venv/bin/python benchmarks/kernels.py attention  # dense packed mask vs attention split per answer
 
-Shape (the old default step): 2 groups, prompt 300 tokens + 8 answers x 140 tokens, SmolLM2-135M shapes
-(hidden 576, 9 heads of 64, vocabulary 49152), bf16 autocast, 2 threads. Prints seconds; asserts nothing.
+Shape (the old default step, or set with ``--groups/--group-size/--prompt/--answer``): 2 groups, prompt 300 tokens
++ 8 answers x 140 tokens, SmolLM2-135M shapes (hidden 576, 9 heads of 64, vocabulary 49152), bf16 autocast,
+2 threads. ``--groups 4 --group-size 4 --prompt 240 --answer 64`` is the TRL-comparison step. Prints seconds;
+asserts nothing.
 """
 from __future__ import annotations
 
@@ -108,10 +110,16 @@ def attention() -> None:
 
 
 def main() -> None:
+    global GROUPS, G, PROMPT, ANSWER
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["profile", "lm-head", "attention"])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--groups", type=int, default=GROUPS)
+    parser.add_argument("--group-size", type=int, default=G)
+    parser.add_argument("--prompt", type=int, default=PROMPT)
+    parser.add_argument("--answer", type=int, default=ANSWER)
     args = parser.parse_args()
+    GROUPS, G, PROMPT, ANSWER = args.groups, args.group_size, args.prompt, args.answer
     torch.set_num_threads(args.threads)
     {"profile": profile, "lm-head": lm_head, "attention": attention}[args.what]()
 

@@ -28,7 +28,7 @@ COLUMNS = [
     ("reference_seconds", "ref s"),
     ("training_seconds", "train s"),
     ("weight_sync_seconds", "sync s"),
-    ("generated_tokens", "tokens"),
+    ("answer_tokens", "tokens"),
     ("generation_tokens_per_second", "gen tok/s"),
     ("tokens_per_second", "step tok/s"),
     ("reward_mean", "reward"),

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _bench_common import MARK, ROOT, WORKLOAD  # noqa: E402
+from _bench_common import MARK, ROOT, WORKLOAD, machine  # noqa: E402
 from flops import StepFlops, matmul_rates, step_flops  # noqa: E402
 
 # Each preset states every precision setting, so a change of the YAML defaults does not move an arm.
@@ -318,7 +317,9 @@ def main() -> None:
     prompts_path = log_dir / "prompts.json"
     prepare_prompts(args.warmup + args.steps, prompts_path)
 
-    print(f"load average {os.getloadavg()}; measuring the matmul rate ...", flush=True)
+    host = machine()
+    print(f"{host['cpu']}, {host['cores']} cores, {' '.join(host['isa'])}; load average {os.getloadavg()}; "
+          "measuring the matmul rate ...", flush=True)
     rates = matmul_rates(model_cfg, args.threads)
     round_info = []
     for arms in rounds:
@@ -337,7 +338,7 @@ def main() -> None:
         print(f"round {info['arms']}: load average before {info['load_before'][0]:.2f}, after {info['load_after'][0]:.2f}")
     result = {
         "workload": WORKLOAD, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "machine": host,
         "command": " ".join(sys.argv), "rates_flops_per_s": rates, "rounds": round_info,
         "arms": summaries, "comparisons": comp,
     }

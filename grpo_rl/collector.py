@@ -10,7 +10,6 @@ engine                 see :mod:`grpo_rl.rollout.base`
                        ``reward``  ``[N]`` total task reward
                        ``reward_<name>``  ``[N]`` each reward component, unweighted
                        ``policy_version``  ``[N]`` learner version whose weights sampled it
-                       ``sample_seed``  ``[N]`` seed of the request (reproducible sampling)
 :class:`RefScorer`     ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
 :func:`assign_advantages`  ``advantage``  ``[N]``; ``zero_variance`` ``[N]`` bool
 =====================  ==========  =================================================
@@ -35,7 +34,6 @@ from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
 
 @dataclass
 class CollectStats:
-    seconds: float = 0.0
     generation_seconds: float = 0.0
     reward_seconds: float = 0.0
     num_tokens: int = 0
@@ -92,10 +90,9 @@ class Collector:
                 batch.set(key, nxt[key].squeeze(-1))
         del batch["next"]
         batch.set("policy_version", torch.full((batch.batch_size[0],), policy_version, dtype=torch.long))
-        batch.set("sample_seed", seed + torch.arange(batch.batch_size[0]))
         t2 = time.perf_counter()
         stats = CollectStats(
-            seconds=t2 - t0, generation_seconds=t1 - t0, reward_seconds=t2 - t1,
+            generation_seconds=t1 - t0, reward_seconds=t2 - t1,
             num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
         )
         return batch, stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from grpo_rl.config import validate
 from grpo_rl.devices import DeviceAllocation, allocate_devices
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
+from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ class RunContext:
 
     @property
     def uses_ref(self) -> bool:
+        """A KL penalty needs reference log-probs (from a reference model, or for LoRA the adapters-off model)."""
         return self.cfg.policy.kl_coef > 0
 
 
@@ -152,6 +155,33 @@ def score_batch(run: RunContext, batch, ref: RefScorer | None):
         kl_in_reward_coef=policy.kl_coef if policy.kl_in_reward else 0.0, kl_estimator=policy.kl_estimator,
         filter_zero_variance=policy.filter_zero_variance_groups,
     )
+
+
+def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch) -> tuple[object, dict[str, float]]:
+    """The learner's half of a step, the same in both loops: batch metrics, reference scoring and advantages
+    (:func:`score_batch`), then one :meth:`~grpo_rl.learner.Learner.train_step` on the groups that are left.
+
+    Returns the batch as trained (zero-variance groups filtered out, if configured) and the step's metrics,
+    with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training seconds, and
+    their rates in tokens (prompt + answer per row) through each pass.
+    """
+    metrics = batch_metrics(batch)
+    answer_tokens = int(batch["response_mask"].sum())
+    scored_tokens = int(batch["prompt_mask"].sum()) + answer_tokens
+    t0 = time.perf_counter()
+    batch, adv_stats = score_batch(run, batch, ref)
+    t1 = time.perf_counter()
+    trained_tokens = 0
+    if batch.batch_size[0] > 0:
+        metrics.update(learner.train_step(batch))
+        trained_tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    t2 = time.perf_counter()
+    metrics.update(adv_stats)
+    metrics.update(answer_tokens=answer_tokens, reference_seconds=t1 - t0, training_seconds=t2 - t1,
+                   training_tokens_per_second=trained_tokens / max(t2 - t1, 1e-9))
+    if ref is not None:
+        metrics["reference_tokens_per_second"] = scored_tokens / max(t1 - t0, 1e-9)
+    return batch, metrics
 
 
 def configure_threads() -> int:

@@ -1,6 +1,7 @@
 """The learner: micro-batched GRPO updates with gradient accumulation.
 
-One :meth:`Learner.train_step` is one optimizer step over a whole batch. The batch is cut into
+One :meth:`Learner.train_step` trains on one batch: ``train.epochs`` optimizer steps over all of it (one by
+default), and the policy version counts optimizer steps. The batch is cut into
 micro-batches under a token budget (rows x padded length), each trimmed to its own longest prompt and answer.
 Each micro-batch's loss is scaled by its share of the batch's tokens (``token_mean``) or rows (the per-sequence
 aggregations), so the accumulated gradient equals that of the full batch in one pass.
@@ -151,7 +152,8 @@ class Learner:
                                      share_prompt=self.share_prompt)
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
-        """Run ``epochs`` optimizer steps on ``batch``; return averaged diagnostics.
+        """Run ``epochs`` optimizer steps on ``batch``; return the last one's diagnostics (token- or row-weighted
+        means over its micro-batches).
 
         ``batch`` needs the model keys, ``advantage`` ``[N]``, ``behavior_logprobs`` and, with KL in the loss,
         ``ref_logprobs``.
@@ -234,6 +236,9 @@ class Learner:
         sums.update(grad_norm=grad_norm, lr=lr,
                     skipped_steps=float(self.skipped_steps), step_skipped=float(not finite))
         return sums
+
+    def shutdown(self) -> None:
+        """Nothing to release in-process (a :class:`~grpo_rl.distributed.learner_group.LearnerGroup` stops its ranks)."""
 
     def named_weights(self):
         """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights`` (LoRA: merged, out of place)."""

@@ -1,8 +1,11 @@
 """Run lifecycle shared by both loops: run directory, resume, periodic and final checkpoints, export, the summary.
 
-Exact resume: a run killed at any moment and restarted with ``resume=auto output_dir=<same dir>`` logs the same
-losses and rewards, step by step, as a run that was never stopped (``tests/integration/test_resume.py``).
-What makes that hold:
+Exact resume (``sota/grpo.py``): a run killed at any moment and restarted with ``resume=auto output_dir=<same
+dir>`` logs the same losses and rewards, step by step, as a run that was never stopped
+(``tests/integration/test_resume.py``). The asynchronous loop resumes the weights, optimizer, RNG and the
+collectors' data position and round (so prompts and sampling seeds go on where the collectors were), but the
+batches still in its buffer at the checkpoint are not trained on, and its interleaving is not deterministic.
+What makes the synchronous resume exact:
 
 * a checkpoint holds everything the next step depends on (see :mod:`grpo_rl.checkpoint`); the engine's
   sampling seeds are derived from ``(seed, step)`` by the collector, so they need no state;
@@ -67,7 +70,9 @@ def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
         return found
     path = Path(cfg.resume).expanduser()
     if not (path / "trainer_state.pt").exists():
-        raise FileNotFoundError(f"resume={cfg.resume}: not a checkpoint folder (expected {path}/trainer_state.pt)")
+        raise FileNotFoundError(
+            f"resume={cfg.resume}: not a checkpoint folder (expected {path}/trainer_state.pt); pass a "
+            f"<run dir>/checkpoints/step_NNNNNNNN folder, or resume=auto output_dir=<run dir> for the newest one")
     return path
 
 
@@ -166,7 +171,8 @@ class RunState:
         self.logger.log(self.step, metrics)
         log_reward_failures(self.run_dir, self.step, getattr(env, "last_failure_examples", None) or [])
         log.info(console_line(self.step, self.cfg.train.steps, metrics) + console_suffix)
-        if self.cfg.logger.num_examine and self.step % self.cfg.logger.examine_every in (0, 1):
+        every = self.cfg.logger.examine_every
+        if self.cfg.logger.num_examine and (self.step == 1 or self.step % every == 0):
             reward_keys = [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")]
             self.logger.log_samples(self.step, batch, self.cfg.logger.num_examine, reward_keys)
         if self.should_checkpoint():
@@ -175,14 +181,14 @@ class RunState:
     def _mark_boundary(self, learner, env) -> None:
         self._boundary = (_learner_fingerprint(learner), copy.deepcopy(env.state_dict()), rng_state())
 
-    def save(self, learner, env, tokenizer, extra: dict | None = None) -> Path:
+    def save(self, learner, env, tokenizer) -> Path:
         """Checkpoint the current step (call at a step boundary)."""
-        return self._save(learner, env.state_dict(), tokenizer, extra)
+        return self._save(learner, env.state_dict(), tokenizer)
 
-    def _save(self, learner, env_state: dict, tokenizer, extra: dict | None = None, rng: dict | None = None) -> Path:
+    def _save(self, learner, env_state: dict, tokenizer, rng: dict | None = None) -> Path:
         config_yaml = OmegaConf.to_yaml(self.cfg)
         state = {"learner": learner.state_dict(), "env": env_state, "rewards": list(self.rewards),
-                 "config": config_yaml, **(extra or {})}
+                 "config": config_yaml}
         if rng is not None:
             state["rng"] = rng
         self.last_checkpoint = self.checkpointer.save(
@@ -224,6 +230,10 @@ class RunState:
     def export_final(self, learner, tokenizer) -> Path:
         """The policy as an HF folder (merged, for LoRA) at ``<run_dir>/final_model``, replaced atomically."""
         return export_model_atomic(learner.model, tokenizer, self.run_dir / "final_model")
+
+    def result(self) -> float:
+        """The last step's mean reward (NaN before the first step): what a ``--multirun`` sweep compares."""
+        return self.rewards[-1] if self.rewards else float("nan")
 
     def summary(self) -> str:
         k = max(1, min(5, len(self.rewards) // 3))

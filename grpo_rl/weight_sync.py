@@ -121,7 +121,7 @@ class ObjectStoreWeightSync:
     """CPU transport through Ray's object store; see the module docstring.
 
     Args:
-        collectors: collector actor handles (:class:`grpo_rl.distributed.actors.CollectorActor`).
+        collectors: collector actor handles (:class:`grpo_rl.distributed.actors.CollectorWorker`).
     """
 
     def __init__(self, collectors: Sequence[Any]):
@@ -184,15 +184,18 @@ class NCCLWeightSync:
         from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
+        from grpo_rl.lora import merged_state_dict
+
         class StateDictSource(WeightSource):
-            """``model.state_dict()``, not vLLM's ``ModuleSource`` (``named_parameters()``): a tied
-            ``lm_head.weight`` must be sent under its own name too (see the module docstring)."""
+            """The HF-named state dict (LoRA adapters merged in), not vLLM's ``ModuleSource``
+            (``named_parameters()``): a tied ``lm_head.weight`` must be sent under its own name too (see the
+            module docstring), and a peft model's own names are not the engine's."""
 
             def metadata(self) -> list:
-                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in model.state_dict().items()]
+                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in merged_state_dict(model).items()]
 
             def __iter__(self):
-                return iter(model.state_dict().items())
+                return iter(merged_state_dict(model).items())
 
         self.collectors = list(collectors)
         info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,

@@ -19,7 +19,7 @@ writes a checkpoint at the last step boundary and shuts down the Ray instance th
 """
 from __future__ import annotations
 
-import logging
+import contextlib
 import time
 
 import hydra
@@ -28,11 +28,10 @@ import torch
 from grpo_rl.config import register_configs
 from grpo_rl.distributed.pipeline import AsyncRollouts, GracefulStop, staleness_metrics, step_rates
 from grpo_rl.distributed.ray_setup import cpu_threads_per_worker, start_ray, stop_ray
-from grpo_rl.factories import make_learner, make_ref_scorer, make_run, score_batch, seed_everything
+from grpo_rl.factories import make_learner, make_ref_scorer, make_run, seed_everything, train_on_batch
 from grpo_rl.lifecycle import RunState, hydra_run_dir
-from grpo_rl.metrics import RunLogger, batch_metrics
+from grpo_rl.metrics import RunLogger
 
-log = logging.getLogger("grpo")
 register_configs()
 
 
@@ -44,73 +43,60 @@ def main(cfg) -> float:
     num_train, num_inference = len(run.devices.train), len(run.devices.inference)
     threads = cpu_threads_per_worker(num_train + num_inference)
     actor_devices = run.devices.inference + (run.devices.train if num_train > 1 else ())
-    started = start_ray(cfg.ray, min_cpus=len(actor_devices) * threads, actor_gpus=actor_devices)
-    rollouts = learner = state = logger = None
-    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint, shut down
-    try:
+
+    # Cleanup runs in reverse order of registration, every step even if an earlier one fails: stop the actors
+    # (they free the cores and fix the data position), the final checkpoint at the last step boundary, the logs,
+    # the learner's ranks, the Ray instance this script started, the signal handlers.
+    with contextlib.ExitStack() as cleanup:
+        stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint, shut down
+        cleanup.callback(stop.restore)
+        cleanup.callback(stop_ray, start_ray(cfg.ray, min_cpus=len(actor_devices) * threads, actor_gpus=actor_devices))
         # Create the rollout side (collector actors with their engines, the buffer actor), then the learner.
         rollouts = AsyncRollouts(run, threads=threads)
+        cleanup.callback(rollouts.shutdown)
         torch.set_num_threads(threads)
         seed_everything(cfg.seed)
         learner = make_learner(run, threads=threads)
+        cleanup.callback(learner.shutdown)
         ref = make_ref_scorer(run, learner)
         rollouts.connect_weights(learner)
         logger = RunLogger.from_config(cfg, run.run_dir)
+        cleanup.callback(logger.close)
         state = RunState(cfg, run.run_dir, logger)
 
         # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG; the engines get the weights.
         state.resume(learner, rollouts.env, rollouts.engine_proxy(learner))
-        pushed_version = learner.version
+        cleanup.callback(state.finish, learner, rollouts.env, run.tokenizer)
+        cleanup.callback(rollouts.shutdown)  # before the checkpoint (a second call later does nothing)
         rollouts.start(state.step)
-        prev_stats, t_prev = rollouts.stats(), time.perf_counter()
+        prev_stats = rollouts.stats()
 
         while state.step < cfg.train.steps and not state.out_of_time() and not stop.requested:
+            t0 = time.perf_counter()
             taken = rollouts.take(learner.version, lambda: stop.requested)  # only samples within max_staleness
             if taken is None:
                 break
             t1 = time.perf_counter()
-            metrics = {**batch_metrics(taken.batch), **staleness_metrics(taken)}
-            batch, adv_stats = score_batch(run, taken.batch, ref)
+            batch, metrics = train_on_batch(run, learner, ref, taken.batch)
+            push_seconds = rollouts.maybe_push(learner)  # every pipeline.push_every optimizer steps
             t2 = time.perf_counter()
-            if batch.batch_size[0] > 0:
-                metrics.update(learner.train_step(batch))
-            t3 = time.perf_counter()
-            push_seconds = 0.0
-            if learner.version - pushed_version >= cfg.pipeline.push_every:
-                push_seconds, pushed_version = rollouts.push(learner), learner.version
-            t4 = time.perf_counter()
 
             state.complete_step(learner, rollouts.env, metrics)
-            stats, step_seconds = rollouts.stats(), t4 - t_prev
-            num_tokens = int(batch["response_mask"].sum()) if batch.batch_size[0] else 0
-            metrics.update(adv_stats)
+            stats, step_seconds = rollouts.stats(), t2 - t0
+            metrics.update(staleness_metrics(taken))
             metrics.update(step_rates(prev_stats, stats, step_seconds))
             metrics.update(
-                policy_version=learner.version, reference_seconds=t2 - t1, training_seconds=t3 - t2,
-                weight_push_seconds=push_seconds, step_seconds=step_seconds,
-                learner_busy_fraction=(t4 - t1) / step_seconds,
-                learner_samples_per_second=batch.batch_size[0] / step_seconds,
-                learner_tokens_per_second=num_tokens / step_seconds, tokens_per_second=num_tokens / step_seconds,
+                policy_version=learner.version, weight_push_seconds=push_seconds, step_seconds=step_seconds,
+                learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,
+                learner_samples_per_second=taken.batch.batch_size[0] / step_seconds,
             )
             metrics.update(rollouts.maybe_evaluate(learner, state.step, cfg.train.steps))  # eval.every steps
-            prev_stats, t_prev = stats, time.perf_counter()
+            prev_stats = stats
             state.record_step(learner, rollouts.env, run.tokenizer, metrics, batch,
                               console_suffix=f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
                               f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
-    finally:
-        # Cleanup: stop the actors first (they free the cores), then the checkpoint at the last step boundary.
-        if rollouts is not None:
-            rollouts.shutdown()
-        if state is not None:
-            state.finish(learner, rollouts.env, run.tokenizer)
-        if logger is not None:
-            logger.close()
-        if learner is not None and hasattr(learner, "shutdown"):
-            learner.shutdown()
-        stop_ray(started)
-        stop.restore()
     print(state.summary(), flush=True)
-    return state.rewards[-1] if state.rewards else float("nan")
+    return state.result()
 
 
 if __name__ == "__main__":

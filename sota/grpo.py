@@ -9,19 +9,18 @@ grpo_rl/config.py for every setting.
 """
 from __future__ import annotations
 
-import logging
+import contextlib
 import time
 
 import hydra
 
 from grpo_rl.config import register_configs
-from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
-                               make_run, score_batch, seed_everything)
 from grpo_rl.evaluation import make_evaluator
+from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
+                               make_run, seed_everything, train_on_batch)
 from grpo_rl.lifecycle import RunState, hydra_run_dir
-from grpo_rl.metrics import RunLogger, batch_metrics
+from grpo_rl.metrics import RunLogger
 
-log = logging.getLogger("grpo")
 register_configs()
 
 
@@ -31,58 +30,48 @@ def main(cfg) -> float:
     run = make_run(cfg, hydra_run_dir(cfg))
     configure_threads()
 
-    # Create the engine first: in-process vLLM seeds the global RNGs, so we seed after it.
-    engine = make_engine(run)
-    seed_everything(cfg.seed)
-    learner = make_learner(run)
-    ref = make_ref_scorer(run, learner)
-    collector = make_collector(run, engine)
-    evaluator = make_evaluator(run, engine)
-    logger = RunLogger.from_config(cfg, run.run_dir)
-    state = RunState(cfg, run.run_dir, logger)
+    # Cleanup runs in reverse order of creation, every step even if an earlier one fails: the final checkpoint
+    # and export (only at a step boundary), the logs, then the learner's and the engine's processes.
+    with contextlib.ExitStack() as cleanup:
+        # Create the engine first: in-process vLLM seeds the global RNGs, so we seed after it.
+        engine = make_engine(run)
+        cleanup.callback(engine.shutdown)
+        seed_everything(cfg.seed)
+        learner = make_learner(run)
+        cleanup.callback(learner.shutdown)
+        ref = make_ref_scorer(run, learner)
+        collector = make_collector(run, engine)
+        evaluator = make_evaluator(run, engine)
+        logger = RunLogger.from_config(cfg, run.run_dir)
+        cleanup.callback(logger.close)
+        state = RunState(cfg, run.run_dir, logger)
 
-    # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG, engine weights; logs cut back.
-    state.resume(learner, collector.env, engine)
+        # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG, engine weights; logs cut back.
+        state.resume(learner, collector.env, engine)
+        cleanup.callback(state.finish, learner, collector.env, run.tokenizer)
 
-    try:
         while state.step < cfg.train.steps and not state.out_of_time():
             t0 = time.perf_counter()
             batch, collect_stats = collector.collect(state.step, learner.version)
+            version = learner.version
+            batch, metrics = train_on_batch(run, learner, ref, batch)
             t1 = time.perf_counter()
-            metrics = batch_metrics(batch)
-            batch, adv_stats = score_batch(run, batch, ref)
+            if learner.version != version:  # nothing to push after a filtered-out batch or a skipped update
+                engine.update_weights(learner.named_weights())
             t2 = time.perf_counter()
-            if batch.batch_size[0] > 0:
-                metrics.update(learner.train_step(batch))
-            t3 = time.perf_counter()
-            engine.update_weights(learner.named_weights())
-            t4 = time.perf_counter()
 
             state.complete_step(learner, collector.env, metrics)
-            processed_tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())  # through each pass
-            metrics.update(adv_stats)
             metrics.update(
                 policy_version=learner.version, generation_seconds=collect_stats.generation_seconds,
-                reward_seconds=collect_stats.reward_seconds, reference_seconds=t2 - t1, training_seconds=t3 - t2,
-                weight_sync_seconds=t4 - t3, step_seconds=t4 - t0, generated_tokens=collect_stats.num_tokens,
-                tokens_per_second=collect_stats.num_tokens / (t4 - t0),
+                reward_seconds=collect_stats.reward_seconds, reward_failures=sum(collect_stats.reward_failures.values()),
+                weight_sync_seconds=t2 - t1, step_seconds=t2 - t0, tokens_per_second=metrics["answer_tokens"] / (t2 - t0),
                 generation_tokens_per_second=collect_stats.num_tokens / max(collect_stats.generation_seconds, 1e-9),
-                reward_failures=sum(collect_stats.reward_failures.values()),
-                reference_tokens_per_second=processed_tokens / max(t2 - t1, 1e-9),
-                training_tokens_per_second=processed_tokens / max(t3 - t2, 1e-9),
             )
             if evaluator is not None:
                 metrics.update(evaluator.maybe_evaluate(state.step, cfg.train.steps))
             state.record_step(learner, collector.env, run.tokenizer, metrics, batch)
-    finally:
-        # Cleanup: the final checkpoint and export (only at a step boundary), then release the engine.
-        state.finish(learner, collector.env, run.tokenizer)
-        logger.close()
-        engine.shutdown()
-        if hasattr(learner, "shutdown"):  # a data-parallel learner group owns worker processes
-            learner.shutdown()
     print(state.summary(), flush=True)
-    return state.rewards[-1] if state.rewards else float("nan")
+    return state.result()
 
 
 if __name__ == "__main__":

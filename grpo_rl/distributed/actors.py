@@ -76,10 +76,13 @@ class CollectorWorker:
         self._pending = None  # newest WeightPacket not yet loaded
         self._pending_lock = threading.Lock()  # held only for a moment: set_weights never waits for generation
         self._engine_lock = threading.Lock()  # vLLM is not thread-safe: one engine call at a time
+        self._in_weight_update = False  # NCCL: the engine lock is held from start to finish of an update
         self._stop = threading.Event()
         self._stats = {"batches": 0, "samples": 0, "tokens": 0, "generation_seconds": 0.0, "reward_seconds": 0.0,
-                       "busy_seconds": 0.0, "wait_for_space_seconds": 0.0, "weight_loads": 0,
+                       "reward_failures": 0, "busy_seconds": 0.0, "wait_for_space_seconds": 0.0, "weight_loads": 0,
                        "weight_load_seconds": 0.0}
+        self._failure_examples: list[dict] = []  # failing reward calls since the driver last asked
+        self._round: int | None = None  # rounds collected; set by a resumed data position
         self._skip_batches(replica)
         self._env_state = self.collector.env.state_dict()
         from grpo_rl.evaluation import make_evaluator
@@ -101,19 +104,34 @@ class CollectorWorker:
             self.version = version
 
     def engine_rpc(self, method: str, *args) -> Any:
-        """Forward a worker call to the engine between two generation calls (used by the NCCL transport)."""
-        with self._engine_lock:
+        """Forward a worker call to the engine between two generation calls (used by the NCCL transport).
+
+        A weight update is several calls (``start_weight_update``, ``update_weights``..., ``finish_weight_update``);
+        the engine stays locked from the first to the last, so no generation runs on half-loaded weights or on
+        a prefix cache that still holds the old weights' keys and values.
+        """
+        if not self._in_weight_update:
+            self._engine_lock.acquire()
+        try:
             out = self.engine.llm.collective_rpc(method, args=args)
             if method == "finish_weight_update":
                 self.engine.llm.reset_prefix_cache()
-            return out
+        except BaseException:
+            self._in_weight_update = False
+            self._engine_lock.release()
+            raise
+        if method == "start_weight_update":
+            self._in_weight_update = True  # keep the lock until finish_weight_update
+        elif not self._in_weight_update or method == "finish_weight_update":
+            self._in_weight_update = False
+            self._engine_lock.release()
+        return out
 
-    def evaluate(self, step: int, last_step: int, packet=None) -> dict[str, float]:
-        """Held-out evaluation (``eval`` config group) with ``packet``'s weights, between two generation calls."""
+    def evaluate(self, step: int, last_step: int) -> dict[str, float]:
+        """Held-out evaluation (``eval`` config group) with the newest weights pushed, between two generation
+        calls; ``eval/policy_version`` says which."""
         if self.evaluator is None:
             return {}
-        if packet is not None:
-            self.set_weights(packet)
         with self._engine_lock:
             self._load_pending_weights()
             return {**self.evaluator.maybe_evaluate(step, last_step), "eval/policy_version": self.version}
@@ -140,18 +158,25 @@ class CollectorWorker:
         self._stats["weight_loads"] += 1
         self._stats["weight_load_seconds"] += time.perf_counter() - t0
 
-    def run(self, start_step: int = 0) -> dict:
-        """Collect until :meth:`stop`; each batch goes to the buffer (blocking while it is full)."""
+    def run(self, start_round: int = 0) -> dict:
+        """Collect until :meth:`stop`, from round ``start_round`` (or the round of a resumed data position);
+        each batch goes to the buffer (blocking while it is full). Round ``k`` is batch ``k * num_replicas +
+        replica`` of the synchronous loop's stream, and seeds its sampling as that step."""
         import ray
 
-        step = start_step
+        if self._round is None:
+            self._round = start_round
         while not self._stop.is_set():
             t0 = time.perf_counter()
             with self._engine_lock:
                 self._load_pending_weights()
-                batch, cs = self.collector.collect(step * self.num_replicas + self.replica, self.version)
+                batch, cs = self.collector.collect(self._round * self.num_replicas + self.replica, self.version)
                 self._skip_batches(self.num_replicas - 1)
-                self._env_state = self.collector.env.state_dict()
+                self._round += 1
+                self._env_state = {**self.collector.env.state_dict(), "collector_round": self._round}
+                failures = getattr(self.collector.env, "last_failure_examples", None) or []
+            with self._pending_lock:
+                self._failure_examples.extend(failures)
             t1 = time.perf_counter()
             st = self._stats
             st["batches"] += 1
@@ -159,6 +184,7 @@ class CollectorWorker:
             st["tokens"] += cs.num_tokens
             st["generation_seconds"] += cs.generation_seconds
             st["reward_seconds"] += cs.reward_seconds
+            st["reward_failures"] += sum(cs.reward_failures.values())
             st["busy_seconds"] += t1 - t0
             while not self._stop.is_set():
                 if ray.get(self.buffer.put.remote(batch, self.poll_seconds)):
@@ -166,19 +192,27 @@ class CollectorWorker:
                 if ray.get(self.buffer.is_closed.remote()):  # shutting down: nobody will read again
                     self._stop.set()
             st["wait_for_space_seconds"] += time.perf_counter() - t1
-            step += 1
         return self.stats()
 
     def stats(self) -> dict:
         return {**self._stats, "version": self.version, "replica": self.replica}
 
+    def take_failure_examples(self) -> list[dict]:
+        """The failing reward calls (component, error, answer) since the last call."""
+        with self._pending_lock:
+            out, self._failure_examples = self._failure_examples, []
+        return out
+
     def env_state(self) -> dict:
-        """The environment's data position after the last collected batch."""
+        """The environment's data position after the last collected batch, with the number of rounds collected
+        (``collector_round``, so a resumed run goes on with the same prompts and sampling seeds)."""
         return self._env_state
 
     def load_env_state(self, state: dict) -> None:
         """Continue from replica 0's saved position (the start of a round of ``num_replicas`` batches)."""
         with self._engine_lock:
+            if "collector_round" in state:
+                self._round = int(state["collector_round"])
             self.collector.env.load_state_dict(state)
             self._skip_batches(self.replica)
             self._env_state = self.collector.env.state_dict()

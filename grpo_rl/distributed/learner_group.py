@@ -110,7 +110,8 @@ class LearnerGroup:
         self.skipped_steps = 0
 
     def train_step(self, batch) -> dict[str, float]:
-        """One optimizer step (``train.epochs`` of them) on ``batch``, split over the ranks by whole groups."""
+        """``train.epochs`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the ranks by
+        whole groups."""
         import ray
 
         shards = shard_batch(batch, len(self.ranks))

@@ -14,6 +14,7 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from grpo_rl.buffer import TakeResult
+from grpo_rl.config import validate_async
 from grpo_rl.distributed.ray_setup import actor_options, free_port, worker_device
 from grpo_rl.weight_sync import NCCLWeightSync, ObjectStoreWeightSync, WeightSync
 
@@ -38,11 +39,14 @@ class AsyncRollouts:
         from grpo_rl.distributed.actors import BufferActor, CollectorWorker
 
         cfg, p = run.cfg, run.cfg.pipeline
+        validate_async(cfg)
         # pipeline.weight_transport=auto: NCCL between GPUs, the object store otherwise
         self.transport = p.weight_transport
         if self.transport == "auto":
             self.transport = "nccl" if run.devices.on_gpu else "object_store"
         self.poll_seconds = p.poll_seconds
+        self.push_every = p.push_every
+        self.pushed_version = 0  # the learner version the engines hold: the initial weights until a push
         self.eval_every = cfg.eval.every
         self.buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8).remote(
             p.buffer_capacity, p.max_staleness)
@@ -54,8 +58,14 @@ class AsyncRollouts:
                 weight_transfer_backend="nccl" if self.transport == "nccl" else None)
             for i, dev in enumerate(run.devices.inference)
         ]
-        ray.get([self.buffer.ready.remote()] + [c.ready.remote() for c in self.collectors])
         self._runs: list = []
+        self._closed = False
+        try:
+            ray.get([self.buffer.ready.remote()] + [c.ready.remote() for c in self.collectors])
+        except BaseException:  # an actor failed to start (its error is above): do not leave the others running
+            for actor in self.collectors + [self.buffer]:
+                _quietly(ray.kill, actor)
+            raise
         self.weight_sync: WeightSync | None = None
         self.env = _RemoteEnv(self)
 
@@ -73,8 +83,9 @@ class AsyncRollouts:
             self.weight_sync = ObjectStoreWeightSync(self.collectors)
 
     def start(self, step: int) -> None:
-        """Start collecting from learner step ``step``: replica ``r``'s ``k``-th batch is the synchronous loop's
-        batch ``(step + k) * num_replicas + r`` (same prompts, same sampling seed)."""
+        """Start collecting at round ``step`` (or, after a resume, at the round the saved data position records):
+        replica ``r``'s batch of round ``k`` is the synchronous loop's batch ``k * num_replicas + r`` (same
+        prompts, same sampling seed)."""
         self._runs = [c.run.remote(step) for c in self.collectors]
 
     def take(self, version: int, should_stop: Callable[[], bool] = lambda: False) -> TakeResult | None:
@@ -97,30 +108,43 @@ class AsyncRollouts:
         """Raise :class:`CollectorFailed` if a collector's loop has ended (with its error chained)."""
         import ray
 
-        done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
-        if done:
+        for replica, call in enumerate(self._runs):
+            if not ray.wait([call], timeout=0)[0]:
+                continue
             try:
-                ray.get(done)
+                ray.get(call)
             except Exception as e:
-                raise CollectorFailed(f"a collector failed: {e}") from e
-            raise CollectorFailed("a collector stopped without an error")
+                raise CollectorFailed(f"collector replica {replica} failed (its log is above): {e}") from e
+            raise CollectorFailed(f"collector replica {replica} stopped without an error")
 
     def push(self, learner) -> float:
         """Send ``learner``'s weights to every engine; seconds the learner was blocked."""
-        return self.weight_sync.push(learner)
+        seconds = self.weight_sync.push(learner)
+        self.pushed_version = learner.version
+        return seconds
+
+    def maybe_push(self, learner) -> float:
+        """:meth:`push` once the learner is ``pipeline.push_every`` optimizer steps past the engines' version;
+        seconds the learner was blocked (0 when nothing was sent)."""
+        if learner.version - self.pushed_version >= self.push_every:
+            return self.push(learner)
+        return 0.0
 
     def maybe_evaluate(self, learner, step: int, last_step: int) -> dict[str, float]:
         """Held-out evaluation of ``learner``'s current weights by the first collector's engine, when
-        ``eval.every`` says so (every ``every`` steps and after the last one); blocks until done."""
+        ``eval.every`` says so (every ``every`` steps and after the last one); blocks until done.
+
+        Weights the engines do not hold yet (``push_every > 1``) are pushed to every replica first, so that
+        evaluation never leaves one replica generating training samples with weights the others lack.
+        """
         import ray
 
         every = self.eval_every
         if not every or not (step % every == 0 or step == last_step):
             return {}
-        from grpo_rl.weight_sync import learner_packet
-
-        packet = learner_packet(learner) if self.transport == "object_store" else None  # NCCL: pushed already
-        return ray.get(self.collectors[0].evaluate.remote(step, last_step, packet))
+        if self.pushed_version != learner.version:
+            self.push(learner)
+        return ray.get(self.collectors[0].evaluate.remote(step, last_step))
 
     def stats(self) -> dict[str, float]:
         """Collector counters (summed over replicas) and buffer counters, since the start."""
@@ -129,6 +153,7 @@ class AsyncRollouts:
         per = ray.get([c.stats.remote() for c in self.collectors])
         out = {f"collector/{k}": float(sum(s[k] for s in per)) for k in per[0] if k not in ("version", "replica")}
         out["collector/version"] = float(min(s["version"] for s in per))
+        out["collector/replicas"] = float(len(per))
         out.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
         return out
 
@@ -137,9 +162,12 @@ class AsyncRollouts:
         return _EnginePush(self, learner)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the collectors, wake every blocked call, release the engines and kill the actors."""
+        """Stop the collectors, wake every blocked call, release the engines and kill the actors (once)."""
         import ray
 
+        if self._closed:
+            return
+        self._closed = True
         for call in ([self.buffer.close.remote()] + [c.stop.remote() for c in self.collectors]):
             _quietly(ray.get, call, timeout=timeout)
         if self._runs:
@@ -216,6 +244,15 @@ class _RemoteEnv:
         ray.get([c.load_env_state.remote(state) for c in self.rollouts.collectors])
         self._cache = state
 
+    @property
+    def last_failure_examples(self) -> list[dict]:
+        """Failing reward calls of every replica since the last step (for ``reward_failures.jsonl``)."""
+        import ray
+
+        if self.frozen:
+            return []
+        return [e for c in self.rollouts.collectors for e in ray.get(c.take_failure_examples.remote())]
+
 
 class _EnginePush:
     def __init__(self, rollouts: AsyncRollouts, learner):
@@ -237,12 +274,16 @@ def _quietly(fn, *args, **kwargs):
 def step_rates(prev: dict[str, float], now: dict[str, float], seconds: float) -> dict[str, float]:
     """Per-step deltas and rates of the cumulative :meth:`AsyncRollouts.stats` counters."""
     d = {k: now[k] - prev.get(k, 0.0) for k in now}
-    busy = max(d["collector/busy_seconds"], 1e-9)
+    busy = max(d["collector/busy_seconds"], 1e-9)  # summed over replicas
+    replicas = now["collector/replicas"]
     return {
         "collector_samples_per_second": d["collector/samples"] / max(seconds, 1e-9),
         "collector_tokens_per_second": d["collector/tokens"] / max(seconds, 1e-9),
-        "collector_busy_fraction": min(1.0, d["collector/busy_seconds"] / max(seconds, 1e-9)),
-        "collector_generation_tokens_per_second": d["collector/tokens"] / busy,
+        "collector_busy_fraction": min(1.0, d["collector/busy_seconds"] / replicas / max(seconds, 1e-9)),
+        "collector_generation_tokens_per_second": d["collector/tokens"] / busy,  # per replica while it works
+        "collector_generation_seconds": d["collector/generation_seconds"] / replicas,
+        "collector_reward_seconds": d["collector/reward_seconds"] / replicas,
+        "reward_failures": d["collector/reward_failures"],
         "collector_wait_seconds": d["collector/wait_for_space_seconds"],
         "weight_load_seconds": d["collector/weight_load_seconds"],
         "engine_version": now["collector/version"],

@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def script_env() -> dict[str, str]:
-    env = dict(os.environ)
+def script_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", VLLM_LOGGING_LEVEL="WARNING",
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     shared = ROOT.parent / "shared" / "data"

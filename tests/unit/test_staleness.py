@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from grpo_rl.buffer import RolloutBuffer
-from grpo_rl.config import ConfigError, GRPOConfig, validate
+from grpo_rl.config import ConfigError, GRPOConfig, validate, validate_async
 from grpo_rl.distributed.pipeline import staleness_metrics
 
 
@@ -71,6 +71,16 @@ def _cfg(**pipeline):
     for k, v in pipeline.items():
         cfg.pipeline[k] = v
     return cfg
+
+
+def test_async_config_rejects_a_bound_below_the_epochs():
+    cfg = _cfg(max_staleness=2)
+    cfg.train.epochs = 3
+    validate(cfg)  # the synchronous loop ignores the pipeline group
+    with pytest.raises(ConfigError, match="train.epochs=3"):
+        validate_async(cfg)
+    cfg.pipeline.max_staleness = 3
+    validate_async(cfg)
 
 
 def test_config_rejects_a_bound_below_the_push_interval():
