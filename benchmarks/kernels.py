@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/kernels.py profile    # torch.profiler table of one bf16 packed fwd + bwd
     .venv/bin/python benchmarks/kernels.py lm-head    # chunked LM-head log-prob vs the plain log-softmax
     .venv/bin/python benchmarks/kernels.py attention  # dense packed mask vs attention split per answer
+    .venv/bin/python benchmarks/kernels.py compile    # eager vs torch.compile'd decoder layers, fwd + bwd
 
 Shape (the old default step, or set with ``--groups/--group-size/--prompt/--answer``): 2 groups, prompt 300 tokens
 + 8 answers x 140 tokens, SmolLM2-135M shapes (hidden 576, 9 heads of 64, vocabulary 49152), bf16 autocast,
@@ -29,10 +30,9 @@ def timed(fn, repeats: int = 2) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def profile() -> None:
+def _packed_step():
+    """The real model, and one bf16 packed training forward + backward over a random batch of the set shape."""
     from tensordict import TensorDict
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
 
     from grpo_rl.logprobs import packed_sequence_logprobs
     from grpo_rl.models import load_causal_lm, resolve_model
@@ -49,6 +49,14 @@ def profile() -> None:
             out = packed_sequence_logprobs(model, batch, with_entropy=True)
         out.logprobs.sum().backward()
 
+    return model, step
+
+
+def profile() -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    _, step = _packed_step()
     print(f"packed fwd + bwd: {timed(step, 1):.2f} s")
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
@@ -107,12 +115,40 @@ def attention() -> None:
 
     print(f"fwd + bwd over {LAYERS} layers: dense {timed(dense, 3) * LAYERS:.2f} s, "
           f"split {timed(split, 3) * LAYERS:.2f} s")
+    for dtype in (torch.bfloat16, torch.float32):  # the kernel's own speed: plain causal attention, no mask
+        qc = torch.randn(GROUPS, HEADS, s, HEAD_DIM, dtype=dtype, requires_grad=True)
+        causal = timed(lambda: F.scaled_dot_product_attention(qc, qc, qc, is_causal=True).sum().backward(), 3)
+        print(f"plain causal, {str(dtype).removeprefix('torch.')}: {causal * LAYERS:.2f} s")
+
+
+def compiled() -> None:
+    """The packed fwd + bwd with every decoder layer under ``torch.compile(dynamic=True)`` against eager,
+    alternated (the first steps of a process are slower, so measuring one after the other would favour the second)."""
+    model, step = _packed_step()
+    layers = model.get_decoder().layers
+    step()  # eager warm-up
+    for layer in layers:
+        layer.compile(dynamic=True)
+    compiled_calls = [layer._compiled_call_impl for layer in layers]
+    t0 = time.perf_counter()
+    step()
+    print(f"first compiled call {time.perf_counter() - t0:.1f} s")
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(3):
+        for name in times:
+            for layer, call in zip(layers, compiled_calls):
+                layer._compiled_call_impl = call if name == "compiled" else None
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    print("packed fwd + bwd, alternated: " + ", ".join(
+        f"{name} {' '.join(f'{t:.2f}' for t in ts)} s (mean {sum(ts) / len(ts):.2f})" for name, ts in times.items()))
 
 
 def main() -> None:
     global GROUPS, G, PROMPT, ANSWER
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["profile", "lm-head", "attention"])
+    parser.add_argument("what", choices=["profile", "lm-head", "attention", "compile"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--groups", type=int, default=GROUPS)
     parser.add_argument("--group-size", type=int, default=G)
@@ -121,7 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     GROUPS, G, PROMPT, ANSWER = args.groups, args.group_size, args.prompt, args.answer
     torch.set_num_threads(args.threads)
-    {"profile": profile, "lm-head": lm_head, "attention": attention}[args.what]()
+    {"profile": profile, "lm-head": lm_head, "attention": attention, "compile": compiled}[args.what]()
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ class CollectorWorker:
         self._failure_examples: list[dict] = []  # failing reward calls since the driver last asked
         self._round: int | None = None  # rounds collected; set by a resumed data position
         self._skip_batches(replica)
-        self._env_state = self.collector.env.state_dict()
+        self._record_position()
         from grpo_rl.evaluation import make_evaluator
 
         self.evaluator = make_evaluator(self.run_ctx, self.engine) if replica == 0 else None
@@ -116,15 +116,14 @@ class CollectorWorker:
             out = self.engine.llm.collective_rpc(method, args=args)
             if method == "finish_weight_update":
                 self.engine.llm.reset_prefix_cache()
+            self._in_weight_update = method == "start_weight_update" or (
+                self._in_weight_update and method != "finish_weight_update")
         except BaseException:
-            self._in_weight_update = False
-            self._engine_lock.release()
+            self._in_weight_update = False  # a failed update must not leave generation locked out
             raise
-        if method == "start_weight_update":
-            self._in_weight_update = True  # keep the lock until finish_weight_update
-        elif not self._in_weight_update or method == "finish_weight_update":
-            self._in_weight_update = False
-            self._engine_lock.release()
+        finally:
+            if not self._in_weight_update:
+                self._engine_lock.release()
         return out
 
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
@@ -173,7 +172,7 @@ class CollectorWorker:
                 batch, cs = self.collector.collect(self._round * self.num_replicas + self.replica, self.version)
                 self._skip_batches(self.num_replicas - 1)
                 self._round += 1
-                self._env_state = {**self.collector.env.state_dict(), "collector_round": self._round}
+                self._record_position()
                 failures = getattr(self.collector.env, "last_failure_examples", None) or []
             with self._pending_lock:
                 self._failure_examples.extend(failures)
@@ -215,7 +214,13 @@ class CollectorWorker:
                 self._round = int(state["collector_round"])
             self.collector.env.load_state_dict(state)
             self._skip_batches(self.replica)
-            self._env_state = self.collector.env.state_dict()
+            self._record_position()
+
+    def _record_position(self) -> None:
+        """Note the data position (and the round, once known) that :meth:`env_state` reports; a checkpoint taken
+        before this replica's next batch then still carries the round it resumed at."""
+        round_ = {} if self._round is None else {"collector_round": self._round}
+        self._env_state = {**self.collector.env.state_dict(), **round_}
 
     def stop(self) -> None:
         self._stop.set()

@@ -94,4 +94,5 @@ def test_resumed_data_position_sets_the_collection_round():
     worker._engine_lock, worker.replica, worker._round = threading.Lock(), 1, None
     worker.load_env_state({"epoch": 0, "position": 8, "seed": 0, "collector_round": 5})
     assert worker._round == 5  # run() then goes on with round 5's prompts and seeds, not the learner's step
+    assert worker.env_state()["collector_round"] == 5  # a checkpoint before the next batch keeps the round
     assert worker.collector.env.loaded["position"] == 8 and worker.collector.env.resets == 1  # replica 1 skips 1
