@@ -57,7 +57,7 @@ def main() -> None:
     run = make_run(cfg, cfg.output_dir)
     configure_threads()
     engine = make_engine(run)
-    mark(f"+ vLLM engine ({cfg.inference_model.dtype or cfg.model.dtype}, KV {cfg.inference_model.kv_cache_gb} GiB)")
+    mark(f"+ vLLM engine ({run.precision.inference.dtype}, KV {cfg.inference_model.kv_cache_gb} GiB)")
     seed_everything(cfg.seed)
     learner = make_learner(run)
     mark("+ learner (fp32 weights)")

@@ -6,7 +6,7 @@ Runs ``sota/grpo.py`` as a user would (a subprocess, its defaults plus any overr
 baseline on the same machine state.
 
     python benchmarks/step_breakdown.py --steps 4
-    python benchmarks/step_breakdown.py --steps 4 --variant policy.kl_coef=0 --variant train_model.bf16_autocast=true
+    python benchmarks/step_breakdown.py --steps 4 --variant policy.kl_coef=0 --variant train_model.precision=bfloat16
 
 Prints a table and writes ``benchmarks/results/step_breakdown.json``.
 """

@@ -48,13 +48,14 @@ from _bench_common import MARK, ROOT, WORKLOAD, machine  # noqa: E402
 from flops import StepFlops, matmul_rates, step_flops  # noqa: E402
 
 # Each preset states every precision setting, so a change of the YAML defaults does not move an arm.
+FP32 = ["train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]
+BF16 = ["train_model.precision=bfloat16", "ref_model.precision=bfloat16", "inference_model.precision=bfloat16"]
 PRESETS = {
-    "fp32": ["train.share_prompt=true", "train_model.bf16_autocast=false", "inference_model.dtype=float32"],
-    "fp32-unpacked": ["train.share_prompt=false", "train_model.bf16_autocast=false", "inference_model.dtype=float32"],
-    "best": ["train.share_prompt=true", "train_model.bf16_autocast=true", "inference_model.dtype=bfloat16"],
+    "fp32": ["train.share_prompt=true", *FP32],
+    "fp32-unpacked": ["train.share_prompt=false", *FP32],
+    "best": ["train.share_prompt=true", *BF16],
     # best, one group per micro-batch: a lower activation peak for the same arithmetic
-    "lowmem": ["train.share_prompt=true", "train_model.bf16_autocast=true", "inference_model.dtype=bfloat16",
-               "train.micro_batch_tokens=512"],
+    "lowmem": ["train.share_prompt=true", *BF16, "train.micro_batch_tokens=512"],
 }
 # The workload keeps at most 4 x (prompt + 4 x 64) ~ 2.4k tokens in the engine: 110 MB of fp32 KV cache.
 COMMON_OURS = ["inference_model.kv_cache_gb=0.25"]
@@ -79,12 +80,12 @@ class Arm:
     def bf16(self) -> bool:
         if self.side == "trl":
             return self.label == "bf16"
-        return "train_model.bf16_autocast=true" in self.overrides
+        return "train_model.precision=bfloat16" in self.overrides
 
     @property
     def engine_dtype(self) -> str:
         for o in self.overrides:
-            if o.startswith("inference_model.dtype="):
+            if o.startswith("inference_model.precision="):
                 return o.split("=", 1)[1]
         return "float32"
 

@@ -13,8 +13,10 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from grpo_rl.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the key and how to fix it."""
 
 
@@ -56,8 +58,10 @@ class RoleDevices:
 
 @dataclass
 class TrainModelConfig(RoleDevices):
-    bf16_autocast: bool = False
-    """Run forward/backward under bf16 autocast with fp32 master weights."""
+    precision: str = "auto"
+    """Compute precision of the forward/backward: auto | float32 | bfloat16 (bf16 autocast; the master weights
+    stay in model.dtype). auto picks bfloat16 only where it is fast on the device (CUDA with bf16; a CPU whose
+    measured bf16 matmul beats float32, see grpo_rl/precision.py), else float32; the start-up log says why."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
 
@@ -66,6 +70,8 @@ class TrainModelConfig(RoleDevices):
 class RefModelConfig(RoleDevices):
     share_with_train: bool = False
     """Put the reference on the training devices (allowed overlap)."""
+    precision: str = "auto"
+    """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
 
 
 @dataclass
@@ -84,9 +90,10 @@ class InferenceModelConfig(RoleDevices):
     """vLLM: skip graph capture (start-up time matters more than decode speed at this scale)."""
     enable_prefix_caching: bool = True
     """vLLM: reuse the KV cache of a group's shared prompt across its G samples."""
-    dtype: Optional[str] = None
-    """Engine weights: float32 | bfloat16; null: model.dtype. bfloat16 samples from bf16-rounded weights (the
-    learner's master weights stay in model.dtype; policy.tis_cap corrects the small engine/learner mismatch)."""
+    precision: str = "auto"
+    """Engine weights: auto | float32 | bfloat16 (auto as train_model.precision). bfloat16 samples from
+    bf16-rounded weights (the learner's master weights stay in model.dtype; policy.tis_cap corrects the small
+    engine/learner mismatch)."""
 
 
 @dataclass
@@ -164,6 +171,8 @@ class RewardConfig:
     """More reward functions, each with a weight: ``[{path: r.py, name: f, weight: 0.5}, ...]``."""
     fallback: float = 0.0
     """Reward component value for a sample on which that component raised or returned a non-number."""
+    timeout_seconds: Optional[float] = 60.0
+    """Seconds one call of a user's reward function may take before its samples count as failed; null: no limit."""
     model_path: Optional[str] = None
     """A local HF folder with a sequence-classification reward model (num_labels=1); null: none."""
     model_weight: float = 1.0
@@ -319,8 +328,14 @@ class GRPOConfig:
 
 
 def register_configs() -> None:
-    """Register the schema so that YAML files can name it in their defaults list."""
+    """Register the schema so that YAML files can name it in their defaults list, and the ``run_dir`` resolver
+    (``${run_dir:${output_dir},outputs/...}``: the first argument unless it is null) that puts Hydra's own
+    files into ``output_dir``."""
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(name="grpo_schema", node=GRPOConfig)
+    if not OmegaConf.has_resolver("run_dir"):
+        OmegaConf.register_new_resolver("run_dir", lambda chosen, default: chosen if chosen else default)
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -333,12 +348,17 @@ def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _finite(key: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={value} must be a finite number")
+
+
 def validate(cfg: Any) -> None:
     """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix."""
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "transformers"))
-    if cfg.inference_model.dtype is not None:
-        _choice("inference_model.dtype", cfg.inference_model.dtype, ("float32", "bfloat16"))
+    for role in ("train_model", "ref_model", "inference_model"):
+        _choice(f"{role}.precision", getattr(cfg, role).precision, ("auto", "float32", "bfloat16"))
     _choice("env.dataset", cfg.env.dataset, ("gsm8k", "ifeval", "file"))
     _choice("env.template", cfg.env.template, ("hash", "tags"))
     _choice("env.too_long_prompts", cfg.env.too_long_prompts, ("skip", "error"))
@@ -375,6 +395,26 @@ def validate(cfg: Any) -> None:
         n = getattr(cfg, role).num_devices
         if n < 1:
             raise ConfigError(f"{role}.num_devices={n} must be >= 1")
+    if cfg.seed < 0:
+        raise ConfigError(f"seed={cfg.seed} must be >= 0 (it seeds numpy, which takes no negative seed)")
+    for key in ("optimizer.beta1", "optimizer.beta2"):
+        value = getattr(cfg.optimizer, key.split(".")[1])
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key}={value} must be in [0, 1) (AdamW's moment decay; the usual values are "
+                              "beta1=0.9, beta2=0.99)")
+    _positive("optimizer.eps", cfg.optimizer.eps)
+    for key in ("optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "optimizer.max_grad_norm",
+                "policy.kl_coef", "policy.clip_eps_low", "policy.clip_eps_high", "sampling.temperature"):
+        group, name = key.split(".")
+        _finite(key, getattr(getattr(cfg, group), name))
+    im = cfg.inference_model
+    if not (math.isfinite(im.kv_cache_gb) and im.kv_cache_gb > 0):
+        raise ConfigError(f"inference_model.kv_cache_gb={im.kv_cache_gb} must be > 0: it is the engine's KV cache on "
+                          "the CPU; about prompts x (prompt + group_size x max_new_tokens) tokens of it serve a step "
+                          "at once (0.5 is plenty for the defaults)")
+    if not 0.0 < im.gpu_memory_utilization <= 1.0:
+        raise ConfigError(f"inference_model.gpu_memory_utilization={im.gpu_memory_utilization} must be in (0, 1] "
+                          "(the fraction of GPU memory for the engine's weights and KV cache)")
     _validate_rewards(cfg)
     _validate_lifecycle(cfg)
     _validate_pipeline(cfg)
@@ -424,6 +464,12 @@ def _validate_lifecycle(cfg: Any) -> None:
         raise ConfigError(f"eval.num_samples={ev.num_samples} must be >= eval.pass_k={ev.pass_k}")
     if ev.max_new_tokens is not None:
         _positive("eval.max_new_tokens", ev.max_new_tokens)
+    _positive("logger.examine_every", cfg.logger.examine_every)
+    _positive("logger.num_examine", cfg.logger.num_examine, allow_zero=True)
+    _positive("train.keep_checkpoints", cfg.train.keep_checkpoints)
+    limit = cfg.train.max_time_minutes
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise ConfigError(f"train.max_time_minutes={limit} must be > 0, or null for no time limit")
 
 
 def _validate_rewards(cfg: Any) -> None:
@@ -433,7 +479,11 @@ def _validate_rewards(cfg: Any) -> None:
     if unknown:
         raise ConfigError(f"reward.ifeval_weights has unknown key(s) {unknown}; valid: {', '.join(IFEVAL_COMPONENTS)}")
     for key, w in weights.items():
+        _finite(f"reward.ifeval_weights.{key}", w)
         _positive(f"reward.ifeval_weights.{key}", w, allow_zero=True)
+    for key in ("correctness_weight", "format_weight", "model_weight"):
+        _finite(f"reward.{key}", getattr(cfg.reward, key))
+    _positive("reward.correctness_weight", cfg.reward.correctness_weight, allow_zero=True)
     _positive("reward.format_weight", cfg.reward.format_weight, allow_zero=True)
     if cfg.env.dataset == "ifeval" and not any(weights.values()):
         raise ConfigError("every reward.ifeval_weights entry is 0; give one a weight, e.g. reward.ifeval_weights.inst_strict=1")

@@ -9,12 +9,14 @@ Both give the same records (see ``../shared/data/README.md``); hub IFEval rows a
 made to match the local file by dropping the ``None`` values that Arrow adds to
 ``kwargs`` when it unifies their schemas.
 
-Every error names the input it came from and how to fix it, since a bad data path
-is the most common way a training run dies before its first step.
+Every error is a :class:`~grpo_rl.errors.DataError` naming the input it came from
+(file and line where there is one) and how to fix it, since a bad data path is the
+most common way a training run dies before its first step.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -22,12 +24,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["data_dir", "load_records"]
+from grpo_rl.errors import DataError
+
+__all__ = ["DataError", "DataFileNotFoundError", "data_dir", "load_records"]
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _TRUTHY = {"1", "true", "yes", "on"}
 _FIX = "set env.path=<dir or file> or the GRPO_DATA_DIR environment variable"
+_UTF8_FIX = "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 in.jsonl > out.jsonl`)"
+
+
+class DataFileNotFoundError(DataError, FileNotFoundError):
+    """A data file, or every source of a named data set, is missing."""
 
 
 @dataclass(frozen=True)
@@ -83,37 +92,63 @@ def _hub_offline() -> bool:
     )
 
 
-def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+def _read_bytes(path: pathlib.Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise DataError(f"data file {path} cannot be read ({e.strerror or e}); check its permissions") from e
+
+
+def _decode(raw: bytes, path: pathlib.Path) -> str:
+    """The UTF-8 text of a data file (a leading byte-order mark dropped)."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(
+            f"{path}:{line}: not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {column}); "
+            f"{_UTF8_FIX}"
+        ) from e
+
+
+def _read_jsonl(path: pathlib.Path, raw: bytes | None = None) -> list[dict[str, Any]]:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_number}: malformed JSON line: {e}") from e
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}:{line_number}: expected a JSON object per line, "
-                    f"got {type(record).__name__}"
-                )
-            records.append(record)
+    text = _decode(_read_bytes(path) if raw is None else raw, path)
+    # Universal newlines, as reading the file in text mode splits lines (str.splitlines would
+    # also split at characters JSON allows inside strings, such as U+2028).
+    for line_number, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{path}:{line_number}: malformed JSON line: {e}; fix or remove that line "
+                "(each line must be one JSON object)"
+            ) from e
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{path}:{line_number}: expected a JSON object per line, "
+                f"got {type(record).__name__}"
+            )
+        records.append(record)
     return records
 
 
 def _read_json(path: pathlib.Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    raw = _read_bytes(path)
+    text = _decode(raw, path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         # Many ".json" files are really JSON Lines; the hub's json loader accepts
         # both, so do the same rather than fail on the second line.
         if e.msg == "Extra data":
-            return _read_jsonl(path)
-        raise ValueError(f"{path}: malformed JSON at line {e.lineno}: {e}") from e
+            return _read_jsonl(path, raw)
+        raise DataError(f"{path}: malformed JSON at line {e.lineno}: {e}; fix the file") from e
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise ValueError(
+        raise DataError(
             f"{path}: expected a JSON list of objects (or JSON Lines), got {type(data).__name__}"
         )
     return data
@@ -126,14 +161,16 @@ def _read_parquet(path: pathlib.Path) -> list[dict[str, Any]]:
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several unrelated types for bad files
-        raise ValueError(f"{path}: not a readable parquet file: {e}") from e
+        raise DataError(
+            f"{path}: not a readable parquet file: {e}; rewrite it (pandas: df.to_parquet) or use .jsonl"
+        ) from e
     return table.to_pylist()
 
 
 def _read_file(path: pathlib.Path) -> list[dict[str, Any]]:
     if not path.is_file():
         what = "is a directory, expected a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"data file {path} {what}")
+        raise DataFileNotFoundError(f"data file {path} {what}; {_FIX}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return _read_jsonl(path)
@@ -141,7 +178,7 @@ def _read_file(path: pathlib.Path) -> list[dict[str, Any]]:
         return _read_json(path)
     if suffix == ".parquet":
         return _read_parquet(path)
-    raise ValueError(
+    raise DataError(
         f"data file {path}: unsupported extension {path.suffix!r}; "
         f"expected one of {list(_FILE_SUFFIXES)}"
     )
@@ -171,8 +208,8 @@ def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str,
     """Loads gsm8k/ifeval; returns the records and a description of where from."""
     dataset = _NAMED[name]
     if split not in dataset.split_files:
-        raise ValueError(
-            f"{name} has no split {split!r}; expected one of {sorted(dataset.split_files)}"
+        raise DataError(
+            f"{name} has no split {split!r}; set env.split to one of {sorted(dataset.split_files)}"
         )
     if path is not None:
         file = _local_file(dataset, pathlib.Path(path).expanduser(), split)
@@ -194,7 +231,7 @@ def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str,
         looked = f"{file} does not exist"
     else:
         looked = "no local data directory (GRPO_DATA_DIR unset and no ../shared/data)"
-    raise FileNotFoundError(
+    raise DataFileNotFoundError(
         f"cannot load {name} split {split!r}: the hub {dataset.hub_path} was {hub_failure}, "
         f"and {looked}. To fix, {_FIX} (a directory holding "
         f"{dataset.local_dir}/{dataset.split_files[split]})."
@@ -205,9 +242,10 @@ def _check_fields(records: list[dict[str, Any]], required: Sequence[str], where:
     for index, record in enumerate(records):
         for field in required:
             if field not in record:
-                raise ValueError(
+                raise DataError(
                     f"{where}: row {index} is missing required field {field!r} "
-                    f"(fields present: {sorted(record)})"
+                    f"(fields present: {sorted(record)}); every row needs it: fix the data, "
+                    f"or point env.path at the right file"
                 )
 
 
@@ -236,15 +274,17 @@ def load_records(
         The records, in file order.
 
     Raises:
-        FileNotFoundError: If a file is missing, or the hub is unreachable and no
-            local copy exists; the message says how to point at one.
-        ValueError: For an unknown source or split, a malformed line (file and line
-            number), a record missing a required field (file, row, field, fields
-            present), or an empty data set.
+        DataFileNotFoundError: If a file is missing, or the hub is unreachable and no
+            local copy exists; the message says how to point at one. It is a
+            :class:`~grpo_rl.errors.DataError` and a ``FileNotFoundError``.
+        DataError: For an unknown source or split, a file that is not UTF-8 or has a
+            malformed line (file and line number), a record missing a required field
+            (file, row, field, fields present), or an empty data set. It is a
+            ``ValueError`` too.
     """
     if source == "file":
         if path is None:
-            raise ValueError("data source 'file' needs a path: set env.path=<file>")
+            raise DataError("data source 'file' needs a path: set env.path=<file>")
         file = pathlib.Path(path).expanduser()
         records, where = _read_file(file), str(file)
         required = tuple(required_fields)
@@ -252,10 +292,10 @@ def load_records(
         records, where = _load_named(source, split, path)
         required = _NAMED[source].fields + tuple(required_fields)
     else:
-        raise ValueError(
-            f"unknown data source {source!r}; expected one of {[*sorted(_NAMED), 'file']}"
+        raise DataError(
+            f"unknown data source {source!r}; set env.dataset to one of {[*sorted(_NAMED), 'file']}"
         )
     if not records:
-        raise ValueError(f"{where}: data set is empty (no records)")
+        raise DataError(f"{where}: data set is empty (no records); point env.path at a file with rows")
     _check_fields(records, list(dict.fromkeys(required)), where)
     return records

@@ -77,7 +77,7 @@ def allocate_devices(
         alloc = _allocate_cpu(cfg, roles, num_cpus)
     else:
         alloc = _allocate_gpu(cfg, roles, num_gpus)
-    log.info("device allocation: %s", alloc.describe())
+    log.debug("device allocation: %s", alloc.describe())
     return alloc
 
 

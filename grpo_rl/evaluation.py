@@ -141,18 +141,28 @@ class Evaluator:
         return metrics
 
 
-def make_evaluator(run, engine, *, every: int | None = None) -> Evaluator | None:
-    """The evaluator ``cfg.eval`` asks for, on ``engine``; None when ``eval.every`` is 0 (and ``every`` not given)."""
+def make_eval_env(run, *, every: int | None = None):
+    """The held-out environment ``cfg.eval`` asks for (read and checked now, before any engine starts); None when
+    ``eval.every`` is 0 (and ``every`` not given)."""
+    cfg = run.cfg
+    if not (cfg.eval.every if every is None else every):
+        return None
+    from grpo_rl.envs import make_env
+
+    split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
+    return make_env(eval_config(cfg), run.tokenizer, split=split, devices=run.devices)
+
+
+def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evaluator | None:
+    """The evaluator ``cfg.eval`` asks for, on ``engine``; None when ``eval.every`` is 0 (and ``every`` not given).
+    ``env``: the held-out environment from :func:`make_eval_env` (default: built here)."""
     cfg = run.cfg
     in_training = every is None
     every = cfg.eval.every if in_training else every
     if not every:
         return None
-    from grpo_rl.envs import make_env
-
-    ev = eval_config(cfg)
+    env = env if env is not None else make_eval_env(run, every=every)
     split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
-    env = make_env(ev, run.tokenizer, split=split, devices=run.devices)
     success = cfg.eval.success_component or DEFAULT_SUCCESS.get(cfg.env.dataset)
     log.info("evaluation: %d %s/%s prompts (success: %s)%s", min(len(env), cfg.eval.num_prompts), cfg.env.dataset,
              split, f"reward_{success}" if success else "total reward >= 1",

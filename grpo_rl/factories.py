@@ -5,32 +5,64 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from grpo_rl.collector import Collector, RefScorer, assign_advantages
-from grpo_rl.config import validate
+from grpo_rl.config import ConfigError, validate, validate_async
 from grpo_rl.devices import DeviceAllocation, allocate_devices
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
 from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
+from grpo_rl.lifecycle import check_run_folder
+from grpo_rl.precision import Precision, cpu_flags, resolve_precision
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RolePrecisions:
+    """The resolved compute precision of each role (``precision: auto`` decided from the hardware)."""
+
+    train: Precision
+    ref: Precision
+    inference: Precision
+
+    def describe(self) -> str:
+        roles = (("train", self.train), ("ref", self.ref), ("inference", self.inference))
+        same = len({(p.dtype, p.reason) for _, p in roles}) == 1
+        if same:
+            return f"{self.train.dtype} for every role ({self.train.reason})"
+        return "; ".join(f"{name} {p.dtype} ({p.reason})" for name, p in roles)
+
+
+def resolve_run_precision(cfg, devices: DeviceAllocation) -> RolePrecisions:
+    """Each role's ``precision`` setting on its first device."""
+    ref_device = devices.ref[0] if devices.ref else devices.train[0]
+    return RolePrecisions(
+        train=resolve_precision(cfg.train_model.precision, devices.train[0]),
+        ref=resolve_precision(cfg.ref_model.precision, ref_device),
+        inference=resolve_precision(cfg.inference_model.precision, devices.inference[0]),
+    )
+
+
 @dataclass
 class RunContext:
-    """What every component of a run shares: the config, the devices, the model folder and tokenizer."""
+    """What every component of a run shares: the config, the devices, the precisions, the model and tokenizer."""
 
     cfg: object
     run_dir: Path
     devices: DeviceAllocation
     model_path: str
     tokenizer: object
+    precision: RolePrecisions
+    started: float = field(default_factory=time.monotonic)
+    """When the run started (``time.monotonic``): ``train.max_time_minutes`` counts from here."""
 
     @property
     def uses_ref(self) -> bool:
@@ -44,33 +76,66 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_run(cfg, run_dir: str | Path) -> RunContext:
-    """Validate the config, allocate devices, resolve the model; fail fast before anything heavy starts."""
+def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
+    """Validate the config and the run folder, allocate devices, resolve the model and the precisions, and log
+    what the run is; everything here fails fast, before any engine or Ray starts.
+
+    Args:
+        cfg: the run config.
+        run_dir: the run folder.
+        mode: ``sync`` (sota/grpo.py) or ``async`` (sota/grpo-async.py); some settings suit one loop only.
+    """
+    started = time.monotonic()
     validate(cfg)
+    if mode == "async":
+        validate_async(cfg)
     # A LoRA run's reference is its own model with the adapters off: no device of its own.
     devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled)
     # train_model.num_devices > 1 is a data-parallel learner (grpo_rl/distributed/learner_group.py);
     # inference_model.num_devices > 1 are engine replicas, one collector actor each (sota/grpo-async.py).
     if len(devices.ref) > 1:
-        raise NotImplementedError(f"{devices.describe()}: a sharded reference is not implemented; run with "
-                                  "ref_model.num_devices=1")
+        raise ConfigError(f"ref_model.num_devices={len(devices.ref)}: a sharded reference is not implemented yet; "
+                          "run with ref_model.num_devices=1")
+    if mode == "sync" and len(devices.inference) > 1:
+        raise ConfigError(
+            f"inference_model.num_devices={len(devices.inference)}: engine replicas run in sota/grpo-async.py (one "
+            "collector actor each); the synchronous loop drives one engine, use inference_model.num_devices=1")
+    run_dir = Path(run_dir)
+    check_run_folder(cfg, run_dir)
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
     tokenizer = load_tokenizer(model_path)
-    run_dir = Path(run_dir)
+    precision = resolve_run_precision(cfg, devices)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log.info("run dir: %s | model: %s | devices: %s", run_dir, model_path, devices.describe())
-    return RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer)
+    run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
+                     precision=precision, started=started)
+    log.info("%s", describe_run(run, mode))
+    return run
+
+
+def describe_run(run: RunContext, mode: str) -> str:
+    """What the run is, for the start-up log: loop, workload, model, devices, precision and why, outputs."""
+    cfg = run.cfg
+    loop = "synchronous, sota/grpo.py" if mode == "sync" else "asynchronous, sota/grpo-async.py"
+    limit = f", stops after {cfg.train.max_time_minutes:g} min" if cfg.train.max_time_minutes else ""
+    model = cfg.model.name if cfg.model.name == run.model_path else f"{cfg.model.name} ({run.model_path})"
+    cpu = f" | CPU: {cpu_flags()}, {os.cpu_count()} cores" if not run.devices.on_gpu else ""
+    wandb = {"wandb": "wandb " + ("online" if os.environ.get("WANDB_API_KEY") else "offline"), "none": "no wandb"}
+    lines = [
+        f"GRPO ({loop}): {cfg.train.steps} steps of {cfg.env.prompts_per_step} {cfg.env.dataset} prompts x "
+        f"{cfg.env.group_size} answers, up to {cfg.sampling.max_new_tokens} new tokens{limit}",
+        f"  model:     {model}",
+        f"  devices:   {run.devices.describe()}{cpu}",
+        f"  precision: {run.precision.describe()}",
+        f"  outputs:   {run.run_dir} (metrics.jsonl, {wandb[cfg.logger.backend]}, checkpoints/)",
+    ]
+    return "\n".join(lines)
 
 
 def make_engine(run: RunContext, *, weight_transfer_backend: str | None = None):
     """The rollout engine (``weight_transfer_backend``: see :class:`~grpo_rl.rollout.vllm_engine.VLLMEngine`)."""
-    if len(run.devices.inference) > 1:
-        raise NotImplementedError(
-            f"inference_model.num_devices={len(run.devices.inference)}: engine replicas run in sota/grpo-async.py "
-            "(one collector actor each); the synchronous loop drives one engine, use inference_model.num_devices=1")
     cfg = run.cfg.inference_model
     device = run.devices.inference[0]
-    kwargs = dict(dtype=cfg.dtype or run.cfg.model.dtype)
+    kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.rollout.vllm_engine import VLLMEngine
 
@@ -110,7 +175,7 @@ def make_learner(run: RunContext, threads: int | None = None) -> Learner:
         betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
         warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
         micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.epochs,
-        bf16_autocast=cfg.train_model.bf16_autocast, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
+        bf16_autocast=run.precision.train.bf16, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
         share_prompt=cfg.train.share_prompt,
     )
 
@@ -128,13 +193,13 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
                              "call make_ref_scorer(run, learner)")
         return AdapterDisabledRefScorer(learner.model, learner.device, temperature=run.cfg.sampling.temperature,
                                         micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
-                                        bf16_autocast=run.cfg.train_model.bf16_autocast,
+                                        bf16_autocast=run.precision.ref.bf16,
                                         share_prompt=run.cfg.train.share_prompt)
     device = run.devices.ref[0]
     model = load_causal_lm(run.model_path, device, run.cfg.model.dtype, trainable=False)
     return RefScorer(model, device, temperature=run.cfg.sampling.temperature,
                      micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
-                     bf16_autocast=run.cfg.train_model.bf16_autocast, share_prompt=run.cfg.train.share_prompt)
+                     bf16_autocast=run.precision.ref.bf16, share_prompt=run.cfg.train.share_prompt)
 
 
 def make_collector(run: RunContext, engine, env=None) -> Collector:
@@ -157,9 +222,12 @@ def score_batch(run: RunContext, batch, ref: RefScorer | None):
     )
 
 
-def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch) -> tuple[object, dict[str, float]]:
+def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch,
+                   between_phases: Callable[[str], None] | None = None) -> tuple[object, dict[str, float]]:
     """The learner's half of a step, the same in both loops: batch metrics, reference scoring and advantages
     (:func:`score_batch`), then one :meth:`~grpo_rl.learner.Learner.train_step` on the groups that are left.
+    ``between_phases(name)`` is called after the reference phase, before the update (it may raise to abandon
+    the step, see :meth:`grpo_rl.lifecycle.RunState.between_phases`).
 
     Returns the batch as trained (zero-variance groups filtered out, if configured) and the step's metrics,
     with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training seconds, and
@@ -171,6 +239,8 @@ def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch) -> tu
     t0 = time.perf_counter()
     batch, adv_stats = score_batch(run, batch, ref)
     t1 = time.perf_counter()
+    if between_phases is not None:
+        between_phases("reference scoring")
     trained_tokens = 0
     if batch.batch_size[0] > 0:
         metrics.update(learner.train_step(batch))

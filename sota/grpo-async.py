@@ -25,31 +25,40 @@ import time
 import hydra
 import torch
 
+from grpo_rl.cli import run_entry, user_errors
 from grpo_rl.config import register_configs
-from grpo_rl.distributed.pipeline import AsyncRollouts, GracefulStop, staleness_metrics, step_rates
+from grpo_rl.distributed.pipeline import AsyncRollouts, staleness_metrics, step_rates
 from grpo_rl.distributed.ray_setup import cpu_threads_per_worker, start_ray, stop_ray
+from grpo_rl.envs import make_env
+from grpo_rl.evaluation import make_eval_env
 from grpo_rl.factories import make_learner, make_ref_scorer, make_run, seed_everything, train_on_batch
-from grpo_rl.lifecycle import RunState, hydra_run_dir
+from grpo_rl.lifecycle import GracefulStop, RunState, hydra_run_dir
 from grpo_rl.metrics import RunLogger
+from grpo_rl.quiet import quiet_start
 
 register_configs()
 
 
 @hydra.main(config_path="../config", config_name="grpo_gsm8k", version_base="1.3")
+@user_errors
 def main(cfg) -> float:
-    # Create the run: validate, allocate devices, resolve the model (fails fast on bad input).
-    run = make_run(cfg, hydra_run_dir(cfg))
-    # Every role computes at once: split the cores between the learner rank(s) and the collector(s).
-    num_train, num_inference = len(run.devices.train), len(run.devices.inference)
-    threads = cpu_threads_per_worker(num_train + num_inference)
-    actor_devices = run.devices.inference + (run.devices.train if num_train > 1 else ())
-
+    quiet_start()  # drop the known start-up noise of vLLM, torch, transformers and wandb (GRPO_VERBOSE=1 keeps it)
     # Cleanup runs in reverse order of registration, every step even if an earlier one fails: stop the actors
     # (they free the cores and fix the data position), the final checkpoint at the last step boundary, the logs,
     # the learner's ranks, the Ray instance this script started, the signal handlers.
     with contextlib.ExitStack() as cleanup:
         stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint, shut down
         cleanup.callback(stop.restore)
+        # Create the run: validate config and run folder, allocate devices, resolve model and precision.
+        run = make_run(cfg, hydra_run_dir(cfg), mode="async")
+        # Read and check the data here, before Ray and the engines start (the collectors build their own copies).
+        make_env(cfg, run.tokenizer, devices=run.devices)
+        make_eval_env(run)
+        # Every role computes at once: split the cores between the learner rank(s) and the collector(s).
+        num_train, num_inference = len(run.devices.train), len(run.devices.inference)
+        threads = cpu_threads_per_worker(num_train + num_inference)
+        actor_devices = run.devices.inference + (run.devices.train if num_train > 1 else ())
+
         cleanup.callback(stop_ray, start_ray(cfg.ray, min_cpus=len(actor_devices) * threads, actor_gpus=actor_devices))
         # Create the rollout side (collector actors with their engines, the buffer actor), then the learner.
         rollouts = AsyncRollouts(run, threads=threads)
@@ -62,7 +71,7 @@ def main(cfg) -> float:
         rollouts.connect_weights(learner)
         logger = RunLogger.from_config(cfg, run.run_dir)
         cleanup.callback(logger.close)
-        state = RunState(cfg, run.run_dir, logger)
+        state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
 
         # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG; the engines get the weights.
         state.resume(learner, rollouts.env, rollouts.engine_proxy(learner))
@@ -71,9 +80,9 @@ def main(cfg) -> float:
         rollouts.start(state.step)
         prev_stats = rollouts.stats()
 
-        while state.step < cfg.train.steps and not state.out_of_time() and not stop.requested:
+        while state.running():  # train.steps, train.max_time_minutes, signals
             t0 = time.perf_counter()
-            taken = rollouts.take(learner.version, lambda: stop.requested)  # only samples within max_staleness
+            taken = rollouts.take(learner.version, lambda: state.should_stop() is not None)  # within max_staleness
             if taken is None:
                 break
             t1 = time.perf_counter()
@@ -81,7 +90,6 @@ def main(cfg) -> float:
             push_seconds = rollouts.maybe_push(learner)  # every pipeline.push_every optimizer steps
             t2 = time.perf_counter()
 
-            state.complete_step(learner, rollouts.env, metrics)
             stats, step_seconds = rollouts.stats(), t2 - t0
             metrics.update(staleness_metrics(taken))
             metrics.update(step_rates(prev_stats, stats, step_seconds))
@@ -90,7 +98,8 @@ def main(cfg) -> float:
                 learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,
                 learner_samples_per_second=taken.batch.batch_size[0] / step_seconds,
             )
-            metrics.update(rollouts.maybe_evaluate(learner, state.step, cfg.train.steps))  # eval.every steps
+            if state.should_stop() is None:  # a stop skips the evaluation
+                metrics.update(rollouts.maybe_evaluate(learner, state.step + 1, cfg.train.steps))  # eval.every steps
             prev_stats = stats
             state.record_step(learner, rollouts.env, run.tokenizer, metrics, batch,
                               console_suffix=f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
@@ -100,4 +109,4 @@ def main(cfg) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

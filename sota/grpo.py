@@ -14,25 +14,36 @@ import time
 
 import hydra
 
+from grpo_rl.cli import run_entry, user_errors
 from grpo_rl.config import register_configs
-from grpo_rl.evaluation import make_evaluator
+from grpo_rl.envs import make_env
+from grpo_rl.evaluation import make_eval_env, make_evaluator
 from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
                                make_run, seed_everything, train_on_batch)
-from grpo_rl.lifecycle import RunState, hydra_run_dir
+from grpo_rl.lifecycle import GracefulStop, RunState, StopRun, hydra_run_dir
 from grpo_rl.metrics import RunLogger
+from grpo_rl.quiet import quiet_start
 
 register_configs()
 
 
 @hydra.main(config_path="../config", config_name="grpo_gsm8k", version_base="1.3")
+@user_errors
 def main(cfg) -> float:
-    # Create the run: validate, allocate devices, resolve the model (fails fast on bad input).
-    run = make_run(cfg, hydra_run_dir(cfg))
-    configure_threads()
-
-    # Cleanup runs in reverse order of creation, every step even if an earlier one fails: the final checkpoint
-    # and export (only at a step boundary), the logs, then the learner's and the engine's processes.
+    quiet_start()  # drop the known start-up noise of vLLM, torch, transformers and wandb (GRPO_VERBOSE=1 keeps it)
+    # Cleanup runs in reverse order of registration, every step even if an earlier one fails: the final
+    # checkpoint and export (of the last completed step), the logs, the learner's and the engine's processes,
+    # the signal handlers.
     with contextlib.ExitStack() as cleanup:
+        stop = GracefulStop().install()  # Ctrl-C / SIGTERM: stop at the next phase, checkpoint, exit
+        cleanup.callback(stop.restore)
+        # Create the run: validate config and run folder, allocate devices, resolve model and precision.
+        run = make_run(cfg, hydra_run_dir(cfg))
+        configure_threads()
+        # Read and check the data before any engine starts.
+        env = make_env(cfg, run.tokenizer, devices=run.devices)
+        eval_env = make_eval_env(run)
+
         # Create the engine first: in-process vLLM seeds the global RNGs, so we seed after it.
         engine = make_engine(run)
         cleanup.callback(engine.shutdown)
@@ -40,39 +51,44 @@ def main(cfg) -> float:
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)
         ref = make_ref_scorer(run, learner)
-        collector = make_collector(run, engine)
-        evaluator = make_evaluator(run, engine)
+        collector = make_collector(run, engine, env)
+        evaluator = make_evaluator(run, engine, env=eval_env)
         logger = RunLogger.from_config(cfg, run.run_dir)
         cleanup.callback(logger.close)
-        state = RunState(cfg, run.run_dir, logger)
+        state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
 
         # Resume (resume=auto|<checkpoint>): weights, optimizer, data position, RNG, engine weights; logs cut back.
         state.resume(learner, collector.env, engine)
         cleanup.callback(state.finish, learner, collector.env, run.tokenizer)
 
-        while state.step < cfg.train.steps and not state.out_of_time():
-            t0 = time.perf_counter()
-            batch, collect_stats = collector.collect(state.step, learner.version)
-            version = learner.version
-            batch, metrics = train_on_batch(run, learner, ref, batch)
-            t1 = time.perf_counter()
-            if learner.version != version:  # nothing to push after a filtered-out batch or a skipped update
-                engine.update_weights(learner.named_weights())
-            t2 = time.perf_counter()
+        try:
+            while state.running():  # train.steps, train.max_time_minutes, signals
+                t0 = time.perf_counter()
+                batch, collect_stats = collector.collect(state.step, learner.version)
+                state.between_phases("generation")  # before the update, a stop abandons the step
+                version = learner.version
+                batch, metrics = train_on_batch(run, learner, ref, batch, between_phases=state.between_phases)
+                t1 = time.perf_counter()
+                if learner.version != version:  # nothing to push after a filtered-out batch or a skipped update
+                    engine.update_weights(learner.named_weights())
+                t2 = time.perf_counter()
 
-            state.complete_step(learner, collector.env, metrics)
-            metrics.update(
-                policy_version=learner.version, generation_seconds=collect_stats.generation_seconds,
-                reward_seconds=collect_stats.reward_seconds, reward_failures=sum(collect_stats.reward_failures.values()),
-                weight_sync_seconds=t2 - t1, step_seconds=t2 - t0, tokens_per_second=metrics["answer_tokens"] / (t2 - t0),
-                generation_tokens_per_second=collect_stats.num_tokens / max(collect_stats.generation_seconds, 1e-9),
-            )
-            if evaluator is not None:
-                metrics.update(evaluator.maybe_evaluate(state.step, cfg.train.steps))
-            state.record_step(learner, collector.env, run.tokenizer, metrics, batch)
+                metrics.update(
+                    policy_version=learner.version, generation_seconds=collect_stats.generation_seconds,
+                    reward_seconds=collect_stats.reward_seconds,
+                    reward_failures=sum(collect_stats.reward_failures.values()),
+                    weight_sync_seconds=t2 - t1, step_seconds=t2 - t0,
+                    tokens_per_second=metrics["answer_tokens"] / (t2 - t0),
+                    generation_tokens_per_second=collect_stats.num_tokens / max(collect_stats.generation_seconds, 1e-9),
+                )
+                if evaluator is not None and state.should_stop() is None:  # a stop skips the evaluation
+                    metrics.update(evaluator.maybe_evaluate(state.step + 1, cfg.train.steps))
+                state.record_step(learner, collector.env, run.tokenizer, metrics, batch)
+        except StopRun as e:
+            print(f"stopping: {e}", flush=True)
     print(state.summary(), flush=True)
     return state.result()
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)

@@ -34,13 +34,13 @@ def actor_run_context(cfg_container: dict, run_dir: str, model_path: str, device
 
     from grpo_rl.config import GRPOConfig
     from grpo_rl.devices import DeviceAllocation
-    from grpo_rl.factories import RunContext
+    from grpo_rl.factories import RunContext, resolve_run_precision
     from grpo_rl.models import load_tokenizer
 
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), cfg_container)
     devices = DeviceAllocation(train=(device,), ref=(device,), inference=(device,))
     return RunContext(cfg=cfg, run_dir=Path(run_dir), devices=devices, model_path=model_path,
-                      tokenizer=load_tokenizer(model_path))
+                      tokenizer=load_tokenizer(model_path), precision=resolve_run_precision(cfg, devices))
 
 
 class CollectorWorker:

@@ -7,7 +7,6 @@ gathers the role metrics, notices a failed actor, and stops everything in :meth:
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from typing import Callable
 
@@ -180,36 +179,6 @@ class AsyncRollouts:
             _quietly(self.weight_sync.close)
         for actor in self.collectors + [self.buffer]:
             _quietly(ray.kill, actor)
-
-
-class GracefulStop:
-    """First SIGINT (Ctrl-C) or SIGTERM: finish the current step, then stop; a second one stops at once.
-
-    Stopping at a step boundary means the final checkpoint is always written (a stop in the middle of an
-    update cannot checkpoint, see :meth:`grpo_rl.lifecycle.RunState.finish`). :meth:`install` in the main
-    thread before the loop, check :attr:`requested`, :meth:`restore` the previous handlers at the end.
-    """
-
-    def __init__(self):
-        self.requested = False
-        self._previous: dict = {}
-
-    def install(self) -> "GracefulStop":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        log.warning("%s: stopping after this step (send it again to stop at once)", signal.Signals(signum).name)
 
 
 class _RemoteEnv:

@@ -22,12 +22,13 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from grpo_rl.errors import DataError
 from grpo_rl.rewards.base import CompositeReward
 
 log = logging.getLogger(__name__)
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(DataError):
     """A prompt exceeds ``env.max_prompt_tokens``."""
 
 
@@ -65,7 +66,7 @@ class PromptEnv:
         name: str = "prompts",
     ):
         if not records:
-            raise ValueError(f"{name}: the data set is empty; point env.path at a file with at least one row")
+            raise DataError(f"{name}: the data set is empty; point env.path at a file with at least one row")
         self.name = name
         self.reward = reward
         self.prompts_per_step = prompts_per_step

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from grpo_rl.config import ConfigError
 from grpo_rl.envs.base import PromptEnv
+from grpo_rl.errors import DataError
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
 
 
@@ -39,8 +40,8 @@ def _check_rows(records: Sequence[dict], prompt_column: str, ground_truth_column
         is_messages = isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m
                                                        for m in prompt)
         if not (isinstance(prompt, str) and prompt.strip()) and not (is_messages and prompt):
-            raise ConfigError(f"{where}: row {i} column {prompt_column!r} is {prompt!r:.80}; expected a non-empty "
-                              "string or a list of {role, content} messages")
+            raise DataError(f"{where}: row {i} column {prompt_column!r} is {prompt!r:.80}; expected a non-empty "
+                            "string or a list of {role, content} messages: fix that row or remove it")
 
 
 def passed_columns(records: Sequence[dict], prompt_column: str, ground_truth_column: str | None,

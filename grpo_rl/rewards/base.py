@@ -5,14 +5,26 @@ A reward function is a plain callable ``(responses, references) -> list[float]``
 instruction list, a user's ``ground_truth``). Rule-based rewards are therefore testable without a model.
 
 :class:`CompositeReward` combines named components with weights and keeps each component, so every one
-can be logged separately. A component that raises, returns a non-number or the wrong count does not end the
-run: the affected samples get ``fallback`` for that component, the failure is counted and recorded with the
-offending sample, and only a step in which every sample failed raises.
+can be logged separately. A component that raises (``sys.exit`` included), returns a non-number or the wrong
+count, or runs past its time limit does not end the run: the affected samples get ``fallback`` for that
+component, the failure is counted and recorded with the offending sample (cut to :data:`MAX_EXAMPLE_CHARS`), and
+only a step in which every sample failed with an error raises. Numbers are Python or NumPy scalars (bools
+included), or a NumPy array or tensor of them.
+
+A component with ``timeout_seconds`` runs in a worker thread, and the step stops waiting for it after that
+long (the function runs off the main thread, so it cannot install signal handlers). Python cannot stop a
+thread, so a call that never returns is abandoned, not killed: it keeps running (and using CPU) in the
+background until it returns or the process ends. To bound that, a step stops retrying
+a component after :data:`MAX_RETRY_TIMEOUTS` timed-out retries, and a component with
+:data:`MAX_ABANDONED_CALLS` abandoned calls still running is not called again until some of them return.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
+import numbers
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -23,15 +35,42 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[[Sequence[str], Sequence[Any]], Sequence[float]]
 
 
+# Longest response or error text kept in a failure's log line and record: a runaway response or a huge
+# exception message must not flood the log.
+MAX_EXAMPLE_CHARS = 300
+# After this many timed-out retries in one step, the component's other samples are not retried.
+MAX_RETRY_TIMEOUTS = 2
+# A component with this many timed-out calls still running is not called (its samples time out at once).
+MAX_ABANDONED_CALLS = 4
+
+
 class RewardError(RuntimeError):
     """Every sample of a step failed in a reward function."""
 
 
+class RewardTimeout(Exception):
+    """A reward call ran past its component's ``timeout_seconds`` and was abandoned (or was not made).
+
+    ``thread``: the abandoned call's thread, still running; None when no call was made.
+    """
+
+    def __init__(self, message: str, thread: threading.Thread | None = None):
+        super().__init__(message)
+        self.thread = thread
+
+
 @dataclass
 class RewardComponent:
+    """One named, weighted reward function.
+
+    ``timeout_seconds``: how long one call may run before its samples count as failed (None: no limit; set
+    from ``reward.timeout_seconds`` for users' functions).
+    """
+
     name: str
     fn: RewardFn
     weight: float = 1.0
+    timeout_seconds: float | None = None
 
 
 @dataclass
@@ -57,6 +96,12 @@ class CompositeReward:
             raise ValueError("a reward needs at least one component")
         self.components = list(components)
         self.fallback = fallback
+        self._abandoned: dict[str, list[threading.Thread]] = {}  # per component: timed-out calls still running
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_abandoned"] = {}  # threads do not pickle, and belong to this process anyway
+        return state
 
     def __call__(self, responses: Sequence[str], references: Sequence[Any], **extra: Sequence[Any]) -> RewardResult:
         n = len(responses)
@@ -66,7 +111,8 @@ class CompositeReward:
         examples: list[dict] = []
         for comp in self.components:
             vals, failed, errors = self._evaluate(comp, responses, references, extra)
-            if failed == n and n > 0:
+            timed_out = any(e.get("timed_out") for e in errors)
+            if failed == n and n > 0 and not timed_out:
                 raise RewardError(f"reward {comp.name!r} failed on every sample of the step: {errors[0]}")
             if failed:
                 failures[comp.name] = failed
@@ -77,34 +123,141 @@ class CompositeReward:
         return RewardResult(total=total, components=values, failures=failures, failure_examples=examples)
 
     def _evaluate(self, comp: RewardComponent, responses, references, extra) -> tuple[torch.Tensor, int, list[dict]]:
-        """Call the component on the batch; on failure, retry sample by sample to isolate the bad ones."""
+        """Call the component on the batch; on failure, retry sample by sample to isolate the bad ones.
+
+        With a time limit, a step stops retrying a component after :data:`MAX_RETRY_TIMEOUTS` retries timed out,
+        and a component with :data:`MAX_ABANDONED_CALLS` abandoned calls still running is not called at all (its
+        samples count as timed out): a function that hangs costs a few limits per step and a few threads in
+        all, not one of each per sample.
+        """
         n = len(responses)
+        limit = comp.timeout_seconds
+        abandoned = self._abandoned.setdefault(comp.name, [])
+        abandoned[:] = [t for t in abandoned if t.is_alive()]
+        if len(abandoned) >= MAX_ABANDONED_CALLS:
+            skipped = RewardTimeout(f"not called: {len(abandoned)} earlier calls are still running past "
+                                    f"reward.timeout_seconds={limit:g}; make the function faster or raise the limit")
+            return (torch.full((n,), self.fallback, dtype=torch.float32), n,
+                    [_failure(comp, i, skipped, responses[i]) for i in range(n)])
         try:
-            out = comp.fn(responses, references, **extra) if extra else comp.fn(responses, references)
-            return self._check(comp.name, out, n), 0, []
-        except Exception as batch_error:  # noqa: BLE001 - a user's function may raise anything
+            return self._check(comp.name, _call(comp, responses, references, extra, limit), n), 0, []
+        except KeyboardInterrupt:
+            raise
+        except BaseException as batch_error:  # noqa: BLE001 - a user's function may raise anything, even SystemExit
+            if isinstance(batch_error, RewardTimeout) and batch_error.thread is not None:
+                abandoned.append(batch_error.thread)
             if n == 1:
-                return (torch.full((1,), self.fallback), 1,
-                        [{"reward": comp.name, "error": repr(batch_error), "response": responses[0]}])
+                return torch.full((1,), self.fallback), 1, [_failure(comp, None, batch_error, responses[0])]
         vals = torch.full((n,), self.fallback, dtype=torch.float32)
         errors: list[dict] = []
+        timeouts = 0
         for i in range(n):
             try:
+                if timeouts >= MAX_RETRY_TIMEOUTS:
+                    raise RewardTimeout(f"not retried: the function already timed out on {timeouts} samples of "
+                                        f"this step (reward.timeout_seconds={limit:g})")
                 one_extra = {k: [v[i]] for k, v in extra.items()}
-                out = comp.fn([responses[i]], [references[i]], **one_extra) if extra else comp.fn([responses[i]], [references[i]])
-                vals[i] = self._check(comp.name, out, 1)[0]
-            except Exception as e:  # noqa: BLE001
-                errors.append({"reward": comp.name, "index": i, "error": repr(e), "response": responses[i]})
+                vals[i] = self._check(comp.name, _call(comp, [responses[i]], [references[i]], one_extra, limit), 1)[0]
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # noqa: BLE001
+                if isinstance(e, RewardTimeout) and e.thread is not None:
+                    timeouts += 1
+                    abandoned.append(e.thread)
+                errors.append(_failure(comp, i, e, responses[i]))
         return vals, len(errors), errors
 
     @staticmethod
     def _check(name: str, out: Any, n: int) -> torch.Tensor:
-        out = list(out) if not isinstance(out, torch.Tensor) else out.tolist()
+        if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+            out = out.tolist()  # a NumPy array or a tensor: plain Python numbers
+        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
+            raise TypeError(f"reward {name!r} returned {_clip(repr(out))}; it must return a list of numbers, "
+                            "one per response")
+        out = list(out)
         if len(out) != n:
             raise ValueError(f"reward {name!r} returned {len(out)} values for {n} responses")
         vals = []
         for v in out:
-            if not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-                raise TypeError(f"reward {name!r} returned {v!r}; it must return finite numbers")
-            vals.append(float(v))
+            number = _as_number(v)
+            if number is None:
+                raise TypeError(f"reward {name!r} returned {_clip(repr(v))}; it must return finite numbers")
+            vals.append(number)
         return torch.tensor(vals, dtype=torch.float32)
+
+
+def _as_number(v: Any) -> float | None:
+    """``v`` as a finite float if it is a real number (NumPy scalars and bools included), else None."""
+    if not isinstance(v, numbers.Real) and hasattr(v, "item") and getattr(v, "ndim", None) == 0:
+        v = v.item()  # a NumPy scalar (np.bool_ is no numbers.Real) or a 0-d tensor
+    if not isinstance(v, numbers.Real):
+        return None
+    try:
+        number = float(v)
+    except (OverflowError, ValueError, TypeError):  # an int too large for a float
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _call(comp: RewardComponent, responses, references, extra: dict, timeout: float | None):
+    """``comp.fn(responses, references, **extra)``, abandoned with :class:`RewardTimeout` after ``timeout`` seconds.
+
+    With a timeout the call runs in a daemon thread (with the caller's context variables) and the caller stops
+    waiting after ``timeout``; the thread cannot be stopped and runs on until the function returns.
+    """
+    def call():
+        return comp.fn(responses, references, **extra) if extra else comp.fn(responses, references)
+
+    if timeout is None:
+        return call()
+    box: dict[str, Any] = {}
+    grad = torch.is_grad_enabled()  # thread-local in torch: the worker computes as its caller would
+
+    def run():
+        try:
+            with torch.set_grad_enabled(grad):
+                box["out"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, SystemExit included
+            box["error"] = e
+
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(run,), name=f"reward-{comp.name}", daemon=True)
+    worker.start()
+    worker.join(max(timeout, 0.0))
+    if worker.is_alive():
+        raise RewardTimeout(f"timed out after reward.timeout_seconds={timeout:g} and was abandoned (it may still be "
+                            "running); make the function faster or raise reward.timeout_seconds", worker)
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return (f"SystemExit({error.code!r}): the reward function called sys.exit() (or exit()); return a list of "
+                "numbers, or raise an exception, instead")
+    if isinstance(error, RewardTimeout):
+        return f"RewardTimeout: {error}"
+    try:
+        return repr(error)
+    except Exception:  # noqa: BLE001 - a user's exception whose __repr__ itself fails
+        return f"{type(error).__name__} (its repr() failed)"
+
+
+def _clip(text: str, limit: int = MAX_EXAMPLE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text)} chars]"
+
+
+def _failure(comp: RewardComponent, index: int | None, error: BaseException, response: Any) -> dict:
+    """The record of one failed sample, its texts cut so that a huge response or message cannot flood the log."""
+    record: dict[str, Any] = {"reward": comp.name}
+    if index is not None:
+        record["index"] = index
+    record["error"] = _clip(_describe(error))
+    record["response"] = _clip(response if isinstance(response, str) else repr(response))
+    if isinstance(error, RewardTimeout):
+        record["timed_out"] = True
+    return record

@@ -8,6 +8,9 @@ A reward function has the signature every reward here has, plus keyword columns:
 data column, a list aligned with ``responses``. A function receives only the columns its signature names
 (all of them when it takes ``**columns``), so ``def f(responses, references)`` works on any data set.
 
+Each call runs under ``reward.timeout_seconds`` (see :mod:`grpo_rl.rewards.base`): a call that takes longer
+counts as a failure of its samples, which get ``reward.fallback``, and the run goes on.
+
 Files are imported once per process (keyed by path and modification time), so validating the config and
 building the environment do not run a file's top-level code twice. Every loading problem raises
 :class:`RewardLoadError` naming the config key (``reward.path``, ``reward.functions[1].name``) and the fix.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -101,9 +105,10 @@ def _import_file(path: str, key: str) -> ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # a top-level sys.exit() must not end the run without a word
         sys.modules.pop(module_name, None)
-        raise RewardLoadError(f"{key}={path}: importing the file raised {type(e).__name__}: {e}") from e
+        what = "called sys.exit()" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
+        raise RewardLoadError(f"{key}={path}: importing the file {what}; fix the file's top-level code") from e
     _MODULES[cache_key] = module
     return module
 
@@ -136,7 +141,12 @@ def user_reward_components(reward_cfg) -> list[RewardComponent]:
     """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``.
 
     Each is logged as ``reward_<label or function name>``; two components with the same name are an error.
+    Every component gets ``reward.timeout_seconds`` as its time limit per call.
     """
+    timeout = getattr(reward_cfg, "timeout_seconds", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise RewardLoadError(f"reward.timeout_seconds={timeout} must be > 0 (seconds one reward call may take), "
+                              "or null for no limit")
     specs = []
     if reward_cfg.path:
         specs.append(("reward", reward_cfg.path, reward_cfg.name, 1.0, None))
@@ -150,5 +160,6 @@ def user_reward_components(reward_cfg) -> list[RewardComponent]:
             raise RewardLoadError(f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "
                                   f"label, e.g. reward.functions=[{{path: ..., name: {name}, label: {label}_2}}]")
         seen[label] = key
-        components.append(RewardComponent(label, fn, float(weight)))
+        components.append(RewardComponent(label, fn, float(weight),
+                                          timeout_seconds=None if timeout is None else float(timeout)))
     return components

@@ -162,7 +162,8 @@ def normalize_number(s: str) -> fractions.Fraction | None:
 
     Returns:
         The exact value, or None when ``s`` is not a number (units, words, a zero
-        denominator, commas that are not thousands separators such as ``"1,2"``).
+        denominator, commas that are not thousands separators such as ``"1,2"``, more
+        digits than Python's integer-string conversion limit).
     """
     t = s.strip().replace("\u2212", "-").replace(" ", "")
     t = t.rstrip(".").replace("$", "").replace("%", "")
@@ -176,11 +177,16 @@ def normalize_number(s: str) -> fractions.Fraction | None:
             return None
         t = t.replace(",", "")
     t = sign + t
-    if _DECIMAL_RE.fullmatch(t):
-        return fractions.Fraction(t)
-    match = _FRACTION_RE.fullmatch(t)
-    if match and int(match.group(2)) != 0:
-        return fractions.Fraction(int(match.group(1)), int(match.group(2)))
+    try:
+        if _DECIMAL_RE.fullmatch(t):
+            return fractions.Fraction(t)
+        match = _FRACTION_RE.fullmatch(t)
+        if match and int(match.group(2)) != 0:
+            return fractions.Fraction(int(match.group(1)), int(match.group(2)))
+    except ValueError:
+        # More digits than Python converts from a string (4300 by default): degenerate
+        # output, not an answer, so it is no number rather than a crash of the reward.
+        return None
     return None
 
 

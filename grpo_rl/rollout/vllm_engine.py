@@ -15,7 +15,9 @@ What in-process vLLM does to its host process, which the learner must know:
 
 Weights are loaded with the worker's ``reload_weights`` (a plain ``model.load_weights`` fails on the CPU,
 where linear weights are repacked) and the prefix cache is reset afterwards: cached keys and values of the
-old weights would otherwise be reused for shared prompt prefixes.
+old weights would otherwise be reused for shared prompt prefixes. Each reload makes vLLM warn that the rotary
+cache was not in the weights (it is a buffer; vLLM keeps its own, the correct result): :mod:`grpo_rl.quiet`
+drops that line with the other known start-up noise.
 
 Log-probs are ``processed_logprobs``: log-softmax of the temperature-scaled logits the sampler drew from,
 which is what the learner recomputes (``logits / temperature``).
@@ -29,23 +31,10 @@ from typing import Iterable, Sequence
 import torch
 from tensordict import TensorDict
 
+from grpo_rl import quiet
 from grpo_rl.rollout.base import SamplingSpec, pack_rollouts
 
 log = logging.getLogger(__name__)
-
-
-class _RotaryReloadFilter(logging.Filter):
-    """Drop vLLM's "RotaryEmbedding: Failed to load weights" on every in-place reload.
-
-    The rotary cos/sin cache is a buffer, not a checkpoint weight, so a reload never contains it; vLLM then puts
-    the layer's own tensors back (the correct result) and warns once per push.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
-
-
-logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadFilter())
 
 
 class VLLMEngine:
@@ -84,6 +73,7 @@ class VLLMEngine:
         if device.type != "cpu" and device.index is not None:
             # vLLM addresses "the" GPU of its process; pick ours before it initialises CUDA.
             os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device.index))
+        quiet.vllm_logging_config()  # vLLM's default logging, less its known start-up noise
         from vllm import LLM
 
         self.device = device
@@ -103,6 +93,7 @@ class VLLMEngine:
             # after a partial prefill needs generator offsets, which CPU generators lack.
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(8192, max_model_len),
+            use_tqdm_on_load=quiet.verbose(),
             **({"weight_transfer_config": {"backend": weight_transfer_backend}} if weight_transfer_backend else {}),
         )
         tokenizer = self.llm.get_tokenizer()

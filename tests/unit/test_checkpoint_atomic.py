@@ -173,6 +173,7 @@ def test_rewind_drops_steps_after_the_checkpoint_and_torn_lines(tmp_path):
 def run_state(tmp_path):
     cfg = OmegaConf.structured(GRPOConfig)
     cfg.output_dir = str(tmp_path)
+    cfg.logger.num_examine = 0
     logger = RunLogger(tmp_path, backend="none")
     yield RunState(cfg, tmp_path, logger)
     logger.close()
@@ -184,7 +185,7 @@ def _stop_mid_step(state: RunState, learner, env, tokenizer, *, update_learner: 
         try:
             env.position += 2  # step 1: collect ...
             learner.version += 1  # ... train
-            state.complete_step(learner, env, {"reward_mean": 0.5})
+            state.record_step(learner, env, tokenizer, {"reward_mean": 0.5}, batch=None)
             env.position += 2  # step 2 has drawn its prompts ...
             if update_learner:
                 learner.version += 1  # ... and even updated the model

@@ -299,7 +299,8 @@ def test_missing_required_field(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError) as info:
         load_records("file", path=str(path), required_fields=["prompt"])
     assert str(info.value) == (
-        f"{path}: row 1 is missing required field 'prompt' (fields present: ['id', 'text'])"
+        f"{path}: row 1 is missing required field 'prompt' (fields present: ['id', 'text']); "
+        "every row needs it: fix the data, or point env.path at the right file"
     )
 
 

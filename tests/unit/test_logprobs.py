@@ -46,8 +46,10 @@ def test_matches_unpadded_forward(tiny_model, temperature):
     assert out.logprobs.shape == out.entropy.shape == batch["response_ids"].shape
     for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
         want_lp, want_ent = reference_logprobs(tiny_model, p, r, temperature)
-        torch.testing.assert_close(out.logprobs[i, : len(r)], want_lp, atol=1e-5, rtol=0)
-        torch.testing.assert_close(out.entropy[i, : len(r)], want_ent, atol=1e-5, rtol=0)
+        # Values near ln(49152) = 10.8: fp32 kernels that sum in another order (AVX2 vs AVX-512 builds of the same
+        # op) differ by about 1e-6 relative, so the tolerance is relative too.
+        torch.testing.assert_close(out.logprobs[i, : len(r)], want_lp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.entropy[i, : len(r)], want_ent, atol=1e-5, rtol=1e-5)
         # zero at answer padding
         assert (out.logprobs[i, len(r):] == 0).all()
         assert (out.entropy[i, len(r):] == 0).all()
