@@ -8,7 +8,8 @@ baseline on the same machine state.
     python benchmarks/step_breakdown.py --steps 4
     python benchmarks/step_breakdown.py --steps 4 --variant policy.kl_coef=0 --variant train_model.precision=bfloat16
 
-Prints a table and writes ``benchmarks/results/step_breakdown.json``.
+Prints the CPU with its matmul instruction sets, a table, the precision each run chose (and why), and writes
+``benchmarks/results/step_breakdown.json``.
 """
 from __future__ import annotations
 
@@ -48,11 +49,13 @@ def run(overrides: list[str], steps: int) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({' '.join(overrides) or 'defaults'}):\n{proc.stderr[-3000:]}")
+    banner = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("  precision: ")]
+    precision = banner[0].split(":", 1)[1].strip() if banner else "unknown"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timed = rows[1:] if len(rows) > 1 else rows
     mean = {key: sum(r[key] for r in timed) / len(timed) for key, _ in COLUMNS}
-    return {"overrides": overrides, "steps_timed": len(timed), "wall_seconds": wall, "mean": mean,
-            "per_step": rows, "load_average": os.getloadavg()}
+    return {"overrides": overrides, "precision": precision, "steps_timed": len(timed), "wall_seconds": wall,
+            "mean": mean, "per_step": rows, "load_average": os.getloadavg()}
 
 
 def main() -> None:
@@ -63,6 +66,11 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="overrides applied to every run")
     args = parser.parse_args()
 
+    sys.path.insert(0, str(ROOT))
+    from grpo_rl.precision import cpu_flags
+
+    cpu = cpu_flags()
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.2f}", flush=True)
     runs = [("defaults", args.overrides)] + [(v, args.overrides + v.split()) for v in args.variant]
     results = []
     for name, overrides in runs:
@@ -74,9 +82,11 @@ def main() -> None:
     print("-" * len(header))
     for r in results:
         print(f"{r['name'][:40]:<40}" + "".join(f"{r['mean'][key]:>12.2f}" for key, _ in COLUMNS))
+    for r in results:
+        print(f"precision of {r['name']}: {r['precision']}")
     out = ROOT / "benchmarks" / "results" / "step_breakdown.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "runs": results}, indent=2))
     print(f"wrote {out}")
 
 

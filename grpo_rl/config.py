@@ -487,6 +487,10 @@ def _validate_rewards(cfg: Any) -> None:
     _positive("reward.format_weight", cfg.reward.format_weight, allow_zero=True)
     if cfg.env.dataset == "ifeval" and not any(weights.values()):
         raise ConfigError("every reward.ifeval_weights entry is 0; give one a weight, e.g. reward.ifeval_weights.inst_strict=1")
+    timeout = cfg.reward.timeout_seconds
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"reward.timeout_seconds={timeout} must be > 0 (seconds one reward call may take), or null "
+                          "for no limit")
     if not math.isfinite(cfg.reward.fallback):
         raise ConfigError(f"reward.fallback={cfg.reward.fallback} must be a finite number")
     if bool(cfg.reward.path) != bool(cfg.reward.name):

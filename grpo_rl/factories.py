@@ -18,7 +18,7 @@ from grpo_rl.devices import DeviceAllocation, allocate_devices
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
 from grpo_rl.metrics import batch_metrics
-from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
+from grpo_rl.models import check_model_folder, load_causal_lm, load_tokenizer, resolve_model
 from grpo_rl.lifecycle import check_run_folder
 from grpo_rl.precision import Precision, cpu_flags, resolve_precision
 
@@ -103,6 +103,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
     run_dir = Path(run_dir)
     check_run_folder(cfg, run_dir)
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
+    check_model_folder(model_path)
     tokenizer = load_tokenizer(model_path)
     precision = resolve_run_precision(cfg, devices)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -146,7 +146,15 @@ def _broken_model_file(folder: Path) -> tuple[Path, str] | None:
     return None
 
 
-def _model_file_error(folder: Path, error: BaseException) -> ModelFileError | None:
+def check_model_folder(path: str) -> None:
+    """Raise :class:`ModelFileError` if a file of the model folder is truncated or corrupt (headers only: cheap),
+    so that a broken download is reported with its path before any engine tries to load it."""
+    error = _model_file_error(Path(path), None)
+    if error is not None:
+        raise error
+
+
+def _model_file_error(folder: Path, error: BaseException | None) -> ModelFileError | None:
     """A :class:`ModelFileError` naming the broken file behind ``error``, or None when no file looks broken."""
     found = _broken_model_file(folder)
     if found is None:
@@ -158,8 +166,8 @@ def _model_file_error(folder: Path, error: BaseException) -> ModelFileError | No
     else:
         fix = ("download or convert the model again into that folder (an interrupted download or copy leaves "
                "such files), or point model.name at a complete copy")
-    return ModelFileError(f"{file} {problem}, so the model in {folder} cannot be loaded "
-                          f"({type(error).__name__}); {fix}")
+    cause = f" ({type(error).__name__})" if error is not None else ""
+    return ModelFileError(f"{file} {problem}, so the model in {folder} cannot be loaded{cause}; {fix}")
 
 
 def load_tokenizer(path: str):

@@ -94,9 +94,23 @@ def _probe_cpu() -> BF16Probe:
 
 def measure_cpu_bf16(size: int = 512, repeats: int = 5) -> BF16Probe:
     """Time ``[size x size] @ [size x size]`` in fp32 and bf16 (interleaved, best of ``repeats``)."""
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not _onednn_bf16():
         return BF16Probe(False, "this CPU has no bf16 matmul instructions (no avx512_bf16 or AMX): bf16 would run "
                                 "tens of times slower than float32")
+    best = _best_matmul_seconds(size, repeats)
+    flop = 2 * size**3 / 1e9
+    fp32, bf16 = flop / best["float32"], flop / best["bfloat16"]
+    fast = bf16 >= MIN_SPEEDUP * fp32
+    verdict = "faster" if fast else f"not {MIN_SPEEDUP}x faster"
+    return BF16Probe(fast, f"measured bf16 matmul {bf16:.0f} GFLOP/s vs float32 {fp32:.0f}: {verdict}",
+                     fp32_gflops=round(fp32, 1), bf16_gflops=round(bf16, 1))
+
+
+def _onednn_bf16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _best_matmul_seconds(size: int, repeats: int) -> dict[str, float]:
     a32, b32 = torch.randn(size, size), torch.randn(size, size)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
     best = {"float32": float("inf"), "bfloat16": float("inf")}
@@ -105,12 +119,7 @@ def measure_cpu_bf16(size: int = 512, repeats: int = 5) -> BF16Probe:
             t0 = time.perf_counter()
             a @ b
             best[name] = min(best[name], time.perf_counter() - t0)
-    flop = 2 * size**3 / 1e9
-    fp32, bf16 = flop / best["float32"], flop / best["bfloat16"]
-    fast = bf16 >= MIN_SPEEDUP * fp32
-    verdict = "faster" if fast else f"not {MIN_SPEEDUP}x faster"
-    return BF16Probe(fast, f"measured bf16 matmul {bf16:.0f} GFLOP/s vs float32 {fp32:.0f}: {verdict}",
-                     fp32_gflops=round(fp32, 1), bf16_gflops=round(bf16, 1))
+    return best
 
 
 def cpu_flags() -> str:

@@ -171,7 +171,7 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
             os.killpg(proc.pid, signal.SIGKILL)
     reader.join(timeout=10)
     log = "".join(lines)
-    assert proc.returncode == 0 and "stopping after this step" in log, log[-5000:]
+    assert proc.returncode == 0 and "SIGINT: stopping at the next phase boundary" in log, log[-5000:]
     assert list((run_dir / "checkpoints").glob("step_*/trainer_state.pt")), log[-5000:]
     deadline, left = time.monotonic() + 30, _processes_with(tag)
     while left and time.monotonic() < deadline:

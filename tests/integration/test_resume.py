@@ -1,8 +1,9 @@
 """Kill-and-resume equivalence of the synchronous script.
 
-Run A trains a tiny model for 6 steps without interruption. Run B, started beside it, is the same run with a
-checkpoint after every step; it is SIGKILLed at a random moment inside a step (after step k appears in
-metrics.jsonl, at a random delay), then restarted with ``resume=auto`` in the same folder. B's metrics.jsonl
+Run A trains a tiny model for 6 steps without interruption. Run B is the same run with a checkpoint after every
+step; it is stopped at a random moment inside a step (after step k appears in metrics.jsonl, at a random delay),
+by SIGKILL (nothing runs after it) or by SIGTERM (a scheduler's preemption: the script must abandon or finish
+the step, checkpoint its last completed step and exit 0), then restarted with ``resume=auto`` in the same folder. B's metrics.jsonl
 must then hold each step once, with the same losses, rewards and diagnostics as A's, and B's final weights must
 equal A's bit for bit. Both evaluate every 2 steps on the same engine, which must not disturb training (and
 gives the same results).
@@ -42,7 +43,7 @@ def early_letters(responses, references):
 
 
 def _env() -> dict[str, str]:
-    # One thread per run: A and B run side by side on a small machine, and every run must use the same count.
+    # One thread per run: every run must use the same count for the results to match bit for bit.
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -78,21 +79,37 @@ def peaked_model_dir(tokenizer_dir, tmp_path_factory) -> Path:
     return build_tiny_model(str(tokenizer_dir), tmp_path_factory.mktemp("peaked"), initializer_range=1.0)
 
 
-def test_kill_and_resume_matches_uninterrupted_run(peaked_model_dir: Path, tmp_path: Path):
-    reward_file = tmp_path / "reward.py"
-    reward_file.write_text(REWARD_FILE)
+@pytest.fixture(scope="module")
+def reward_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("reward") / "reward.py"
+    path.write_text(REWARD_FILE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(peaked_model_dir: Path, reward_file: Path, tmp_path_factory) -> Path:
+    """Run A: the same run, never stopped."""
+    a_dir = tmp_path_factory.mktemp("a")
+    done = subprocess.run(_args(peaked_model_dir, reward_file, a_dir), cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    a = _metrics(a_dir)
+    assert [r["step"] for r in a] == list(range(1, STEPS + 1))
+    assert any(r["grad_norm"] > 0 for r in a), "no step updated the weights: the test would prove nothing"
+    return a_dir
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_stop_and_resume_matches_uninterrupted_run(peaked_model_dir: Path, reward_file: Path, uninterrupted: Path,
+                                                  tmp_path: Path, sig: signal.Signals):
     seed = int(os.environ.get("GRPO_TEST_KILL_SEED", random.SystemRandom().randrange(10**6)))
     rng = random.Random(seed)
     kill_after, delay_fraction = rng.randint(2, 4), rng.random()  # step 1 is slow (first generate)
-    print(f"GRPO_TEST_KILL_SEED={seed}: kill after step {kill_after} + {delay_fraction:.2f} of a step")
+    print(f"GRPO_TEST_KILL_SEED={seed}: {sig.name} after step {kill_after} + {delay_fraction:.2f} of a step")
 
-    # Run A (uninterrupted) and run B (checkpoint every step) side by side, one thread each; B is SIGKILLed
-    # inside step kill_after + 1.
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a_log, b_log = tmp_path / "a.log", tmp_path / "b_killed.log"
-    with open(a_log, "w") as fa, open(b_log, "w") as fb:
-        run_a = subprocess.Popen(_args(peaked_model_dir, reward_file, a_dir), cwd=ROOT, env=_env(), stdout=fa,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+    # Run B: checkpoint every step, stopped by `sig` inside step kill_after + 1.
+    b_dir, b_log = tmp_path / "b", tmp_path / "b_stopped.log"
+    with open(b_log, "w") as fb:
         run_b = subprocess.Popen(_args(peaked_model_dir, reward_file, b_dir, "train.checkpoint_frequency=1"),
                                  cwd=ROOT, env=_env(), stdout=fb, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -101,29 +118,34 @@ def test_kill_and_resume_matches_uninterrupted_run(peaked_model_dir: Path, tmp_p
                 time.sleep(0.05)
             last = _metrics(b_dir)[-1] if _logged_steps(b_dir) else {"step_seconds": 1.0}
             time.sleep(delay_fraction * last["step_seconds"])
-            assert run_b.poll() is None, f"run B ended before it could be killed:\n{b_log.read_text()[-3000:]}"
-            os.killpg(run_b.pid, signal.SIGKILL)
-            run_b.wait(timeout=60)
-            assert run_a.wait(timeout=500) == 0, a_log.read_text()[-4000:]
+            assert run_b.poll() is None, f"run B ended before it could be stopped:\n{b_log.read_text()[-3000:]}"
+            if sig == signal.SIGKILL:
+                os.killpg(run_b.pid, sig)
+                run_b.wait(timeout=60)
+            else:  # a scheduler's preemption: the script itself must stop cleanly
+                os.kill(run_b.pid, sig)
+                assert run_b.wait(timeout=120) == 0, b_log.read_text()[-4000:]
         finally:
-            for proc in (run_a, run_b):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=60)
-    a = _metrics(a_dir)
-    assert [r["step"] for r in a] == list(range(1, STEPS + 1))
-    assert any(r["grad_norm"] > 0 for r in a), "no step updated the weights: the test would prove nothing"
-    killed_at = _logged_steps(b_dir)
-    assert killed_at < STEPS, "run B finished before the kill"
-    print(f"killed with {killed_at} steps logged; checkpoints: "
-          f"{sorted(p.name for p in (b_dir / 'checkpoints').glob('*'))}")
+            if run_b.poll() is None:
+                os.killpg(run_b.pid, signal.SIGKILL)
+                run_b.wait(timeout=60)
+    stopped_at = _logged_steps(b_dir)
+    assert stopped_at < STEPS, "run B finished before the stop"
+    checkpoints = sorted(p.name for p in (b_dir / "checkpoints").glob("step_*"))
+    print(f"stopped with {stopped_at} steps logged; checkpoints: {checkpoints}")
+    if sig == signal.SIGTERM:
+        log = b_log.read_text()
+        assert "stopped: SIGTERM received" in log, log[-3000:]
+        # The last completed step is both logged and checkpointed: never one without the other.
+        assert checkpoints[-1] == f"step_{stopped_at:08d}"
+        assert "Traceback" not in log
 
     # Run B, resumed.
     done = subprocess.run(_args(peaked_model_dir, reward_file, b_dir, "train.checkpoint_frequency=1", "resume=auto"),
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "resumed from" in done.stdout + done.stderr
-    b = _metrics(b_dir)
+    a, b = _metrics(uninterrupted), _metrics(b_dir)
 
     assert [r["step"] for r in b] == list(range(1, STEPS + 1)), "duplicate, missing or garbled steps after resume"
     for ra, rb in zip(a, b):
@@ -139,7 +161,7 @@ def test_kill_and_resume_matches_uninterrupted_run(peaked_model_dir: Path, tmp_p
 
     from safetensors.torch import load_file
 
-    wa = load_file(a_dir / "final_model" / "model.safetensors")
+    wa = load_file(uninterrupted / "final_model" / "model.safetensors")
     wb = load_file(b_dir / "final_model" / "model.safetensors")
     assert wa.keys() == wb.keys()
     for name in wa:

@@ -1,0 +1,150 @@
+"""Stopping a run: the time limit and signals act between the phases of a step, a step's row and its checkpoint
+are never separated, and a run folder never mixes two runs."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from grpo_rl.checkpoint import load_trainer_state
+from grpo_rl.config import GRPOConfig
+from grpo_rl.errors import RunFolderError
+from grpo_rl.lifecycle import GracefulStop, RunState, StopRun, check_run_folder
+from grpo_rl.metrics import RunLogger, read_jsonl
+from tests.unit.test_checkpoint_atomic import _Env, _Learner
+
+
+def _cfg(tmp_path, **train):
+    cfg = OmegaConf.structured(GRPOConfig)
+    cfg.output_dir = str(tmp_path)
+    cfg.logger.num_examine = 0
+    for key, value in train.items():
+        cfg.train[key] = value
+    return cfg
+
+
+@pytest.fixture
+def logger(tmp_path):
+    logger = RunLogger(tmp_path, backend="none")
+    yield logger
+    logger.close()
+
+
+def _one_step(state: RunState, learner, env, tokenizer) -> None:
+    """A whole step as the loop runs it: collect, check, train, record."""
+    env.position += 2
+    state.between_phases("generation")
+    learner.version += 1
+    state.record_step(learner, env, tokenizer, {"reward_mean": 0.5}, batch=None)
+
+
+def test_the_time_limit_abandons_a_step_before_the_update(tmp_path, logger, tiny_model, tokenizer):
+    state = RunState(_cfg(tmp_path, max_time_minutes=1.0), tmp_path, logger)
+    learner, env = _Learner(tiny_model), _Env()
+    state.resume(learner, env, engine=None)
+    assert state.running()
+    _one_step(state, learner, env, tokenizer)
+    assert state.running()
+    env.position += 2  # step 2 has drawn its prompts when the limit passes
+    state.started -= 61
+    with pytest.raises(StopRun, match=r"train.max_time_minutes=1.0 reached during step 2, after generation"):
+        state.between_phases("generation")
+    assert not state.running()
+    state.finish(learner, env, tokenizer)
+    saved = load_trainer_state(state.checkpointer.latest())
+    assert saved["step"] == 1 and saved["env"] == {"position": 2}  # the boundary, not step 2's prompts
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]
+    assert "stopped early: train.max_time_minutes=1.0 reached" in state.summary()
+
+
+def test_no_limit_never_stops(tmp_path, logger):
+    state = RunState(_cfg(tmp_path, max_time_minutes=None), tmp_path, logger)
+    state.started -= 10**6
+    assert state.should_stop() is None
+    state.between_phases("generation")
+
+
+def test_sigterm_and_sigint_stop_at_the_next_phase_and_a_second_one_at_once(tmp_path, logger):
+    stop = GracefulStop().install()
+    try:
+        state = RunState(_cfg(tmp_path), tmp_path, logger, stop=stop)
+        assert state.running()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs between bytecodes of the main thread
+        assert state.should_stop() == "SIGTERM received"
+        with pytest.raises(StopRun, match="SIGTERM received during step 1"):
+            state.between_phases("generation")
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_failure_before_the_row_is_written_leaves_no_checkpoint_of_that_step(tmp_path, logger, tiny_model,
+                                                                                 tokenizer):
+    """The row comes first: a step whose logging failed is not checkpointed, and resuming redoes it."""
+    state = RunState(_cfg(tmp_path, checkpoint_frequency=1), tmp_path, logger)
+    learner, env = _Learner(tiny_model), _Env()
+    state.resume(learner, env, engine=None)
+    _one_step(state, learner, env, tokenizer)
+    env.position += 2
+    learner.version += 1
+
+    def broken(step, metrics):
+        raise OSError("stats could not be gathered")
+
+    logger.log = broken
+    with pytest.raises(OSError):
+        state.record_step(learner, env, tokenizer, {"reward_mean": 0.5}, batch=None)
+    state.finish(learner, env, tokenizer)  # the learner moved past the boundary: nothing more is written
+    assert state.step == 1
+    assert [p.name for p in state.checkpointer.list()] == ["step_00000001"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]
+
+
+def test_a_fresh_run_refuses_a_folder_with_another_runs_checkpoints(tmp_path):
+    (tmp_path / "checkpoints" / "step_00000010").mkdir(parents=True)
+    with pytest.raises(RunFolderError, match="already holds checkpoints up to step_00000010.*resume=auto.*output_dir"):
+        check_run_folder(_cfg(tmp_path), tmp_path)
+    cfg = _cfg(tmp_path)
+    cfg.resume = "auto"
+    check_run_folder(cfg, tmp_path)  # continuing it is what resume=auto is for
+
+
+def test_a_fresh_run_refuses_a_folder_with_another_runs_metrics(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(RunFolderError, match="the metrics of an earlier run"):
+        check_run_folder(_cfg(tmp_path), tmp_path)
+
+
+def test_an_empty_or_new_folder_is_fine(tmp_path):
+    check_run_folder(_cfg(tmp_path), tmp_path / "new")
+    (tmp_path / "metrics.jsonl").write_text("")
+    check_run_folder(_cfg(tmp_path), tmp_path)
+
+
+def test_resuming_with_another_model_is_refused_before_anything_starts(tmp_path, logger, tiny_model, tokenizer):
+    cfg = _cfg(tmp_path, checkpoint_frequency=1)
+    cfg.model.name = "/models/a"
+    state = RunState(cfg, tmp_path, logger)
+    learner, env = _Learner(tiny_model), _Env()
+    state.resume(learner, env, engine=None)
+    _one_step(state, learner, env, tokenizer)
+    resumed = _cfg(tmp_path)
+    resumed.resume, resumed.model.name = "auto", "/models/b"
+    with pytest.raises(RunFolderError, match="trained with model.name=/models/a, not /models/b"):
+        check_run_folder(resumed, tmp_path)
+    resumed.model.name = "/models/a"
+    check_run_folder(resumed, tmp_path)
+
+
+def test_a_missing_resume_checkpoint_is_a_user_error(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg.resume = str(tmp_path / "nowhere")
+    with pytest.raises(RunFolderError, match="not a checkpoint folder"):
+        check_run_folder(cfg, tmp_path)
