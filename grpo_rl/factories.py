@@ -96,6 +96,9 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
     if len(devices.ref) > 1:
         raise ConfigError(f"ref_model.num_devices={len(devices.ref)}: a sharded reference is not implemented yet; "
                           "run with ref_model.num_devices=1")
+    if cfg.model.lora.enabled and len(devices.train) > 1:
+        raise ConfigError(f"model.lora.enabled=true with train_model.num_devices={len(devices.train)}: a LoRA learner "
+                          "runs on one device; set train_model.num_devices=1")
     if mode == "sync" and len(devices.inference) > 1:
         raise ConfigError(
             f"inference_model.num_devices={len(devices.inference)}: engine replicas run in sota/grpo-async.py (one "

@@ -65,6 +65,9 @@ class CollectorWorker:
                  weight_transfer_backend: str | None = None):
         torch.set_num_threads(threads)
         from grpo_rl.factories import make_collector, make_engine
+        from grpo_rl.quiet import quiet_start
+
+        quiet_start()  # each actor is a process of its own: the same quiet start as the driver
 
         self.run_ctx = actor_run_context(cfg_container, run_dir, model_path, device)
         self.engine = make_engine(self.run_ctx, weight_transfer_backend=weight_transfer_backend)

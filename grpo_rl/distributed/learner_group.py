@@ -32,7 +32,9 @@ class LearnerRank:
         import torch.distributed as dist
 
         from grpo_rl.factories import make_learner, seed_everything
+        from grpo_rl.quiet import quiet_start
 
+        quiet_start()
         torch.set_num_threads(threads)
         run = actor_run_context(cfg_container, run_dir, model_path, device)
         if device.type == "cuda":

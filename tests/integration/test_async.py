@@ -156,7 +156,7 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     def read():
         for line in proc.stdout:
             lines.append(line)
-            if "step 1/1000" in line:
+            if "step 1/1000 |" in line:
                 first_step.set()
 
     reader = threading.Thread(target=read, daemon=True)
