@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo_rl.errors import UserError
+
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[[Sequence[str], Sequence[Any]], Sequence[float]]
@@ -44,8 +46,9 @@ MAX_RETRY_TIMEOUTS = 2
 MAX_ABANDONED_CALLS = 4
 
 
-class RewardError(RuntimeError):
-    """Every sample of a step failed in a reward function."""
+class RewardError(UserError, RuntimeError):
+    """Every sample of a step failed in a reward function: the function is broken, not one answer. The run stops
+    (a user error: one message, exit status 2) with the last completed step checkpointed."""
 
 
 class RewardTimeout(Exception):
@@ -113,7 +116,9 @@ class CompositeReward:
             vals, failed, errors = self._evaluate(comp, responses, references, extra)
             timed_out = any(e.get("timed_out") for e in errors)
             if failed == n and n > 0 and not timed_out:
-                raise RewardError(f"reward {comp.name!r} failed on every sample of the step: {errors[0]}")
+                raise RewardError(f"reward {comp.name!r} failed on every sample of the step, so it cannot score this "
+                                  f"task; fix the function (and test it on a few responses), then resume with "
+                                  f"resume=auto. First failure: {errors[0]}")
             if failed:
                 failures[comp.name] = failed
                 examples.extend(errors[:3])
