@@ -23,7 +23,9 @@ def script_env(**extra: str) -> dict[str, str]:
 def tiny_overrides(model_dir: Path, out_dir: Path, steps: int = 2) -> list[str]:
     return [f"model.name={model_dir}", f"output_dir={out_dir}", f"train.steps={steps}", "logger.backend=none",
             "sampling.max_new_tokens=16", "env.prompts_per_step=2", "env.group_size=4",
-            "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512"]
+            "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512",
+            # the same arithmetic on every CPU kind (auto would pick bf16 where it is fast)
+            "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]
 
 
 def run_script(script: str, *overrides: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -28,7 +28,9 @@ def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
     base = {"model.name": str(model_dir), "output_dir": str(run_dir), "logger.backend": "none",
             "logger.num_examine": 0, "env.prompts_per_step": 2, "env.group_size": 4, "sampling.max_new_tokens": 16,
             "policy.kl_coef": 0.0, "inference_model.kv_cache_gb": 1, "inference_model.max_model_len": 512,
-            "eval.every": 0, "train.checkpoint_frequency": 0}
+            "eval.every": 0, "train.checkpoint_frequency": 0,
+            # fp32 on every CPU kind: engine and learner log-probs are compared at fp32's tolerance
+            "train_model.precision": "float32", "ref_model.precision": "float32", "inference_model.precision": "float32"}
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 

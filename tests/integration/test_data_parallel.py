@@ -46,7 +46,9 @@ def make_cfg(model_dir: Path, run_dir: Path, num_devices: int):
 
     return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([
         f"model.name={model_dir}", f"output_dir={run_dir}", f"train_model.num_devices={num_devices}",
-        "policy.kl_coef=0.0", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "train.micro_batch_tokens=64"]))
+        "policy.kl_coef=0.0", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "train.micro_batch_tokens=64",
+        # fp32 on every CPU kind: the comparison's tolerance is fp32's (auto would pick bf16 where it is fast)
+        "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]))
 
 
 def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):

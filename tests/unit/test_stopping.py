@@ -68,6 +68,7 @@ def test_no_limit_never_stops(tmp_path, logger):
 
 
 def test_sigterm_and_sigint_stop_at_the_next_phase_and_a_second_one_at_once(tmp_path, logger):
+    before = signal.getsignal(signal.SIGTERM)
     stop = GracefulStop().install()
     try:
         state = RunState(_cfg(tmp_path), tmp_path, logger, stop=stop)
@@ -82,7 +83,7 @@ def test_sigterm_and_sigint_stop_at_the_next_phase_and_a_second_one_at_once(tmp_
             time.sleep(0.01)
     finally:
         stop.restore()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers in place before are back
 
 
 def test_a_failure_before_the_row_is_written_leaves_no_checkpoint_of_that_step(tmp_path, logger, tiny_model,
