@@ -8,8 +8,9 @@ of the learner, the reference and the engine) decides from a measurement:
 * CUDA: bf16 when ``torch.cuda.is_bf16_supported()``.
 * CPU: bf16 when oneDNN reports bf16 support and a short bf16 matmul, timed against the same fp32 matmul on
   this machine, is at least :data:`MIN_SPEEDUP` times faster. The probe takes well under a second and is cached
-  per process and on disk (keyed by the CPU model, its flags and the torch version), so a busy moment on one
-  start does not flip the answer of the next; delete ``<cache>/precision_probe.json`` to measure again.
+  per process and on disk (keyed by the CPU model, its flags, the instruction-set caps set in the environment
+  such as ``ONEDNN_MAX_CPU_ISA``, and the torch version), so a busy moment on one start does not flip the answer
+  of the next; delete ``<cache>/precision_probe.json`` to measure again.
 
 An explicit ``float32`` or ``bfloat16`` always wins. The choice and its reason are logged at start-up.
 """
@@ -145,9 +146,14 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return model, flags
 
 
+# Environment variables that cap the instruction sets oneDNN and MKL use: a capped process is another CPU kind.
+_ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+
+
 def _cpu_key() -> str:
     model, flags = _cpuinfo()
-    text = f"{model}|{' '.join(sorted(flags))}|{torch.__version__}"
+    caps = ",".join(f"{name}={os.environ.get(name, '')}" for name in _ISA_ENV)
+    text = f"{model}|{' '.join(sorted(flags))}|{caps}|{torch.__version__}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

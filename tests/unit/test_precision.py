@@ -83,3 +83,11 @@ def test_an_unknown_precision_is_a_config_error():
     cfg.inference_model.precision = "fp16"
     with pytest.raises(ConfigError, match="inference_model.precision='fp16'"):
         validate(cfg)
+
+
+def test_an_instruction_set_cap_is_another_cpu_kind(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 makes this process an AVX2-only CPU: it must not reuse the uncapped answer."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    uncapped = precision._cpu_key()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert precision._cpu_key() != uncapped
