@@ -16,8 +16,9 @@ and its weights are pushed from the learner on resume.
 The folder is written under a temporary name in the same directory, flushed to disk, and renamed into place:
 a crash mid-write leaves a ``.tmp-*`` folder that is ignored (and removed by the next :class:`Checkpointer`
 of the run, see :func:`remove_stale_tmp`), never a checkpoint that loads half. A full disk raises
-:class:`DiskFullError` and leaves the previous checkpoint as it was. Re-saving an existing step moves the old folder aside first and deletes it only after the new
-one is in place. Only the newest ``keep`` checkpoints are kept.
+:class:`DiskFullError` and leaves the previous checkpoint as it was. Re-saving an existing step moves the old
+folder aside first and deletes it only after the new one is in place. Only the newest ``keep`` checkpoints are
+kept.
 """
 from __future__ import annotations
 
