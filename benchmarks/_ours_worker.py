@@ -60,7 +60,7 @@ def numerics_check(learner, ref, batch) -> dict:
 
     from grpo_rl.logprobs import sequence_logprobs
 
-    view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_id")
     mask = batch["response_mask"].bool()
     with torch.no_grad():
         packed = sequence_logprobs(ref.model, view, share_prompt=True).logprobs

@@ -4,8 +4,13 @@ Each prompt is answered ``G`` times; an answer's advantage is its reward minus t
 group, optionally divided by the group's standard deviation. Groups whose rewards are all equal carry no
 learning signal: they are counted, and can be filtered out (DAPO's "dynamic sampling" without resampling).
 
-Departure from the paper: the std is the unbiased sample std (as TRL computes it); ``scale_by_std=False``
-gives Dr. GRPO's unscaled advantages (Liu et al., 2025).
+A group is defined by ``group_id`` ``[N]`` alone (set by the engine, :func:`grpo_rl.rollout.base.pack_rollouts`):
+the rows that share an id are one group, wherever they sit in the batch and however many there are. Row
+positions are never used, so a batch from which a filter removed whole groups, or whose groups differ in size,
+gets the same advantages as a loop over its groups.
+
+Departures from the paper: the std is the unbiased sample std (as TRL computes it); ``scale_by_std=False``
+gives Dr. GRPO's unscaled advantages (Liu et al., 2025). A group of one answer has std 0 and advantage 0.
 """
 from __future__ import annotations
 
@@ -16,14 +21,15 @@ import torch
 
 @dataclass
 class GroupAdvantages:
-    """Advantages and group statistics for a batch of ``N = num_groups * G`` answers.
+    """Advantages and group statistics for a batch of ``N`` answers in ``num_groups`` groups.
 
     Attributes:
         advantage: ``[N]`` per-answer advantage.
         group_mean: ``[N]`` mean reward of each answer's group.
-        group_std: ``[N]`` reward std of each answer's group.
-        zero_variance: ``[N]`` bool, True where the answer's group has identical rewards.
+        group_std: ``[N]`` reward std of each answer's group (0 for a group of one).
+        zero_variance: ``[N]`` bool, True where the answer's group has identical rewards (a group of one included).
         num_zero_variance_groups: number of groups with identical rewards.
+        num_groups: number of distinct ``group_id`` values.
     """
 
     advantage: torch.Tensor
@@ -31,16 +37,18 @@ class GroupAdvantages:
     group_std: torch.Tensor
     zero_variance: torch.Tensor
     num_zero_variance_groups: int
+    num_groups: int
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor, group_id: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6
 ) -> GroupAdvantages:
-    """Compute group-relative advantages for consecutive groups of ``group_size`` answers.
+    """Compute group-relative advantages, one group per distinct ``group_id``.
 
     Args:
-        rewards: ``[N]`` rewards, where answers ``i*G .. (i+1)*G - 1`` belong to prompt ``i``.
-        group_size: ``G``; must divide ``N``.
+        rewards: ``[N]`` rewards.
+        group_id: ``[N]`` integer group of each answer; groups may be of any size and their rows need not
+            be consecutive. A group of one answer gets advantage 0 (its std is 0).
         scale_by_std: divide by the group std (GRPO) or not (Dr. GRPO).
         eps: added to the std to avoid division by zero.
 
@@ -49,20 +57,28 @@ def group_advantages(
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-    n = rewards.numel()
-    if group_size < 1 or n % group_size:
-        raise ValueError(f"group_size={group_size} must divide the number of rewards ({n})")
-    rewards_GK = rewards.float().view(-1, group_size)  # [num_groups, G]
-    mean_G = rewards_GK.mean(-1, keepdim=True)  # [num_groups, 1]
-    std_G = rewards_GK.std(-1, keepdim=True, unbiased=True) if group_size > 1 else torch.zeros_like(mean_G)
-    adv_GK = rewards_GK - mean_G
-    if scale_by_std:
-        adv_GK = adv_GK / (std_G + eps)
-    zero_var_G = (rewards_GK.max(-1, keepdim=True).values - rewards_GK.min(-1, keepdim=True).values) == 0
+    if group_id.shape != rewards.shape or group_id.is_floating_point() or group_id.is_complex():
+        raise ValueError(f"group_id must be an integer tensor of the rewards' shape {tuple(rewards.shape)}, "
+                         f"got {group_id.dtype} {tuple(group_id.shape)}")
+    rewards_N = rewards.float()  # [N]
+    _, group_N = torch.unique(group_id, return_inverse=True)  # [N] dense group index in 0..K-1
+    k = int(group_N.max()) + 1 if group_N.numel() else 0
+    count_K = torch.bincount(group_N, minlength=k).to(rewards_N.dtype)  # [K]
+    zeros_K = rewards_N.new_zeros(k)
+    mean_K = zeros_K.index_add(0, group_N, rewards_N) / count_K  # [K]
+    centred_N = rewards_N - mean_K[group_N]  # [N]
+    # Unbiased std, two-pass like torch.std; a group of one has a zero sum of squares, hence std 0.
+    var_K = zeros_K.index_add(0, group_N, centred_N.square()) / (count_K - 1).clamp(min=1)  # [K]
+    std_K = var_K.sqrt()  # [K]
+    adv_N = centred_N / (std_K[group_N] + eps) if scale_by_std else centred_N
+    max_K = zeros_K.scatter_reduce(0, group_N, rewards_N, "amax", include_self=False)  # [K]
+    min_K = zeros_K.scatter_reduce(0, group_N, rewards_N, "amin", include_self=False)  # [K]
+    zero_var_K = max_K == min_K  # [K]
     return GroupAdvantages(
-        advantage=adv_GK.reshape(n),
-        group_mean=mean_G.expand_as(rewards_GK).reshape(n),
-        group_std=std_G.expand_as(rewards_GK).reshape(n),
-        zero_variance=zero_var_G.expand_as(rewards_GK).reshape(n),
-        num_zero_variance_groups=int(zero_var_G.sum()),
+        advantage=adv_N,
+        group_mean=mean_K[group_N],
+        group_std=std_K[group_N],
+        zero_variance=zero_var_K[group_N],
+        num_zero_variance_groups=int(zero_var_K.sum()),
+        num_groups=k,
     )

@@ -9,9 +9,12 @@ The storage is torchrl's :class:`~torchrl.data.ReplayBuffer` over a :class:`~tor
   an entry that was already consumed, so nothing unread is ever overwritten.
 * **Backpressure.** :meth:`RolloutBuffer.put` blocks while ``capacity`` entries wait to be read; memory is
   bounded by ``capacity`` batches however slow the learner is.
-* **Staleness, enforced.** :meth:`RolloutBuffer.take` keeps a sample only while
-  ``current_version - policy_version <= max_staleness`` and drops (and counts) the rest; an entry with no
-  fresh sample left is skipped and the next one is read. Oldest-first reading keeps drops to a minimum.
+* **Staleness, enforced, per group.** A group is the rows of an entry that share a ``group_id`` (the one
+  definition, see :mod:`grpo_rl.rollout.base`); its age is that of its oldest row,
+  ``current_version - min(policy_version)``. :meth:`RolloutBuffer.take` keeps a group only while its age is
+  ``<= max_staleness`` and drops (and counts) every row of the others, so group advantages are never computed
+  over part of a group. An entry with no fresh group left is skipped and the next one is read. Oldest-first
+  reading keeps drops to a minimum.
 
 It is thread-safe and blocking, so it can sit in a threaded Ray actor (:mod:`grpo_rl.distributed.actors`)
 or be used directly in one process.
@@ -74,9 +77,9 @@ class TakeResult:
     """What :meth:`RolloutBuffer.take` returns.
 
     Attributes:
-        batch: the fresh samples of one entry (``None`` when the buffer was closed or the wait timed out).
+        batch: the fresh groups of one entry (``None`` when the buffer was closed or the wait timed out).
         staleness: ``[n]`` ``current_version - policy_version`` of each returned sample.
-        dropped: samples dropped as too stale during this call.
+        dropped: samples (rows of whole groups) dropped as too stale during this call.
         wait_seconds: time spent waiting for an entry.
     """
 
@@ -91,8 +94,8 @@ class RolloutBuffer:
 
     Args:
         capacity: unread batches held at most; :meth:`put` blocks beyond that.
-        max_staleness: a sample is used only while ``current_version - policy_version <= max_staleness``;
-            ``None`` disables the gate.
+        max_staleness: a group is used only while ``current_version - policy_version <= max_staleness`` for
+            every one of its rows; ``None`` disables the gate. With the gate on, entries need ``group_id``.
     """
 
     def __init__(self, capacity: int, max_staleness: int | None = None):
@@ -113,6 +116,8 @@ class RolloutBuffer:
 
     def put(self, batch: TensorDict, timeout: float | None = None) -> bool:
         """Append ``batch``, waiting while the buffer is full. Returns False if closed or timed out first."""
+        if self.max_staleness is not None and "group_id" not in batch.keys():
+            raise ValueError("the staleness gate keeps or drops whole groups: the batch needs a 'group_id' [N]")
         t0 = time.perf_counter()
         with self._cond:
             ok = self._cond.wait_for(lambda: self._closed or len(self._sampler) < self.capacity, timeout)
@@ -127,7 +132,7 @@ class RolloutBuffer:
         return True
 
     def take(self, current_version: int, timeout: float | None = None) -> TakeResult:
-        """Pop the oldest entry holding a fresh sample; drop and count the stale samples on the way."""
+        """Pop the oldest entry holding a fresh group; drop and count the samples of stale groups on the way."""
         t0 = time.perf_counter()
         deadline = None if timeout is None else t0 + timeout
         dropped = 0
@@ -140,12 +145,21 @@ class RolloutBuffer:
                 entry = self._rb.sample(1)[0]
                 self._cond.notify_all()  # a slot is free: wake a waiting put
                 age = current_version - entry["policy_version"]  # [N]
-                keep = age <= self.max_staleness if self.max_staleness is not None else torch.ones_like(age, dtype=torch.bool)
+                keep = self._fresh_groups(age, entry)  # [N]
                 dropped += int((~keep).sum())
                 if bool(keep.all()):
                     return self._finish(entry, age, dropped, t0)
                 if bool(keep.any()):
                     return self._finish(entry[keep], age[keep], dropped, t0)
+
+    def _fresh_groups(self, age: torch.Tensor, entry: TensorDict) -> torch.Tensor:
+        """``[N]`` bool: True on every row of a group whose oldest row is within ``max_staleness`` (everywhere
+        when the gate is off)."""
+        if self.max_staleness is None or age.numel() == 0:
+            return torch.ones_like(age, dtype=torch.bool)
+        _, group_N = torch.unique(entry["group_id"], return_inverse=True)  # [N] dense group index
+        oldest_K = age.new_zeros(int(group_N.max()) + 1).scatter_reduce(0, group_N, age, "amax", include_self=False)
+        return oldest_K[group_N] <= self.max_staleness  # [N]
 
     def _finish(self, batch, age, dropped, t0) -> TakeResult:
         wait = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """From prompts to a scored, advantage-annotated batch: the collector, the reference scorer and the advantage stage.
 
-Each stage adds keys to the batch TensorDict (batch size ``[N]``, ``N = P * G``) and rewrites none:
+Each stage adds keys to the batch TensorDict (batch size ``[N]``, ``N = P * G``) and rewrites none. A group is
+the set of rows sharing a ``group_id`` (:mod:`grpo_rl.rollout.base`), the one definition every later stage uses:
 
 =====================  ==========  =================================================
 stage                  key         shape / meaning
@@ -118,7 +119,9 @@ class RefScorer:
         lr = batch["response_ids"].shape[1]
         out = torch.zeros(batch["response_ids"].shape, dtype=torch.float32)
         row = 0
-        model_view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask").to(self.device)
+        keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        keys += ("group_id",) if self.share_prompt else ()  # packing's groups
+        model_view = batch.select(*keys).to(self.device)
         split = group_micro_batches if self.share_prompt else micro_batches
         for mb in split(model_view, self.micro_batch_tokens):
             ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16_autocast else nullcontext()
@@ -132,19 +135,22 @@ class RefScorer:
         return batch
 
 
-def assign_advantages(batch: TensorDict, group_size: int, *, scale_by_std: bool = True,
+def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True,
                       kl_in_reward_coef: float = 0.0, kl_estimator: str = "k1",
                       filter_zero_variance: bool = False) -> tuple[TensorDict, dict[str, float]]:
     """Add ``advantage`` (and ``zero_variance``) to ``batch``; optionally drop zero-variance groups.
 
-    With ``kl_in_reward_coef > 0`` the advantage is computed from the reward minus the KL to the reference
-    (needs ``ref_logprobs``); ``reward`` itself is left as the task reward.
+    Groups are the rows sharing a ``group_id`` (:func:`~grpo_rl.advantages.group_advantages`), so the batch
+    may already have lost whole groups or hold groups of different sizes. ``zero_variance`` is a property of
+    the group, so the filter keeps or drops whole groups. With ``kl_in_reward_coef > 0`` the advantage is
+    computed from the reward minus the KL to the reference (needs ``ref_logprobs``); ``reward`` itself is left
+    as the task reward.
     """
     rewards = batch["reward"]
     if kl_in_reward_coef > 0:
         rewards = kl_penalised_rewards(rewards, batch["behavior_logprobs"], batch["ref_logprobs"],
                                        batch["response_mask"], kl_coef=kl_in_reward_coef, estimator=kl_estimator)
-    adv = group_advantages(rewards, group_size, scale_by_std=scale_by_std)
+    adv = group_advantages(rewards, batch["group_id"], scale_by_std=scale_by_std)
     batch.set("advantage", adv.advantage)
     batch.set("zero_variance", adv.zero_variance)
     stats = {
@@ -152,7 +158,7 @@ def assign_advantages(batch: TensorDict, group_size: int, *, scale_by_std: bool 
         "advantage_std": float(adv.advantage.std()) if adv.advantage.numel() > 1 else 0.0,
         "advantage_abs_max": float(adv.advantage.abs().max()),
         "zero_variance_groups": float(adv.num_zero_variance_groups),
-        "zero_variance_fraction": adv.num_zero_variance_groups / max(1, rewards.numel() // group_size),
+        "zero_variance_fraction": adv.num_zero_variance_groups / max(1, adv.num_groups),
     }
     if filter_zero_variance:
         batch = batch[~adv.zero_variance]

@@ -220,7 +220,7 @@ def score_batch(run: RunContext, batch, ref: RefScorer | None):
         ref.score(batch)
     policy = run.cfg.policy
     return assign_advantages(
-        batch, run.cfg.env.group_size, scale_by_std=policy.scale_advantages_by_std,
+        batch, scale_by_std=policy.scale_advantages_by_std,
         kl_in_reward_coef=policy.kl_coef if policy.kl_in_reward else 0.0, kl_estimator=policy.kl_estimator,
         filter_zero_variance=policy.filter_zero_variance_groups,
     )

@@ -9,9 +9,12 @@ sees unpacked, so its log-prob is the same up to floating-point summation order 
 ``tests/unit/test_packing.py``, gradients included). This is the "shared-prefix" or tree-attention trick of
 packed RL trainers; the saving is ``(G - 1) * len(prompt)`` tokens per group in every reference and policy pass.
 
-What this module does: find the groups (runs of consecutive rows with the same prompt; answers of one prompt
-are consecutive in every batch, see :mod:`grpo_rl.rollout.base`), lay them out, build the mask, and say where
-each answer token's predicting hidden state lands. The model forward itself is in :mod:`grpo_rl.logprobs`.
+What this module does: find the groups, lay them out, build the mask, and say where each answer token's
+predicting hidden state lands. The model forward itself is in :mod:`grpo_rl.logprobs`. A group is the rows that
+share a ``group_id`` (the one definition, see :mod:`grpo_rl.rollout.base`); a packed row is a run of consecutive
+rows with the same ``group_id``, which is a whole group in every batch an engine returns (its answers are
+consecutive) and after any filter that keeps or drops whole groups. The rows of a group must share the prompt
+(checked).
 
 Departures and limits:
 
@@ -21,7 +24,8 @@ Departures and limits:
 * A dense mask makes attention cost ``S^2`` per row where ``G`` separate rows cost ``G * (Lp + Lr)^2``; for
   GRPO's shapes (``Lp`` a few hundred, ``G <= 16``) attention stays small next to the linear layers, which this
   packing cuts by up to ``G`` times on the prompt.
-* Two adjacent groups that happen to have the same prompt are merged into one row; the result is unchanged.
+* A group whose rows are not consecutive is packed as one row per run; the log-probs are unchanged, only the
+  saving shrinks. Two groups with the same prompt stay two rows.
 """
 from __future__ import annotations
 
@@ -52,19 +56,30 @@ class PackedGroups:
         return self.input_ids.numel()
 
 
-def group_spans(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[tuple[int, int]]:
-    """``[(start, end), ...]``: maximal runs of consecutive rows with the same (left-padded) prompt.
+def group_spans(group_id: torch.Tensor) -> list[tuple[int, int]]:
+    """``[(start, end), ...]``: maximal runs of consecutive rows with the same ``group_id``.
 
     Args:
-        prompt_ids, prompt_mask: ``[B, Lp]``.
+        group_id: ``[B]``.
     """
-    b = prompt_ids.shape[0]
+    b = group_id.shape[0]
     if b == 0:
         return []
-    same = ((prompt_ids[1:] == prompt_ids[:-1]) | (prompt_mask[1:] == 0)).all(-1)  # [B - 1]
-    same &= (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
-    starts = [0] + [i + 1 for i in torch.nonzero(~same).flatten().tolist()]
+    starts = [0] + [i + 1 for i in torch.nonzero(group_id[1:] != group_id[:-1]).flatten().tolist()]
     return list(zip(starts, starts[1:] + [b]))
+
+
+def _check_shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, spans: list[tuple[int, int]]) -> None:
+    """Raise unless every row of a span has the prompt of the span's first row (``[B, Lp]``, left-padded)."""
+    device = prompt_ids.device
+    sizes = torch.tensor([end - start for start, end in spans], device=device)
+    first = torch.tensor([start for start, _ in spans], device=device).repeat_interleave(sizes)  # [B]
+    same_mask = (prompt_mask == prompt_mask[first]).all(-1)  # [B]
+    same_ids = ((prompt_ids == prompt_ids[first]) | (prompt_mask == 0)).all(-1)  # [B]
+    if not bool((same_mask & same_ids).all()):
+        row = int(torch.nonzero(~(same_mask & same_ids))[0])
+        raise ValueError(f"row {row} has the group_id of row {int(first[row])} but a different prompt: "
+                         "the rows of a group must share their prompt")
 
 
 def packed_lengths(batch: TensorDict, spans: list[tuple[int, int]]) -> list[int]:
@@ -78,14 +93,15 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
     """Lay ``batch`` out as one row per group; see the module docstring.
 
     Args:
-        batch: ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` (left-padded) and ``response_ids``/``response_mask``
-            ``[B, Lr]`` (right-padded).
+        batch: ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` (left-padded), ``response_ids``/``response_mask``
+            ``[B, Lr]`` (right-padded) and ``group_id`` ``[B]``.
         pad_id: token written at packed padding positions (never attended by a real token).
     """
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
     response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
     device = prompt_ids.device
-    spans = group_spans(prompt_ids, prompt_mask)
+    spans = group_spans(batch["group_id"])
+    _check_shared_prompts(prompt_ids, prompt_mask, spans)
     lengths = packed_lengths(batch, spans)
     r, s = len(spans), max(lengths)
     input_ids = torch.full((r, s), pad_id, dtype=torch.long, device=device)
@@ -138,12 +154,13 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
 
 
 def group_micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
-    """Split ``batch`` into consecutive micro-batches of whole groups, each of at most ``token_budget`` packed tokens.
+    """Split ``batch`` into consecutive micro-batches of whole groups (runs of one ``group_id``), each of at most
+    ``token_budget`` packed tokens.
 
     The cost of a micro-batch is ``groups x longest packed row`` (the padded size of :func:`pack_groups`). A group
     longer than the budget on its own still forms a micro-batch of one. Rows keep their order and padding.
     """
-    spans = group_spans(batch["prompt_ids"], batch["prompt_mask"])
+    spans = group_spans(batch["group_id"])
     lengths = packed_lengths(batch, spans)
     chunks, first = [], 0
     while first < len(spans):

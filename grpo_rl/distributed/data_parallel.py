@@ -75,12 +75,12 @@ class GradientAllReduce:
 def shard_batch(batch: TensorDict, num_shards: int) -> list[TensorDict]:
     """Cut ``batch`` into ``num_shards`` consecutive pieces of whole groups with about equal rows.
 
-    Groups (runs of rows with the same prompt) stay on one rank, so shared-prompt packing keeps working. With
+    Groups (runs of rows with the same ``group_id``) stay on one rank, so shared-prompt packing keeps working. With
     fewer groups than shards, rows are split evenly instead (a partial group is still a group); a shard is
     empty only when there are fewer rows than shards.
     """
     n = batch.batch_size[0]
-    spans = group_spans(batch["prompt_ids"], batch["prompt_mask"]) if n else []
+    spans = group_spans(batch["group_id"]) if n else []
     if len(spans) < num_shards:
         bounds = [round(i * n / num_shards) for i in range(num_shards + 1)]
     else:

@@ -15,9 +15,15 @@ key                    shape       meaning
 ``response_ids``       [N, Lr]     sampled tokens, right-padded with the pad id
 ``response_mask``      [N, Lr]     1 for sampled tokens
 ``behavior_logprobs``  [N, Lr]     engine log-prob of each sampled token (0 at padding)
-``group_id``           [N]         index of the prompt within the call
+``group_id``           [N]         int64 index of the prompt within the call: the group
 ``truncated``          [N]         True where the answer hit ``max_new_tokens``
 =====================  ==========  ===========================================================
+
+``group_id`` is the one definition of a group (the answers to one prompt) everywhere downstream: group
+advantages (:mod:`grpo_rl.advantages`), the zero-variance filter (:func:`grpo_rl.collector.assign_advantages`),
+the staleness gate (:mod:`grpo_rl.buffer`), shared-prompt packing (:mod:`grpo_rl.packing`) and data-parallel
+sharding. No training stage infers groups from row positions or from equal prompts. Filters keep or drop whole
+groups, so the groups left are whole and their rows consecutive, but the ids left need not be ``0 .. P-1``.
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ def grpo_batch(group_sizes: list[int], vocab: int, seed: int = 0) -> TensorDict:
         "prompt_ids": torch.zeros(n, lp, dtype=torch.long), "prompt_mask": torch.zeros(n, lp, dtype=torch.long),
         "response_ids": torch.zeros(n, lr, dtype=torch.long), "response_mask": torch.zeros(n, lr, dtype=torch.long),
         "behavior_logprobs": torch.zeros(n, lr), "advantage": torch.randn(n, generator=g),
+        "group_id": torch.repeat_interleave(torch.arange(len(group_sizes)), torch.tensor(group_sizes)),
     }, batch_size=[n])
     row = 0
     for size in group_sizes:

@@ -45,7 +45,7 @@ def test_tiny_model_learns_toy_task(tokenizer_dir, tokenizer, tmp_path):
     for step in range(20):
         batch, _ = collector.collect(step, learner.version)
         means.append(float(batch["reward"].mean()))
-        batch, _ = assign_advantages(batch, 8)
+        batch, _ = assign_advantages(batch)
         learner.train_step(batch)
         engine.update_weights(learner.named_weights())
     engine.shutdown()

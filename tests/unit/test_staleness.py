@@ -1,4 +1,4 @@
-"""The staleness gate: a sample of version v is trained on only while current - v <= max_staleness."""
+"""The staleness gate: a group is trained on only while current - v <= max_staleness for every row's version v."""
 from __future__ import annotations
 
 import pytest
@@ -11,9 +11,12 @@ from grpo_rl.config import ConfigError, GRPOConfig, validate, validate_async
 from grpo_rl.distributed.pipeline import staleness_metrics
 
 
-def batch(versions: list[int]) -> TensorDict:
+def batch(versions: list[int], group_id: list[int] | None = None) -> TensorDict:
+    """Rows of the given policy versions; without ``group_id`` each row is a group of its own."""
     n = len(versions)
-    return TensorDict({"row": torch.arange(n), "policy_version": torch.tensor(versions)}, batch_size=[n])
+    gid = torch.tensor(group_id) if group_id is not None else torch.arange(n)
+    return TensorDict({"row": torch.arange(n), "policy_version": torch.tensor(versions), "group_id": gid},
+                      batch_size=[n])
 
 
 def test_boundary_sample_is_kept_and_one_older_is_dropped():
@@ -41,16 +44,54 @@ def test_every_returned_sample_respects_the_bound():
     torch.manual_seed(0)
     buf = RolloutBuffer(capacity=64, max_staleness=3)
     for _ in range(40):
-        buf.put(batch(torch.randint(0, 10, (8,)).tolist()))
+        buf.put(batch(torch.randint(0, 10, (8,)).tolist(), [0, 0, 1, 1, 2, 2, 3, 3]))
     current, trained, dropped = 10, 0, 0
     while len(buf):
         out = buf.take(current, timeout=0)
+        dropped += out.dropped  # counted even when only stale entries were left
         if out.batch is None:
             break
         assert bool((current - out.batch["policy_version"] <= 3).all())
+        rows_per_group = torch.bincount(out.batch["group_id"])
+        assert set(rows_per_group[rows_per_group > 0].tolist()) == {2}  # whole groups only
         trained += out.batch.batch_size[0]
-        dropped += out.dropped
     assert trained > 0 and dropped > 0 and trained + dropped == 40 * 8  # each sample trained on or counted
+
+
+def test_groups_pass_or_fail_whole_by_their_oldest_row():
+    buf = RolloutBuffer(capacity=4, max_staleness=2)
+    # current 4: group 10 ages [1, 1] kept; group 3 ages [1, 3, 1] (mixed versions) dropped whole although two
+    # of its rows are fresh; group 7 ages [2, 2] kept at the boundary; group 0 age [4] dropped.
+    buf.put(batch([3, 3, 3, 1, 3, 2, 2, 0], [10, 10, 3, 3, 3, 7, 7, 0]))
+    out = buf.take(current_version=4, timeout=0)
+    assert out.batch["row"].tolist() == [0, 1, 5, 6]
+    assert out.batch["group_id"].tolist() == [10, 10, 7, 7]
+    assert out.staleness.tolist() == [1, 1, 2, 2]
+    assert out.dropped == 4 and buf.stats()["dropped_samples"] == 4
+
+
+def test_interleaved_group_rows_are_gated_together():
+    buf = RolloutBuffer(capacity=4, max_staleness=1)
+    # Group 1 owns rows 0 and 2 (ages 0 and 2): both go; group 2 owns rows 1 and 3 (ages 1 and 0): both stay.
+    buf.put(batch([5, 4, 3, 5], [1, 2, 1, 2]))
+    out = buf.take(current_version=5, timeout=0)
+    assert out.batch["row"].tolist() == [1, 3] and out.dropped == 2
+
+
+def test_entry_whose_every_group_has_a_stale_row_is_skipped():
+    buf = RolloutBuffer(capacity=4, max_staleness=1)
+    buf.put(batch([5, 1, 1, 5], [0, 0, 1, 1]))  # each group has one fresh row and one stale row
+    buf.put(batch([5, 5], [0, 0]))
+    out = buf.take(current_version=5, timeout=0)
+    assert out.batch["policy_version"].tolist() == [5, 5]
+    assert out.dropped == 4 and len(buf) == 0
+
+
+def test_gate_needs_group_id():
+    buf = RolloutBuffer(capacity=2, max_staleness=1)
+    with pytest.raises(ValueError, match="group_id"):
+        buf.put(batch([0, 0]).exclude("group_id"))
+    assert RolloutBuffer(capacity=2).put(batch([0, 0]).exclude("group_id"), timeout=0)  # no gate, no groups needed
 
 
 def test_no_gate_keeps_everything():
