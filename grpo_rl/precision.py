@@ -128,7 +128,9 @@ def cpu_flags() -> str:
     model, flags = _cpuinfo()
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
     present = [f for f in wanted if f in flags]
-    return f"{model or 'unknown CPU'} ({' '.join(present) or 'no AVX2'})"
+    caps = [f"{name}={os.environ[name]}" for name in _ISA_ENV if os.environ.get(name)]
+    capped = f"; capped by {' '.join(caps)}" if caps else ""
+    return f"{model or 'unknown CPU'} ({' '.join(present) or 'no AVX2'}{capped})"
 
 
 @functools.cache

@@ -91,3 +91,8 @@ def test_an_instruction_set_cap_is_another_cpu_kind(monkeypatch):
     uncapped = precision._cpu_key()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert precision._cpu_key() != uncapped
+
+
+def test_cpu_flags_name_a_cap(monkeypatch):
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    assert "capped by MKL_ENABLE_INSTRUCTIONS=AVX2" in precision.cpu_flags()
