@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import pathlib
 from collections.abc import Sequence
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_rl.errors import DataError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DataError", "DataFileNotFoundError", "data_dir", "load_records"]
 
@@ -298,4 +301,6 @@ def load_records(
     if not records:
         raise DataError(f"{where}: data set is empty (no records); point env.path at a file with rows")
     _check_fields(records, list(dict.fromkeys(required)), where)
+    log.info("  data:      %s: %d records from %s", source if source == "file" else f"{source} {split}", len(records),
+             where)
     return records

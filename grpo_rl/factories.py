@@ -17,9 +17,9 @@ from grpo_rl.config import ConfigError, validate, validate_async
 from grpo_rl.devices import DeviceAllocation, allocate_devices
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
+from grpo_rl.lifecycle import check_run_folder
 from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import check_model_folder, load_causal_lm, load_tokenizer, resolve_model
-from grpo_rl.lifecycle import check_run_folder
 from grpo_rl.precision import Precision, cpu_flags, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,8 @@ def describe_run(run: RunContext, mode: str) -> str:
     limit = f", stops after {cfg.train.max_time_minutes:g} min" if cfg.train.max_time_minutes else ""
     model = cfg.model.name if cfg.model.name == run.model_path else f"{cfg.model.name} ({run.model_path})"
     cpu = f" | CPU: {cpu_flags()}, {os.cpu_count()} cores" if not run.devices.on_gpu else ""
-    wandb = {"wandb": "wandb " + ("online" if os.environ.get("WANDB_API_KEY") else "offline"), "none": "no wandb"}
+    mode_ = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    wandb = {"wandb": f"wandb {mode_}", "none": "no wandb"}
     lines = [
         f"GRPO ({loop}): {cfg.train.steps} steps of {cfg.env.prompts_per_step} {cfg.env.dataset} prompts x "
         f"{cfg.env.group_size} answers, up to {cfg.sampling.max_new_tokens} new tokens{limit}",
