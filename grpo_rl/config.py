@@ -112,7 +112,7 @@ class EnvConfig:
     """gsm8k | ifeval | file."""
     split: str = "train"
     path: Optional[str] = None
-    """Local data folder or file; default: the hub, else ``$GRPO_DATA_DIR``, else ``../shared/data``."""
+    """Local data folder or file; default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub."""
     template: str = "hash"
     """Prompt/answer format: hash (reasoning, then '#### N') | tags (<think>...</think><answer>N</answer>)."""
     system_prompt: Optional[str] = None

@@ -2,9 +2,10 @@
 
 Three sources: ``"gsm8k"`` (``openai/gsm8k``, config ``main``), ``"ifeval"``
 (``google/IFEval``) and ``"file"`` (a local ``.jsonl``, ``.json`` or ``.parquet``).
-For the two named data sets the order is: an explicit ``path``, then the hub (skipped
-when ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set, so offline runs and tests
-never wait on a network timeout), then the shared copies under :func:`data_dir`.
+For the two named data sets the order is: an explicit ``path``, then the local copies under
+:func:`data_dir` (no network wait, the same records every run), then the hub (skipped when
+``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set, so offline runs and tests never wait on a
+network timeout).
 Both give the same records (see ``../shared/data/README.md``); hub IFEval rows are
 made to match the local file by dropping the ``None`` values that Arrow adds to
 ``kwargs`` when it unifies their schemas.
@@ -218,14 +219,7 @@ def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str,
         file = _local_file(dataset, pathlib.Path(path).expanduser(), split)
         return _read_file(file), str(file)
 
-    if _hub_offline():
-        hub_failure = "skipped because HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set"
-    else:
-        try:
-            return _load_from_hub(name, dataset, split), f"hub:{dataset.hub_path}[{split}]"
-        except Exception as e:  # no network, no auth, missing cache: all mean "go local"
-            hub_failure = f"unreachable ({type(e).__name__}: {e})"
-
+    # A local copy first: no network wait, and the same records on every run.
     local_root = data_dir()
     if local_root is not None:
         file = local_root / dataset.local_dir / dataset.split_files[split]
@@ -234,6 +228,14 @@ def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str,
         looked = f"{file} does not exist"
     else:
         looked = "no local data directory (GRPO_DATA_DIR unset and no ../shared/data)"
+
+    if _hub_offline():
+        hub_failure = "skipped because HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set"
+    else:
+        try:
+            return _load_from_hub(name, dataset, split), f"hub:{dataset.hub_path}[{split}]"
+        except Exception as e:  # no network, no auth, missing cache: all mean "not here"
+            hub_failure = f"unreachable ({type(e).__name__}: {e})"
     raise DataFileNotFoundError(
         f"cannot load {name} split {split!r}: the hub {dataset.hub_path} was {hub_failure}, "
         f"and {looked}. To fix, {_FIX} (a directory holding "
