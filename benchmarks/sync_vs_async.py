@@ -76,7 +76,7 @@ def summarize(rows: list[dict], warmup: int, samples_per_step: int) -> dict:
         "final_reward": statistics.mean(r["reward_mean"] for r in rows[-3:]),
         "per_step_seconds": [round(r["step_seconds"], 3) for r in measured],
     }
-    if "generation_seconds" in measured[0]:  # synchronous: generation is part of the step
+    if "staleness_mean" not in measured[0]:  # synchronous: generation is part of the step
         out["generation_seconds"] = statistics.mean(r["generation_seconds"] for r in measured)
         out["per_step_generation_seconds"] = [round(r["generation_seconds"], 3) for r in measured]
     if "staleness_mean" in measured[0]:
@@ -86,7 +86,7 @@ def summarize(rows: list[dict], warmup: int, samples_per_step: int) -> dict:
         out["learner_wait_seconds"] = statistics.mean(r["learner_wait_seconds"] for r in measured)
         out["collector_busy_fraction"] = statistics.mean(r["collector_busy_fraction"] for r in measured)
         out["collector_wait_seconds"] = statistics.mean(r["collector_wait_seconds"] for r in measured)
-        out["weight_push_seconds"] = statistics.mean(r["weight_push_seconds"] for r in measured)
+    out["weight_sync_seconds"] = statistics.mean(r["weight_sync_seconds"] for r in measured)
     return out
 
 
@@ -131,7 +131,7 @@ def main() -> None:
 
     keys = ["samples_per_second", "trained_tokens_per_second", "response_length_mean", "step_seconds",
             "learner_busy_fraction", "generation_seconds", "training_seconds", "reference_seconds", "final_reward", "staleness_mean", "staleness_max", "dropped_samples",
-            "learner_wait_seconds", "collector_busy_fraction", "collector_wait_seconds", "weight_push_seconds",
+            "learner_wait_seconds", "collector_busy_fraction", "collector_wait_seconds", "weight_sync_seconds",
             "process_seconds"]
     print(f"\n{'metric':26s} " + " ".join(f"{m:>12s}" for m in shown))
     for k in keys:

@@ -94,7 +94,7 @@ def main(cfg) -> float:
             metrics.update(staleness_metrics(taken))
             metrics.update(step_rates(prev_stats, stats, step_seconds))
             metrics.update(
-                policy_version=learner.version, weight_push_seconds=push_seconds, step_seconds=step_seconds,
+                policy_version=learner.version, weight_sync_seconds=push_seconds, step_seconds=step_seconds,
                 learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,
                 learner_samples_per_second=taken.batch.batch_size[0] / step_seconds,
             )

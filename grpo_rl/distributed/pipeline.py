@@ -249,9 +249,11 @@ def step_rates(prev: dict[str, float], now: dict[str, float], seconds: float) ->
         "collector_samples_per_second": d["collector/samples"] / max(seconds, 1e-9),
         "collector_tokens_per_second": d["collector/tokens"] / max(seconds, 1e-9),
         "collector_busy_fraction": min(1.0, d["collector/busy_seconds"] / replicas / max(seconds, 1e-9)),
-        "collector_generation_tokens_per_second": d["collector/tokens"] / busy,  # per replica while it works
-        "collector_generation_seconds": d["collector/generation_seconds"] / replicas,
-        "collector_reward_seconds": d["collector/reward_seconds"] / replicas,
+        # The same names as the synchronous loop for the same quantities: seconds one engine spent generating and
+        # scoring during this step (per replica), and its tokens per second while generating.
+        "generation_tokens_per_second": d["collector/tokens"] / busy,
+        "generation_seconds": d["collector/generation_seconds"] / replicas,
+        "reward_seconds": d["collector/reward_seconds"] / replicas,
         "reward_failures": d["collector/reward_failures"],
         "collector_wait_seconds": d["collector/wait_for_space_seconds"],
         "weight_load_seconds": d["collector/weight_load_seconds"],

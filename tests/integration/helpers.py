@@ -10,6 +10,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Metrics both loops log under the same names for the same quantities (timings per step, rates, failures).
+SHARED_STEP_METRICS = ("reward_mean", "reward_failures", "kl_ref", "clip_fraction", "ess", "entropy", "grad_norm",
+                       "lr", "generation_seconds", "reward_seconds", "generation_tokens_per_second", "reference_seconds",
+                       "training_seconds", "weight_sync_seconds", "step_seconds", "tokens_per_second",
+                       "response_length_mean", "advantage_mean", "zero_variance_groups", "policy_version")
+
+
 def script_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, **extra)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", VLLM_LOGGING_LEVEL="WARNING",

@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import read_metrics, run_script, tiny_overrides
+from tests.integration.helpers import SHARED_STEP_METRICS, read_metrics, run_script, tiny_overrides
 
 pytestmark = [pytest.mark.integration]
 
-STEP_KEYS = {"reward_mean", "reward_correct_mean", "reward_format_mean", "kl_ref", "clip_fraction", "ess",
-             "entropy", "grad_norm", "lr", "tokens_per_second", "generation_seconds", "reference_seconds",
-             "training_seconds", "weight_sync_seconds", "response_length_mean", "advantage_mean",
-             "zero_variance_groups", "policy_version"}
+STEP_KEYS = {"reward_correct_mean", "reward_format_mean", *SHARED_STEP_METRICS}
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ def test_busy_fraction_is_per_replica():
     now = _counters(replicas=2, samples=16, tokens=400, busy_seconds=3.0, generation_seconds=2.0, reward_failures=1)
     rates = step_rates(prev, now, seconds=2.0)
     assert rates["collector_busy_fraction"] == pytest.approx(0.75)  # 3 busy seconds over 2 replicas x 2 s
-    assert rates["collector_generation_seconds"] == pytest.approx(1.0)
+    assert rates["generation_seconds"] == pytest.approx(1.0)  # per replica, named as in the sync loop
     assert rates["collector_samples_per_second"] == pytest.approx(8.0)
     assert rates["reward_failures"] == 1
 
