@@ -1,4 +1,5 @@
-"""From prompts to a scored, advantage-annotated batch: the collector, the reference scorer and the advantage stage.
+"""From prompts to a scored, advantage-annotated batch: the collector and the advantage stage (the reference scorer
+between them is :mod:`grpo_rl.reference`).
 
 Each stage adds keys to the batch TensorDict (batch size ``[N]``, ``N = P * G``) and rewrites none. A group is
 the set of rows sharing a ``group_id`` (:mod:`grpo_rl.rollout.base`), the one definition every later stage uses:
@@ -11,14 +12,13 @@ engine                 see :mod:`grpo_rl.rollout.base`
                        ``reward``  ``[N]`` total task reward
                        ``reward_<name>``  ``[N]`` each reward component, unweighted
                        ``policy_version``  ``[N]`` learner version whose weights sampled it
-:class:`RefScorer`     ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
+:class:`~grpo_rl.reference.RefScorer`  ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
 :func:`assign_advantages`  ``advantage``  ``[N]``; ``zero_variance`` ``[N]`` bool
 =====================  ==========  =================================================
 """
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -26,10 +26,7 @@ from tensordict import NonTensorStack, TensorDict
 
 from grpo_rl.advantages import group_advantages
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.learner import micro_batches
-from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.loss import kl_penalised_rewards
-from grpo_rl.packing import group_micro_batches
 from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
 
 
@@ -97,42 +94,6 @@ class Collector:
             num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
         )
         return batch, stats
-
-
-class RefScorer:
-    """Scores the sampled answers under the frozen reference model, micro-batched by tokens.
-
-    With ``share_prompt`` each group's prompt is run once (:mod:`grpo_rl.packing`).
-    """
-
-    def __init__(self, model: torch.nn.Module, device: torch.device, *, temperature: float = 1.0,
-                 micro_batch_tokens: int = 8192, bf16_autocast: bool = False, share_prompt: bool = False):
-        self.model = model
-        self.device = device
-        self.temperature = temperature
-        self.micro_batch_tokens = micro_batch_tokens
-        self.bf16_autocast = bf16_autocast
-        self.share_prompt = share_prompt
-
-    @torch.no_grad()
-    def score(self, batch: TensorDict) -> TensorDict:
-        lr = batch["response_ids"].shape[1]
-        out = torch.zeros(batch["response_ids"].shape, dtype=torch.float32)
-        row = 0
-        keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-        keys += ("group_id",) if self.share_prompt else ()  # packing's groups
-        model_view = batch.select(*keys).to(self.device)
-        split = group_micro_batches if self.share_prompt else micro_batches
-        for mb in split(model_view, self.micro_batch_tokens):
-            ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16_autocast else nullcontext()
-            with ctx:
-                lp = sequence_logprobs(self.model, mb, temperature=self.temperature,
-                                       share_prompt=self.share_prompt).logprobs.float().cpu()
-            out[row : row + lp.shape[0], : lp.shape[1]] = lp
-            row += lp.shape[0]
-        assert row == batch.batch_size[0] and out.shape[1] == lr
-        batch.set("ref_logprobs", out)
-        return batch
 
 
 def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True,

@@ -13,11 +13,9 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from grpo_rl.errors import UserError
+from grpo_rl.errors import ConfigError
 
-
-class ConfigError(UserError, ValueError):
-    """A configuration value is invalid; the message names the key and how to fix it."""
+__all__ = ["ConfigError", "GRPOConfig", "register_configs", "validate", "validate_async"]
 
 
 @dataclass
@@ -506,7 +504,7 @@ def _validate_rewards(cfg: Any) -> None:
         raise ConfigError("env.dataset=file needs a reward: set reward.path=/path/to/rewards.py reward.name=<function> "
                           "(see docs/custom_tasks.md), reward.functions=[...], or reward.model_path=<reward model folder>")
     if cfg.reward.path or cfg.reward.functions:
-        from grpo_rl.rewards.custom import user_reward_components
+        from grpo_rl.rewards.custom import user_reward_components  # torch-heavy: only when a reward file is set
 
         user_reward_components(cfg.reward)  # imports the files once (cached) and checks each signature
     rm = cfg.reward_model

@@ -12,6 +12,10 @@ class UserError(Exception):
     """Bad input: the message names the input (key, file, folder) and how to fix it."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration value is invalid; the message names the key and how to fix it."""
+
+
 class DataError(UserError, ValueError):
     """A data file cannot be read or lacks what the task needs (names the file, the line and the fix)."""
 

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grpo_rl.collector import Collector, RefScorer, assign_advantages
+from grpo_rl.collector import Collector, assign_advantages
 from grpo_rl.config import ConfigError, validate, validate_async
 from grpo_rl.devices import DeviceAllocation, allocate_devices
 from grpo_rl.envs import make_env
@@ -21,6 +21,7 @@ from grpo_rl.lifecycle import check_run_folder
 from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import check_model_folder, load_causal_lm, load_tokenizer, resolve_model
 from grpo_rl.precision import Precision, cpu_flags, resolve_precision
+from grpo_rl.reference import RefScorer
 
 log = logging.getLogger(__name__)
 

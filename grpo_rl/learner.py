@@ -24,8 +24,9 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.lora import hf_named_weights
 from grpo_rl.loss import grpo_loss
-from grpo_rl.packing import group_micro_batches
+from grpo_rl.packing import group_micro_batches, micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -44,40 +45,6 @@ class LossSettings:
     max_tokens: int | None = None
     tis_cap: float | None = 2.0
     temperature: float = 1.0
-
-
-def micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
-    """Split ``batch`` into consecutive micro-batches of at most ``token_budget`` padded tokens each.
-
-    Each micro-batch is trimmed to its own longest prompt (left padding) and answer (right padding). A row
-    longer than the budget on its own still forms a micro-batch of one.
-    """
-    p_len = batch["prompt_mask"].sum(-1)  # [N]
-    r_len = batch["response_mask"].sum(-1)  # [N]
-    chunks, start = [], 0
-    n = batch.batch_size[0]
-    while start < n:
-        end = start + 1
-        while end < n:
-            width = int(p_len[start : end + 1].max() + r_len[start : end + 1].max())
-            if width * (end + 1 - start) > token_budget:
-                break
-            end += 1
-        chunks.append(trim_padding(batch[start:end]))
-        start = end
-    return chunks
-
-
-def trim_padding(mb: TensorDict) -> TensorDict:
-    lp = max(1, int(mb["prompt_mask"].sum(-1).max()))
-    lr = max(1, int(mb["response_mask"].sum(-1).max()))
-    out = mb.clone(recurse=False)
-    for key in ("prompt_ids", "prompt_mask"):
-        out.set(key, mb[key][:, -lp:])
-    for key in ("response_ids", "response_mask", "behavior_logprobs", "ref_logprobs", "old_logprobs"):
-        if key in mb.keys():
-            out.set(key, mb[key][:, :lr])
-    return out
 
 
 class Learner:
@@ -242,8 +209,6 @@ class Learner:
 
     def named_weights(self):
         """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights`` (LoRA: merged, out of place)."""
-        from grpo_rl.lora import hf_named_weights  # lora imports the collector, which imports this module
-
         return hf_named_weights(self.model)
 
     def state_dict(self) -> dict:

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.collector import RefScorer
+from grpo_rl.reference import RefScorer
 
 ADAPTER_DIR = "adapter"
 """Where a checkpoint keeps a LoRA run's adapter (``adapter_config.json`` + ``adapter_model.safetensors``)."""

@@ -153,6 +153,40 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
     )
 
 
+def micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
+    """Split ``batch`` into consecutive micro-batches of at most ``token_budget`` padded tokens each.
+
+    Each micro-batch is trimmed to its own longest prompt (left padding) and answer (right padding). A row
+    longer than the budget on its own still forms a micro-batch of one.
+    """
+    p_len = batch["prompt_mask"].sum(-1)  # [N]
+    r_len = batch["response_mask"].sum(-1)  # [N]
+    chunks, start = [], 0
+    n = batch.batch_size[0]
+    while start < n:
+        end = start + 1
+        while end < n:
+            width = int(p_len[start : end + 1].max() + r_len[start : end + 1].max())
+            if width * (end + 1 - start) > token_budget:
+                break
+            end += 1
+        chunks.append(trim_padding(batch[start:end]))
+        start = end
+    return chunks
+
+
+def trim_padding(mb: TensorDict) -> TensorDict:
+    lp = max(1, int(mb["prompt_mask"].sum(-1).max()))
+    lr = max(1, int(mb["response_mask"].sum(-1).max()))
+    out = mb.clone(recurse=False)
+    for key in ("prompt_ids", "prompt_mask"):
+        out.set(key, mb[key][:, -lp:])
+    for key in ("response_ids", "response_mask", "behavior_logprobs", "ref_logprobs", "old_logprobs"):
+        if key in mb.keys():
+            out.set(key, mb[key][:, :lr])
+    return out
+
+
 def group_micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
     """Split ``batch`` into consecutive micro-batches of whole groups (runs of one ``group_id``), each of at most
     ``token_budget`` packed tokens.

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Sequence
 
-from grpo_rl.config import ConfigError
+from grpo_rl.errors import ConfigError
 from grpo_rl.rewards.base import RewardComponent
 
 __all__ = ["RewardLoadError", "UserReward", "load_reward_function", "user_reward_components"]

@@ -51,7 +51,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
     from grpo_rl.distributed.pipeline import AsyncRollouts, CollectorFailed
     from grpo_rl.distributed.ray_setup import start_ray, stop_ray
     from grpo_rl.factories import make_learner, make_run
-    from grpo_rl.learner import trim_padding
+    from grpo_rl.packing import trim_padding
     from grpo_rl.logprobs import sequence_logprobs
 
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])

@@ -8,7 +8,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.learner import Learner, LossSettings, micro_batches
+from grpo_rl.learner import Learner, LossSettings
+from grpo_rl.packing import micro_batches
 from grpo_rl.logprobs import sequence_logprobs
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.collector import RefScorer
+from grpo_rl.reference import RefScorer
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.packing import group_micro_batches, group_spans, pack_groups
 
