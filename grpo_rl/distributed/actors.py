@@ -28,7 +28,7 @@ def actor_run_context(cfg_container: dict, run_dir: str, model_path: str, device
     """A :class:`~grpo_rl.factories.RunContext` for one actor, whose only device is ``device``.
 
     The config was validated and the devices allocated by the driver; inside an actor Ray exposes just the
-    actor's own GPU, so the allocation is not redone here.
+    actor's own GPU, so the allocation is not redone here (a reward model shares the actor's device).
     """
     from omegaconf import OmegaConf
 
@@ -38,7 +38,10 @@ def actor_run_context(cfg_container: dict, run_dir: str, model_path: str, device
     from grpo_rl.models import load_tokenizer
 
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), cfg_container)
-    devices = DeviceAllocation(train=(device,), ref=(device,), inference=(device,))
+    # A reward model runs inside the collector, on the collector's device: allocating it here again would look
+    # for GPUs the actor cannot see.
+    reward_model = (device,) if cfg.reward.model_path else ()
+    devices = DeviceAllocation(train=(device,), ref=(device,), inference=(device,), reward_model=reward_model)
     return RunContext(cfg=cfg, run_dir=Path(run_dir), devices=devices, model_path=model_path,
                       tokenizer=load_tokenizer(model_path), precision=resolve_run_precision(cfg, devices))
 

@@ -96,3 +96,15 @@ def test_resumed_data_position_sets_the_collection_round():
     assert worker._round == 5  # run() then goes on with round 5's prompts and seeds, not the learner's step
     assert worker.env_state()["collector_round"] == 5  # a checkpoint before the next batch keeps the round
     assert worker.collector.env.loaded["position"] == 8 and worker.collector.env.resets == 1  # replica 1 skips 1
+
+
+def test_an_actor_context_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path):
+    """Inside a collector actor nothing allocates devices again: the reward model gets the actor's device."""
+    import torch
+
+    from grpo_rl.distributed.actors import actor_run_context
+
+    cfg = {"reward": {"model_path": str(tiny_model_dir)}}
+    run = actor_run_context(cfg, str(tmp_path), str(tiny_model_dir), torch.device("cpu"))
+    assert run.devices.reward_model == (torch.device("cpu"),)
+    assert actor_run_context({}, str(tmp_path), str(tiny_model_dir), torch.device("cpu")).devices.reward_model == ()
