@@ -82,17 +82,16 @@ def main() -> None:
     import torch
 
     from grpo_rl.envs import make_env
-    from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
+    from grpo_rl.factories import (make_collector, make_engine, make_local_learner, make_ref_scorer,
                                    make_run, seed_everything, train_on_batch)
     from grpo_rl.rewards.base import RewardComponent
 
     run_dir = tempfile.mkdtemp(prefix="trl_compare_ours_")
     cfg = compose(workload_overrides(run_dir) + list(args.overrides))
     run = make_run(cfg, run_dir)
-    configure_threads()
     engine = make_engine(run)
     seed_everything(cfg.seed)
-    learner = make_learner(run)
+    learner = make_local_learner(run)
     ref = make_ref_scorer(run)
     env = make_env(cfg, run.tokenizer)
     env.reward.components.append(RewardComponent("brevity", brevity, REWARD_WEIGHTS["brevity"]))

@@ -47,7 +47,7 @@ def main() -> None:
     import vllm  # noqa: F401
 
     from grpo_rl.envs import make_env
-    from grpo_rl.factories import (configure_threads, make_collector, make_engine, make_learner, make_ref_scorer,
+    from grpo_rl.factories import (make_collector, make_engine, make_local_learner, make_ref_scorer,
                                    make_run, score_batch, seed_everything)
     from trl_compare import COMMON_OURS, PRESETS
     mark("imports (torch, vllm, grpo_rl)")
@@ -55,11 +55,10 @@ def main() -> None:
     cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="memory_breakdown_")) + COMMON_OURS
                   + PRESETS[args.preset])
     run = make_run(cfg, cfg.output_dir)
-    configure_threads()
     engine = make_engine(run)
     mark(f"+ vLLM engine ({run.precision.inference.dtype}, KV {cfg.inference_model.kv_cache_gb} GiB)")
     seed_everything(cfg.seed)
-    learner = make_learner(run)
+    learner = make_local_learner(run)
     mark("+ learner (fp32 weights)")
     ref = make_ref_scorer(run)
     mark("+ reference")

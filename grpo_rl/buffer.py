@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,12 +81,14 @@ class TakeResult:
         staleness: ``[n]`` ``current_version - policy_version`` of each returned sample.
         dropped: samples (rows of whole groups) dropped as too stale during this call.
         wait_seconds: time spent waiting for an entry.
+        consumed: the ``batch_index`` of every entry this call popped, returned or dropped (entries that carry one).
     """
 
     batch: TensorDict | None
     staleness: torch.Tensor
     dropped: int
     wait_seconds: float
+    consumed: list = field(default_factory=list)
 
 
 class RolloutBuffer:
@@ -135,22 +137,24 @@ class RolloutBuffer:
         """Pop the oldest entry holding a fresh group; drop and count the samples of stale groups on the way."""
         t0 = time.perf_counter()
         deadline = None if timeout is None else t0 + timeout
-        dropped = 0
+        dropped, consumed = 0, []
         with self._cond:
             while True:
                 remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
                 ok = self._cond.wait_for(lambda: self._closed or len(self._sampler) > 0, remaining)
                 if not ok or (self._closed and len(self._sampler) == 0):
-                    return self._finish(None, torch.zeros(0, dtype=torch.long), dropped, t0)
+                    return self._finish(None, torch.zeros(0, dtype=torch.long), dropped, t0, consumed)
                 entry = self._rb.sample(1)[0]
                 self._cond.notify_all()  # a slot is free: wake a waiting put
+                if "batch_index" in entry.keys():
+                    consumed.extend(sorted(set(entry["batch_index"].tolist())))
                 age = current_version - entry["policy_version"]  # [N]
                 keep = self._fresh_groups(age, entry)  # [N]
                 dropped += int((~keep).sum())
                 if bool(keep.all()):
-                    return self._finish(entry, age, dropped, t0)
+                    return self._finish(entry, age, dropped, t0, consumed)
                 if bool(keep.any()):
-                    return self._finish(entry[keep], age[keep], dropped, t0)
+                    return self._finish(entry[keep], age[keep], dropped, t0, consumed)
 
     def _fresh_groups(self, age: torch.Tensor, entry: TensorDict) -> torch.Tensor:
         """``[N]`` bool: True on every row of a group whose oldest row is within ``max_staleness`` (everywhere
@@ -161,14 +165,14 @@ class RolloutBuffer:
         oldest_K = age.new_zeros(int(group_N.max()) + 1).scatter_reduce(0, group_N, age, "amax", include_self=False)
         return oldest_K[group_N] <= self.max_staleness  # [N]
 
-    def _finish(self, batch, age, dropped, t0) -> TakeResult:
+    def _finish(self, batch, age, dropped, t0, consumed) -> TakeResult:
         wait = time.perf_counter() - t0
         self._stats["take_wait_seconds"] += wait
         self._stats["dropped_samples"] += dropped
         if batch is not None:
             self._stats["takes"] += 1
             self._stats["taken_samples"] += batch.batch_size[0]
-        return TakeResult(batch=batch, staleness=age, dropped=dropped, wait_seconds=wait)
+        return TakeResult(batch=batch, staleness=age, dropped=dropped, wait_seconds=wait, consumed=consumed)
 
     def is_closed(self) -> bool:
         return self._closed

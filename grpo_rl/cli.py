@@ -18,7 +18,7 @@ import typing
 from typing import Any, Callable
 
 from grpo_rl.config import ConfigError, GRPOConfig
-from grpo_rl.errors import UserError
+from grpo_rl.errors import RoleFailed, UserError
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,9 @@ def user_errors(task: Callable) -> Callable:
         except UserError as e:
             report_user_error(e)
             sys.exit(USER_ERROR_EXIT)
+        except RoleFailed as e:  # the role's own traceback is in its log above; the driver's adds nothing
+            report_user_error(e)
+            sys.exit(1)
 
     return wrapped
 

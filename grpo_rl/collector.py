@@ -36,6 +36,8 @@ class CollectStats:
     reward_seconds: float = 0.0
     num_tokens: int = 0
     reward_failures: dict = field(default_factory=dict)
+    failure_examples: list = field(default_factory=list)
+    """The failing reward calls (component, error, answer) of this batch."""
 
 
 class Collector:
@@ -92,6 +94,7 @@ class Collector:
         stats = CollectStats(
             generation_seconds=t1 - t0, reward_seconds=t2 - t1,
             num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
+            failure_examples=list(getattr(self.env, "last_failure_examples", None) or []),
         )
         return batch, stats
 

@@ -62,12 +62,22 @@ class TrainModelConfig(RoleDevices):
     measured bf16 matmul beats float32, see grpo_rl/precision.py), else float32; the start-up log says why."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    sharding: str = "none"
+    """With num_devices > 1: none (each rank holds a full replica; gradients are summed over ranks) | fsdp
+    (parameters, gradients and optimizer state sharded over the ranks with torch's FSDP2, for a model larger than
+    one device; the weights are gathered once per push)."""
 
 
 @dataclass
 class RefModelConfig(RoleDevices):
     share_with_train: bool = False
     """Put the reference on the training devices (allowed overlap)."""
+    placement: str = "auto"
+    """auto | learner | actor. actor: reference scoring is a pipeline stage of its own, one Ray actor per device
+    (batches are sharded over them), overlapping with generation and training. learner: scored in the driver
+    between taking a batch and training on it. auto: actor when the reference has GPUs of its own or
+    num_devices > 1; learner on a CPU-only machine, where a reference process only time-slices with the others
+    (measured in benchmarks/README.md)."""
     precision: str = "auto"
     """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
 
@@ -287,7 +297,12 @@ class PipelineConfig:
     learner is the bottleneck a batch is trained about ``buffer_capacity + 1`` versions after it was generated, so
     with ``buffer_capacity >= max_staleness`` some collected batches are dropped as too stale (benchmarks/README.md)."""
     weight_transport: str = "auto"
-    """auto (nccl on GPUs, object_store on the CPU) | object_store | nccl."""
+    """auto (collective on GPUs, object_store on the CPU) | object_store (Ray's shared-memory store) | collective
+    (a broadcast from the learner to every engine: NCCL between GPUs, gloo on the CPU)."""
+    timeout_seconds: float = 600.0
+    """Longest wait for another role: a remote call, a weight broadcast, or the next batch from the collectors.
+    Past it the run stops with a message naming the role, after a checkpoint at the last step boundary. The first
+    batch also waits for the engine's start and kernel compilation (about a minute on a CPU)."""
     poll_seconds: float = 1.0
     """How often blocked roles wake up to check for shutdown and failed actors."""
 
@@ -357,6 +372,14 @@ def validate(cfg: Any) -> None:
     _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "transformers"))
     for role in ("train_model", "ref_model", "inference_model"):
         _choice(f"{role}.precision", getattr(cfg, role).precision, ("auto", "float32", "bfloat16"))
+    _choice("train_model.sharding", cfg.train_model.sharding, ("none", "fsdp"))
+    _choice("ref_model.placement", cfg.ref_model.placement, ("auto", "learner", "actor"))
+    if cfg.model.lora.enabled and cfg.ref_model.placement == "actor" and cfg.policy.kl_coef > 0:
+        raise ConfigError("ref_model.placement=actor with model.lora.enabled=true: a LoRA run's reference is the "
+                          "learner's own model with the adapters off; use ref_model.placement=auto")
+    if cfg.train_model.sharding == "fsdp" and cfg.model.lora.enabled:
+        raise ConfigError("train_model.sharding=fsdp with model.lora.enabled=true: a LoRA learner is small enough for "
+                          "one device; use train_model.sharding=none")
     _choice("env.dataset", cfg.env.dataset, ("gsm8k", "ifeval", "file"))
     _choice("env.template", cfg.env.template, ("hash", "tags"))
     _choice("env.too_long_prompts", cfg.env.too_long_prompts, ("skip", "error"))
@@ -425,7 +448,8 @@ def _validate_pipeline(cfg: Any) -> None:
     _positive("pipeline.push_every", p.push_every)
     _positive("pipeline.buffer_capacity", p.buffer_capacity)
     _positive("pipeline.poll_seconds", p.poll_seconds)
-    _choice("pipeline.weight_transport", p.weight_transport, ("auto", "object_store", "nccl"))
+    _choice("pipeline.weight_transport", p.weight_transport, ("auto", "object_store", "collective"))
+    _positive("pipeline.timeout_seconds", p.timeout_seconds)
     if p.max_staleness < p.push_every - 1:
         raise ConfigError(
             f"pipeline.max_staleness={p.max_staleness} < pipeline.push_every - 1 = {p.push_every - 1}: the engine "

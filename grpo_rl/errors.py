@@ -22,3 +22,9 @@ class DataError(UserError, ValueError):
 
 class RunFolderError(UserError):
     """The run folder cannot be used as asked (another run's checkpoints, a checkpoint of another model)."""
+
+
+class RoleFailed(RuntimeError):
+    """A role of the run (a collector, a reference replica, a learner rank, a weight transfer) died or did not
+    answer within ``pipeline.timeout_seconds``; the message names the role. The run stops after a checkpoint at the
+    last step boundary (exit status 1)."""

@@ -133,12 +133,17 @@ class Evaluator:
 
     def maybe_evaluate(self, step: int, last_step: int) -> dict[str, float]:
         """:meth:`evaluate` when ``step`` is a multiple of ``every`` or the last step; else nothing."""
-        if not self.every or not (step % self.every == 0 or step == last_step):
+        if not due_for_evaluation(self.every, step, last_step):
             return {}
         metrics = self.evaluate()
         log.info("eval at step %d: %s", step, "  ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items()
                                                            if k in ("eval/accuracy", f"eval/pass@{self.pass_k}")))
         return metrics
+
+
+def due_for_evaluation(every: int, step: int, last_step: int) -> bool:
+    """``eval.every``: evaluate after every ``every``-th step and after the last one (never when 0)."""
+    return bool(every) and (step % every == 0 or step == last_step)
 
 
 def make_eval_env(run, *, every: int | None = None):
@@ -270,15 +275,14 @@ def compose_config(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Evaluate a checkpoint; print the metrics and write them to ``<checkpoint>/eval_results.json``."""
-    from grpo_rl.factories import configure_threads, make_engine, make_run
+    from grpo_rl.factories import make_engine, make_run
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     path, cfg = compose_config(list(sys.argv[1:] if argv is None else argv))
     with tempfile.TemporaryDirectory(prefix="grpo-eval-") as tmp:
         cfg.model.name = str(materialize_model(path, cfg, Path(tmp) / "merged"))
         cfg.resume = None
-        run = make_run(cfg, Path(tmp) / "run")
-        configure_threads()
+        run = make_run(cfg, Path(tmp) / "run")  # sets this process's threads
         engine = make_engine(run)
         try:
             metrics = make_evaluator(run, engine, every=1).evaluate()

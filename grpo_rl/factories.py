@@ -5,7 +5,6 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,55 +19,11 @@ from grpo_rl.learner import Learner, LossSettings
 from grpo_rl.lifecycle import check_run_folder
 from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import check_model_folder, load_causal_lm, load_tokenizer, resolve_model
-from grpo_rl.precision import Precision, cpu_flags, resolve_precision
+from grpo_rl.precision import cpu_flags
 from grpo_rl.reference import RefScorer
+from grpo_rl.run_context import RunContext, plan_placement, resolve_run_precision
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RolePrecisions:
-    """The resolved compute precision of each role (``precision: auto`` decided from the hardware)."""
-
-    train: Precision
-    ref: Precision
-    inference: Precision
-
-    def describe(self) -> str:
-        roles = (("train", self.train), ("ref", self.ref), ("inference", self.inference))
-        same = len({(p.dtype, p.reason) for _, p in roles}) == 1
-        if same:
-            return f"{self.train.dtype} for every role ({self.train.reason})"
-        return "; ".join(f"{name} {p.dtype} ({p.reason})" for name, p in roles)
-
-
-def resolve_run_precision(cfg, devices: DeviceAllocation) -> RolePrecisions:
-    """Each role's ``precision`` setting on its first device."""
-    ref_device = devices.ref[0] if devices.ref else devices.train[0]
-    return RolePrecisions(
-        train=resolve_precision(cfg.train_model.precision, devices.train[0]),
-        ref=resolve_precision(cfg.ref_model.precision, ref_device),
-        inference=resolve_precision(cfg.inference_model.precision, devices.inference[0]),
-    )
-
-
-@dataclass
-class RunContext:
-    """What every component of a run shares: the config, the devices, the precisions, the model and tokenizer."""
-
-    cfg: object
-    run_dir: Path
-    devices: DeviceAllocation
-    model_path: str
-    tokenizer: object
-    precision: RolePrecisions
-    started: float = field(default_factory=time.monotonic)
-    """When the run started (``time.monotonic``): ``train.max_time_minutes`` counts from here."""
-
-    @property
-    def uses_ref(self) -> bool:
-        """A KL penalty needs reference log-probs (from a reference model, or for LoRA the adapters-off model)."""
-        return self.cfg.policy.kl_coef > 0
 
 
 def seed_everything(seed: int) -> None:
@@ -94,9 +49,9 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
     devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled)
     # train_model.num_devices > 1 is a data-parallel learner (grpo_rl/distributed/learner_group.py);
     # inference_model.num_devices > 1 are engine replicas, one collector actor each (sota/grpo-async.py).
-    if len(devices.ref) > 1:
-        raise ConfigError(f"ref_model.num_devices={len(devices.ref)}: a sharded reference is not implemented yet; "
-                          "run with ref_model.num_devices=1")
+    if cfg.train_model.sharding == "fsdp" and len(devices.train) < 2:
+        raise ConfigError("train_model.sharding=fsdp shards the model over the training devices: set "
+                          "train_model.num_devices to 2 or more (or train_model.sharding=none)")
     if cfg.model.lora.enabled and len(devices.train) > 1:
         raise ConfigError(f"model.lora.enabled=true with train_model.num_devices={len(devices.train)}: a LoRA learner "
                           "runs on one device; set train_model.num_devices=1")
@@ -104,6 +59,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
         raise ConfigError(
             f"inference_model.num_devices={len(devices.inference)}: engine replicas run in sota/grpo-async.py (one "
             "collector actor each); the synchronous loop drives one engine, use inference_model.num_devices=1")
+    placement = plan_placement(cfg, devices, mode)
     run_dir = Path(run_dir)
     check_run_folder(cfg, run_dir)
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
@@ -112,7 +68,8 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
     precision = resolve_run_precision(cfg, devices)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
-                     precision=precision, started=started)
+                     precision=precision, placement=placement, mode=mode, started=started)
+    torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
     log.info("%s", describe_run(run, mode))
     return run
 
@@ -131,14 +88,15 @@ def describe_run(run: RunContext, mode: str) -> str:
         f"{cfg.env.group_size} answers, up to {cfg.sampling.max_new_tokens} new tokens{limit}",
         f"  model:     {model}",
         f"  devices:   {run.devices.describe()}{cpu}",
+        run.placement.describe(),
         f"  precision: {run.precision.describe()}",
         f"  outputs:   {run.run_dir} (metrics.jsonl, {wandb[cfg.logger.backend]}, checkpoints/)",
     ]
     return "\n".join(lines)
 
 
-def make_engine(run: RunContext, *, weight_transfer_backend: str | None = None):
-    """The rollout engine (``weight_transfer_backend``: see :class:`~grpo_rl.rollout.vllm_engine.VLLMEngine`)."""
+def make_engine(run: RunContext):
+    """The rollout engine on ``run.devices.inference[0]``."""
     cfg = run.cfg.inference_model
     device = run.devices.inference[0]
     kwargs = dict(dtype=run.precision.inference.dtype)
@@ -148,21 +106,20 @@ def make_engine(run: RunContext, *, weight_transfer_backend: str | None = None):
         return VLLMEngine(run.model_path, device, max_model_len=cfg.max_model_len, seed=run.cfg.seed,
                           kv_cache_gb=cfg.kv_cache_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-                          weight_transfer_backend=weight_transfer_backend, **kwargs)
+                          **kwargs)
     from grpo_rl.rollout.transformers_engine import TransformersEngine
 
     return TransformersEngine(run.model_path, device, **kwargs)
 
 
-def make_learner(run: RunContext, threads: int | None = None) -> Learner:
-    """The learner; with ``train_model.num_devices > 1`` a data-parallel group of ranks with the same interface
-    (``threads``: torch threads per rank, default the cores split between the ranks)."""
+def make_local_learner(run: RunContext, *, shard=None) -> Learner:
+    """The learner on ``run.devices.train[0]``, in this process (one rank of a data-parallel group runs one too,
+    see :mod:`grpo_rl.distributed.learner_group`). ``shard(model)``, if given, shards the model before the
+    optimizer is built (FSDP2, :mod:`grpo_rl.distributed.sharding`)."""
     cfg = run.cfg
-    if len(run.devices.train) > 1:
-        from grpo_rl.distributed.learner_group import LearnerGroup
-
-        return LearnerGroup(run, threads=threads)
     model = load_causal_lm(run.model_path, run.devices.train[0], cfg.model.dtype, trainable=True)
+    if shard is not None:
+        shard(model)
     if cfg.model.lora.enabled:
         from grpo_rl.lora import apply_lora
 
@@ -258,10 +215,3 @@ def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch,
     if ref is not None:
         metrics["reference_tokens_per_second"] = scored_tokens / max(t1 - t0, 1e-9)
     return batch, metrics
-
-
-def configure_threads() -> int:
-    """Use every core for torch in a single-process run (roles take turns, so they never compete)."""
-    n = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
-    torch.set_num_threads(n)
-    return n

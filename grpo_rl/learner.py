@@ -12,6 +12,10 @@ so no separate old-log-prob pass is run: ``old_logprobs = logprobs.detach()``, t
 without gradients, before the first epoch.
 
 A step whose loss or gradient is not finite is skipped (no parameter changes), counted and logged.
+
+A model sharded with :func:`~grpo_rl.distributed.sharding.shard_model` holds collectives in every forward and
+backward, so every rank runs as many passes as the rank with the most micro-batches (the others repeat their last
+micro-batch with weight 0) and a non-finite loss does not end a rank's passes early.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
+from torch.distributed.fsdp import FSDPModule
 
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.lora import hf_named_weights
@@ -51,7 +56,8 @@ class Learner:
     """Owns the trainable model, its optimizer and LR schedule, and the policy version.
 
     Args:
-        model: the trainable causal LM (already on ``device``).
+        model: the trainable causal LM (already on ``device``; or sharded by
+            :func:`~grpo_rl.distributed.sharding.shard_model`, which must come first).
         device: where training runs.
         loss: loss settings.
         lr, weight_decay, betas, eps: AdamW.
@@ -91,6 +97,7 @@ class Learner:
         self.epochs = epochs
         self.bf16_autocast = bf16_autocast
         self.share_prompt = share_prompt
+        self.sharded = isinstance(model, FSDPModule)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -106,7 +113,8 @@ class Learner:
         self.skipped_steps = 0
         self.data_parallel = None
         """A :class:`~grpo_rl.distributed.data_parallel.GradientAllReduce` when this is one rank of a
-        data-parallel learner: shares, gradients and diagnostics are then summed over ranks."""
+        data-parallel learner (a :class:`~grpo_rl.distributed.sharding.ShardedDataParallel` for a sharded model):
+        shares, gradients and diagnostics are then summed over ranks."""
 
     def _autocast(self):
         if not self.bf16_autocast:
@@ -128,29 +136,44 @@ class Learner:
         batch = batch.to(self.device)
         split = group_micro_batches if self.share_prompt else micro_batches
         chunks = split(batch, self.micro_batch_tokens)
+        total_tokens, total_rows = float(batch["response_mask"].sum()), float(batch.batch_size[0])
+        counts: list[float] = []
+        if self.data_parallel is not None:  # each micro-batch's share is of the batch over all ranks
+            dp = self.data_parallel
+            if self.sharded:  # every rank's micro-batch count, each in its own slot of the sum
+                counts = [float(len(chunks)) if r == dp.rank else 0.0 for r in range(dp.world_size)]
+            total_tokens, total_rows, *counts = dp.sum_scalars([total_tokens, total_rows, *counts])
+        if counts and min(counts) == 0:  # raised on every rank alike
+            raise ValueError("a sharded model needs at least one row on every rank (fewer rows than ranks?)")
+        passes = self._passes(chunks, int(max(counts, default=len(chunks))))
         if self.epochs > 1:
             with torch.no_grad():
-                for mb in chunks:
-                    mb.set("old_logprobs", self._logprobs(mb, with_entropy=False).logprobs)
-        total_tokens, total_rows = float(batch["response_mask"].sum()), float(batch.batch_size[0])
-        if self.data_parallel is not None:  # each micro-batch's share is of the batch over all ranks
-            total_tokens, total_rows = self.data_parallel.sum_scalars([total_tokens, total_rows])
+                for mb, padding in passes:
+                    old_logprobs = self._logprobs(mb, with_entropy=False).logprobs
+                    if not padding:
+                        mb.set("old_logprobs", old_logprobs)
         total_tokens = max(total_tokens, 1.0)
         metrics: dict[str, float] = {}
         for _ in range(self.epochs):
-            metrics = self._optimizer_step(chunks, total_tokens, total_rows)
+            metrics = self._optimizer_step(passes, total_tokens, total_rows)
         metrics["num_micro_batches"] = float(len(chunks))
         return metrics
 
-    def _optimizer_step(self, chunks: list[TensorDict], total_tokens: float, total_rows: float) -> dict[str, float]:
+    @staticmethod
+    def _passes(chunks: list[TensorDict], num_passes: int) -> list[tuple[TensorDict, bool]]:
+        """``(micro-batch, is_padding)`` for ``num_passes`` passes: the micro-batches, then the last one again."""
+        return [(mb, False) for mb in chunks] + [(mb, True) for mb in chunks[-1:] * (num_passes - len(chunks))]
+
+    def _optimizer_step(self, passes: list[tuple[TensorDict, bool]], total_tokens: float,
+                        total_rows: float) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         finite = True
-        for mb in chunks:
+        for mb, padding in passes:
             share = (
-                float(mb["response_mask"].sum()) / total_tokens
-                if self.loss.aggregation == "token_mean"
+                0.0 if padding
+                else float(mb["response_mask"].sum()) / total_tokens if self.loss.aggregation == "token_mean"
                 else mb.batch_size[0] / total_rows
             )
             out = self._logprobs(mb, with_entropy=True)
@@ -174,8 +197,11 @@ class Learner:
             )
             if not torch.isfinite(result.loss):
                 finite = False
-                break
-            result.loss.backward()
+                if not self.sharded:
+                    break
+            result.loss.backward()  # sharded: even a non-finite one, as the other ranks' backward waits on it
+            if not finite or padding:
+                continue
             for k, v in result.diagnostics().items():
                 # loss terms are already scaled by share; diagnostics are per-micro-batch means
                 weight = 1.0 if k.startswith("loss") else share
@@ -210,6 +236,11 @@ class Learner:
     def named_weights(self):
         """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights`` (LoRA: merged, out of place)."""
         return hf_named_weights(self.model)
+
+    def weights_for_push(self):
+        """What a :class:`~grpo_rl.weight_sync.WeightSync` pushes: :meth:`named_weights` (a data-parallel group
+        hands over a packet already in the object store instead)."""
+        return self.named_weights()
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

@@ -196,24 +196,25 @@ class RunState:
         self._step_started = self.started
         self._boundary: tuple | None = None  # (learner fingerprint, env state, RNG states) at the last step end
 
-    def resume(self, learner, env, engine) -> Path | None:
-        """Continue from the checkpoint ``cfg.resume`` names, if any: weights, trainer state, data position and
-        RNG; push the weights to ``engine``; cut the logs back to the checkpoint's step. Call once, before the loop.
+    def resume(self, learner, source, weight_sync) -> Path | None:
+        """Continue from the checkpoint ``cfg.resume`` names, if any: weights, trainer state, the rollout
+        source's stream position (what was consumed) and RNG; push the weights through ``weight_sync``; cut the
+        logs back to the checkpoint's step. Call once, before the loop.
         """
         checkpoint = find_resume_checkpoint(self.cfg, self.checkpointer)
         if checkpoint is None and self.cfg.resume:
             log.info("resume=auto: no checkpoint in %s; starting fresh", self.checkpointer.root)
         if checkpoint is not None:
             load_model_weights(checkpoint, learner.model)
-            self.restore(checkpoint, learner, env)
-            engine.update_weights(learner.named_weights())
+            self.restore(checkpoint, learner, source)
+            weight_sync.push(learner.weights_for_push(), learner.version)
             self.resumed_from = checkpoint
         if self.cfg.resume:
             self.logger.rewind(self.step)
-        self._mark_boundary(learner, env)
+        self._mark_boundary(learner, source)
         return checkpoint
 
-    def restore(self, checkpoint: Path, learner, env) -> None:
+    def restore(self, checkpoint: Path, learner, source) -> None:
         """Load trainer state written by :meth:`save` (the model weights are loaded by the caller)."""
         state = load_trainer_state(checkpoint)
         if state.get("config"):
@@ -222,7 +223,9 @@ class RunState:
                 log.warning("resuming %s with changed settings (the run will not match an uninterrupted one):\n  %s",
                             checkpoint, "\n  ".join(changes))
         learner.load_state_dict(state["learner"])
-        env.load_state_dict(state["env"])
+        stream = dict(state["env"])
+        stream.setdefault("next_index", int(state["step"]))  # checkpoints from before the stream record
+        source.load_state_dict(stream)
         set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.rewards = list(state.get("rewards", []))
@@ -258,7 +261,8 @@ class RunState:
         if reason is not None:
             raise StopRun(f"{reason} during step {self.step + 1}, after {phase}: step {self.step + 1} abandoned")
 
-    def record_step(self, learner, env, tokenizer, metrics: dict, batch, console_suffix: str = "") -> None:
+    def record_step(self, learner, source, tokenizer, metrics: dict, batch, failure_examples: list[dict] = (),
+                    console_suffix: str = "") -> None:
         """End a step: log it (metrics, reward failures, console line, sample table), then mark the step
         boundary, then checkpoint on schedule. Call once per step, after the learner update and the weight push.
 
@@ -267,7 +271,8 @@ class RunState:
         """
         step = self.step + 1
         self.logger.log(step, metrics)
-        log_reward_failures(self.run_dir, step, getattr(env, "last_failure_examples", None) or [])
+        self.logger.log_trained(step, batch)
+        log_reward_failures(self.run_dir, step, list(failure_examples))
         log.info(console_line(step, self.cfg.train.steps, metrics) + console_suffix)
         every = self.cfg.logger.examine_every
         if self.cfg.logger.num_examine and (step == 1 or step % every == 0):
@@ -275,16 +280,16 @@ class RunState:
             self.logger.log_samples(step, batch, self.cfg.logger.num_examine, reward_keys)
         self.step = step
         self.rewards.append(float(metrics["reward_mean"]))
-        self._mark_boundary(learner, env)
+        self._mark_boundary(learner, source)
         if self.should_checkpoint():
-            self.save(learner, env, tokenizer)
+            self.save(learner, source, tokenizer)
 
-    def _mark_boundary(self, learner, env) -> None:
-        self._boundary = (_learner_fingerprint(learner), copy.deepcopy(env.state_dict()), rng_state())
+    def _mark_boundary(self, learner, source) -> None:
+        self._boundary = (_learner_fingerprint(learner), copy.deepcopy(source.state_dict()), rng_state())
 
-    def save(self, learner, env, tokenizer) -> Path:
+    def save(self, learner, source, tokenizer) -> Path:
         """Checkpoint the current step (call at a step boundary)."""
-        return self._save(learner, env.state_dict(), tokenizer)
+        return self._save(learner, source.state_dict(), tokenizer)
 
     def _save(self, learner, env_state: dict, tokenizer, rng: dict | None = None) -> Path:
         config_yaml = OmegaConf.to_yaml(self.cfg)
@@ -305,7 +310,7 @@ class RunState:
         limit = self.cfg.train.max_time_minutes
         return limit is not None and (time.monotonic() - self.started) / 60 >= limit
 
-    def finish(self, learner, env, tokenizer) -> None:
+    def finish(self, learner, source, tokenizer) -> None:
         """The final checkpoint and export; register it as a cleanup callback of the loop.
 
         The checkpoint is always that of the last step boundary (its data position and RNG states), so a run

@@ -58,6 +58,7 @@ class RunLogger:
         mode = "a" if resume else "w"
         self._metrics = open(self.run_dir / "metrics.jsonl", mode, buffering=1)
         self._samples = open(self.run_dir / "samples.jsonl", mode, buffering=1)
+        self._trained = open(self.run_dir / "trained.jsonl", mode, buffering=1)
         self._csv_fields: list[str] | None = [] if csv else None
         if csv:
             self._rewrite_csv()
@@ -110,10 +111,12 @@ class RunLogger:
         """
         self._metrics.close()
         self._samples.close()
-        for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl"):
+        self._trained.close()
+        for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl", "trained.jsonl"):
             truncate_jsonl(self.run_dir / name, step)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         self._samples = open(self.run_dir / "samples.jsonl", "a", buffering=1)
+        self._trained = open(self.run_dir / "trained.jsonl", "a", buffering=1)
         if self._csv_fields is not None:
             self._rewrite_csv()
         if self._tb is not None:
@@ -156,6 +159,24 @@ class RunLogger:
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._tb.add_scalar(key, value, step)
 
+    def log_trained(self, step: int, batch: TensorDict) -> None:
+        """What step ``step`` trained on, to ``trained.jsonl``: the stream's batch indices and, per group, the data
+        set's prompt index and the policy version that generated it (a run's provenance: which prompts it saw, how
+        often, and how stale)."""
+        if batch is None:
+            return
+        keys = batch.keys()
+        record: dict[str, Any] = {"step": step}
+        if "batch_index" in keys:
+            record["batch_index"] = sorted(set(batch["batch_index"].tolist()))
+        if "group_id" in keys and batch.batch_size[0]:
+            groups, first = _first_rows(batch["group_id"])
+            record["group"] = [int(g) for g in groups]
+            for key in ("prompt_index", "policy_version", "batch_index"):
+                if key in keys:
+                    record[f"group_{key}"] = [int(v) for v in batch[key][first].tolist()]
+        self._trained.write(json.dumps(record) + "\n")
+
     def log_samples(self, step: int, batch: TensorDict, num: int, reward_keys: list[str]) -> None:
         rows = []
         for i in range(min(num, batch.batch_size[0])):
@@ -177,6 +198,7 @@ class RunLogger:
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
+        self._trained.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None
@@ -253,3 +275,13 @@ def _plain(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.item() if v.numel() == 1 else v.tolist()
     return v
+
+
+def _first_rows(group_id):
+    """The distinct groups of ``group_id`` ``[N]`` and the index of each one's first row."""
+    import torch
+
+    groups, inverse = torch.unique(group_id, return_inverse=True)
+    first = torch.full((len(groups),), len(group_id), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(group_id)), "amin")
+    return groups.tolist(), first

@@ -1,17 +1,17 @@
-"""Moving the learner's weights into the rollout engine(s) of the asynchronous loop, behind one protocol.
+"""Moving the learner's weights into the rollout engine(s), behind one protocol.
 
-:class:`WeightSync` is what the loop calls every ``pipeline.push_every`` optimizer steps. Two implementations:
+:class:`WeightSync` is what both loops call after an update (the asynchronous one every ``pipeline.push_every``
+optimizer steps): ``push(weights, version)``. Three implementations:
 
-* :class:`ObjectStoreWeightSync` (CPU, and any machine): the learner puts its state dict into Ray's shared-
-  memory object store as numpy arrays; each collector maps them zero-copy, loads them into its engine with
-  ``engine.update_weights`` and from then on stamps its samples with the new ``policy_version``. The learner
-  does not wait for the engine: a push costs it the ``ray.put`` only, and the collector applies the newest
-  weights between two generation calls.
-* :class:`NCCLWeightSync` (GPU only): an NCCL broadcast from the learner's GPU to every engine worker through
-  vLLM 0.32's weight-transfer engine (``weight_transfer_config={"backend": "nccl"}`` on the engine,
-  ``NCCLTrainerWeightTransferEngine`` on the learner, the worker side driven through
-  ``LLM.collective_rpc``). It cannot run on this machine (no GPU, no NCCL) and is untested here; it imports
-  vLLM lazily and stays small on purpose.
+* :class:`InPlaceWeightSync` (``sota/grpo.py``): the engine lives in this process; its ``update_weights``
+  reloads the weights in place.
+* :class:`ObjectStoreWeightSync` (``pipeline.weight_transport=object_store``, the default on the CPU): the
+  weights go into Ray's shared-memory object store as numpy arrays; each collector maps them zero-copy, loads them
+  into its engine between two generation calls and from then on stamps its samples with the new
+  ``policy_version``. The learner does not wait for the engines: a push costs it the ``ray.put`` only.
+* :class:`~grpo_rl.distributed.collective_sync.CollectiveWeightSync` (``collective``, the default on GPUs): one
+  broadcast from the learner to every engine over a process group of their own, NCCL between GPUs and gloo on the
+  CPU, the same code (:mod:`grpo_rl.distributed.collective`).
 
 Why the object store and not safetensors bytes (``python benchmarks/weight_transport.py --repeats 7``;
 2-core CPU box shared with other jobs, load average 11-14; local Ray; median of 7 with the variants
@@ -100,21 +100,36 @@ def unpack_weights(packet: WeightPacket) -> list[tuple[str, torch.Tensor]]:
     return list(tensors.items()) + [(alias, tensors[name]) for alias, name in packet.aliases.items()]
 
 
-def learner_packet(learner) -> WeightPacket:
-    """The learner's current weights as a packet; a data-parallel group packs on its rank 0."""
-    if hasattr(learner, "weight_packet"):
-        return learner.weight_packet()
-    return pack_weights(learner.named_weights(), learner.version)
-
-
 class WeightSync(Protocol):
-    """Pushes the learner's weights to every collector's engine."""
+    """Pushes the learner's weights, tagged with its policy version, to every engine."""
 
-    def push(self, learner) -> float:
-        """Send ``learner``'s weights (tagged ``learner.version``); return the seconds the learner was blocked."""
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
+        """Send ``weights`` (HF-named ``(name, tensor)`` pairs, or a :class:`WeightPacket` already in the object
+        store); samples generated afterwards carry ``version``. Returns the seconds the caller was blocked."""
         ...
 
     def close(self) -> None: ...
+
+
+class InPlaceWeightSync:
+    """The engine is in this process: reload its weights in place (``engine.update_weights``).
+
+    Args:
+        engine: the rollout engine.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.version = 0
+
+    def push(self, weights, version: int) -> float:
+        t0 = time.perf_counter()
+        self.engine.update_weights(unpack_weights(weights) if isinstance(weights, WeightPacket) else weights)
+        self.version = version
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """The engine is shut down by its owner."""
 
 
 class ObjectStoreWeightSync:
@@ -122,94 +137,22 @@ class ObjectStoreWeightSync:
 
     Args:
         collectors: collector actor handles (:class:`grpo_rl.distributed.actors.CollectorWorker`).
+        timeout: seconds to wait for the previous push's delivery (``pipeline.timeout_seconds``).
     """
 
-    def __init__(self, collectors: Sequence[Any]):
+    def __init__(self, collectors: Sequence[Any], timeout: float | None = None):
         self.collectors = list(collectors)
+        self.timeout = timeout
         self._inflight: list = []
 
-    def push(self, learner) -> float:
+    def push(self, weights, version: int) -> float:
         import ray
 
         t0 = time.perf_counter()
-        ray.get(self._inflight)  # surfaces a failure of the previous push; these calls return at once
-        packet = learner_packet(learner)
+        ray.get(self._inflight, timeout=self.timeout)  # surfaces a failure of the previous push; these return at once
+        packet = weights if isinstance(weights, WeightPacket) else pack_weights(weights, version)
         self._inflight = [c.set_weights.remote(packet) for c in self.collectors]
         return time.perf_counter() - t0
 
     def close(self) -> None:
         self._inflight = []
-
-
-class _CollectorWeightClient:
-    """vLLM's ``VLLMWeightSyncClient`` protocol over our collector actors (each forwards to its engine's
-    workers with ``collective_rpc``). Replica ``i``'s worker joins the NCCL group at rank ``1 + i``."""
-
-    def __init__(self, collectors: Sequence[Any]):
-        self.collectors = list(collectors)
-
-    def _all(self, method: str, *args, per_replica=None) -> None:
-        import ray
-
-        ray.get([c.engine_rpc.remote(method, *(per_replica(i) if per_replica else args))
-                 for i, c in enumerate(self.collectors)])
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self._all("init_weight_transfer_engine", per_replica=lambda i: ({**init_info, "rank_offset": 1 + i},))
-
-    def start_weight_update(self) -> None:
-        self._all("start_weight_update")
-
-    def update_weights(self, update_info) -> None:
-        self._all("update_weights", update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all("finish_weight_update")
-
-
-class NCCLWeightSync:
-    """GPU transport: NCCL broadcast with vLLM's ``NCCLTrainerWeightTransferEngine`` (untested here, no GPU).
-
-    The engines must be built with ``weight_transfer_backend="nccl"``. The learner (rank 0 of the NCCL group)
-    blocks until every engine worker has received the weights; the collectors take the broadcast between two
-    generation calls.
-
-    Args:
-        model: the learner's model (on its GPU).
-        collectors: collector actor handles, one engine worker each (tensor parallel size 1).
-        master_address, master_port: TCP rendezvous for the NCCL group.
-    """
-
-    def __init__(self, model: torch.nn.Module, collectors: Sequence[Any], *, master_address: str, master_port: int):
-        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
-
-        from grpo_rl.lora import merged_state_dict
-
-        class StateDictSource(WeightSource):
-            """The HF-named state dict (LoRA adapters merged in), not vLLM's ``ModuleSource``
-            (``named_parameters()``): a tied ``lm_head.weight`` must be sent under its own name too (see the
-            module docstring), and a peft model's own names are not the engine's."""
-
-            def metadata(self) -> list:
-                return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in merged_state_dict(model).items()]
-
-            def __iter__(self):
-                return iter(merged_state_dict(model).items())
-
-        self.collectors = list(collectors)
-        info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
-                                   world_size=1 + len(self.collectors))
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=_CollectorWeightClient(self.collectors), source=StateDictSource())
-
-    def push(self, learner) -> float:
-        import ray
-
-        t0 = time.perf_counter()
-        self.engine.send_weights()
-        ray.get([c.set_version.remote(learner.version) for c in self.collectors])
-        return time.perf_counter() - t0
-
-    def close(self) -> None:
-        self.engine.shutdown()

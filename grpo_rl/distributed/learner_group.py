@@ -2,9 +2,11 @@
 
 :class:`LearnerGroup` has the :class:`~grpo_rl.learner.Learner` interface the loops and the run lifecycle use
 (``train_step``, ``named_weights``, ``version``, ``state_dict``/``load_state_dict``, ``model``), so both
-scripts take it from :func:`grpo_rl.factories.make_learner` unchanged. Each rank holds a full replica on its
-device (gloo on the CPU, NCCL on GPUs) and trains on a shard of every batch; gradients are summed over ranks
-(:mod:`grpo_rl.distributed.data_parallel`), so the replicas stay identical.
+scripts take it from :func:`grpo_rl.roles.make_learner` unchanged. Each rank trains on a shard of every batch
+(gloo on the CPU, NCCL on GPUs). With ``train_model.sharding=none`` each rank holds a full replica and gradients
+are summed over ranks (:mod:`grpo_rl.distributed.data_parallel`), so the replicas stay identical; with ``fsdp``
+parameters, gradients and optimizer state are sharded (:mod:`grpo_rl.distributed.sharding`) and the weights are
+gathered once per push or checkpoint.
 
 ``model`` is a CPU copy of rank 0's weights in the driver: refreshed by :meth:`LearnerGroup.state_dict`
 (every checkpoint calls it before writing ``model``), and sent to every rank by
@@ -13,13 +15,18 @@ device (gloo on the CPU, NCCL on GPUs) and trains on a shard of every batch; gra
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
-from omegaconf import OmegaConf
 
-from grpo_rl.distributed.actors import actor_run_context
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
-from grpo_rl.distributed.ray_setup import actor_options, cpu_threads_per_worker, free_port, start_ray, stop_ray, worker_device
+from grpo_rl.distributed.ray_setup import free_port
+from grpo_rl.distributed.reference_actors import wait_ready
+from grpo_rl.errors import RoleFailed
+from grpo_rl.factories import make_local_learner, seed_everything
+from grpo_rl.quiet import quiet_start
+from grpo_rl.run_context import ActorSpec, RunContext
+from grpo_rl.weight_sync import WeightPacket, pack_weights
 
 log = logging.getLogger(__name__)
 
@@ -27,48 +34,80 @@ log = logging.getLogger(__name__)
 class LearnerRank:
     """One rank: a :class:`~grpo_rl.learner.Learner` on its device, joined to the group's process group."""
 
-    def __init__(self, cfg_container: dict, run_dir: str, model_path: str, device: torch.device, *, rank: int,
-                 world_size: int, master_address: str, master_port: int, threads: int):
+    def __init__(self, spec: ActorSpec, *, world_size: int, master_address: str, master_port: int, timeout: float):
+        import datetime
+
         import torch.distributed as dist
 
-        from grpo_rl.factories import make_learner, seed_everything
-        from grpo_rl.quiet import quiet_start
-
         quiet_start()
-        torch.set_num_threads(threads)
-        run = actor_run_context(cfg_container, run_dir, model_path, device)
+        run = spec.enter()
+        device, rank = spec.device, spec.index
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL binds each rank to "its" GPU (the only one Ray exposes)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size,
-                                init_method=f"tcp://{master_address}:{master_port}")
+                                init_method=f"tcp://{master_address}:{master_port}",
+                                timeout=datetime.timedelta(seconds=timeout))
         seed_everything(run.cfg.seed)  # identical initialisation on every rank (LoRA adapters are random)
-        self.learner = make_learner(run)
-        self.learner.data_parallel = GradientAllReduce()
+        self.sharded = run.cfg.train_model.sharding == "fsdp"
+        if self.sharded:
+            from grpo_rl.distributed.sharding import ShardedDataParallel, shard_model
 
-    def ready(self) -> bool:
-        return True
+            self.learner = make_local_learner(run, shard=shard_model)
+            self.learner.data_parallel = ShardedDataParallel()
+        else:
+            self.learner = make_local_learner(run)
+            self.learner.data_parallel = GradientAllReduce()
+
+    def ready(self) -> int:
+        return os.getpid()
 
     def train_step(self, shard) -> dict:
         return {**self.learner.train_step(shard), "version": self.learner.version,
                 "skipped_steps": self.learner.skipped_steps}
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        return [(k, v.detach().to("cpu").clone()) for k, v in self.learner.named_weights()]
+    def _full_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The whole model's weights in HF naming; sharded ranks gather them (every rank must call this)."""
+        if self.sharded:
+            from grpo_rl.distributed.sharding import full_named_weights
 
-    def weight_packet(self):
-        from grpo_rl.weight_sync import pack_weights
+            return full_named_weights(self.learner.model)
+        return [(k, v.detach().to("cpu")) for k, v in self.learner.named_weights()]
 
-        return pack_weights(self.learner.named_weights(), self.learner.version)
+    def weight_packet(self) -> WeightPacket | None:
+        """Rank 0 puts the weights into the object store; the other ranks only take part in the gather."""
+        named = self._full_weights()
+        return pack_weights(named, self.learner.version) if dist_rank() == 0 else None
 
-    def model_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu") for k, v in self.learner.model.state_dict().items()}
+    def model_state(self) -> dict[str, torch.Tensor] | None:
+        if self.sharded:
+            from grpo_rl.distributed.sharding import full_model_state
 
-    def state_dict(self) -> dict:
-        return self.learner.state_dict()
+            state = full_model_state(self.learner.model)
+        else:
+            state = {k: v.detach().to("cpu") for k, v in self.learner.model.state_dict().items()}
+        return state if dist_rank() == 0 else None
+
+    def state_dict(self) -> dict | None:
+        if self.sharded:
+            from grpo_rl.distributed.sharding import full_optimizer_state
+
+            state = {**self.learner.state_dict(),
+                     "optimizer": full_optimizer_state(self.learner.model, self.learner.optimizer)}
+        else:
+            state = self.learner.state_dict()
+        return state if dist_rank() == 0 else None
 
     def load(self, model_state: dict, learner_state: dict) -> None:
-        self.learner.model.load_state_dict(model_state)
-        self.learner.load_state_dict(learner_state)
+        if self.sharded:
+            from grpo_rl.distributed.sharding import load_full_model_state, load_full_optimizer_state
+
+            load_full_model_state(self.learner.model, model_state)
+            optimizer_state = learner_state["optimizer"]
+            self.learner.load_state_dict({**learner_state, "optimizer": self.learner.optimizer.state_dict()})
+            load_full_optimizer_state(self.learner.model, self.learner.optimizer, optimizer_state)
+        else:
+            self.learner.model.load_state_dict(model_state)
+            self.learner.load_state_dict(learner_state)
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -77,74 +116,80 @@ class LearnerRank:
             dist.destroy_process_group()
 
 
+def dist_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
 class LearnerGroup:
     """``len(run.devices.train)`` learner ranks behind the ``Learner`` interface (see the module docstring).
 
     Args:
-        run: the run context.
-        threads: torch threads per rank (default: the cores split between the ranks).
+        run: the run context (Ray must be running; each rank gets its slice, threads included).
     """
 
-    def __init__(self, run, threads: int | None = None):
+    def __init__(self, run: RunContext):
         import ray
 
         from grpo_rl.models import load_causal_lm
 
-        if run.cfg.model.lora.enabled:
-            raise NotImplementedError("model.lora.enabled=true with train_model.num_devices > 1 is not supported; "
-                                      "use one training device for LoRA")
-        world = len(run.devices.train)
-        threads = threads or cpu_threads_per_worker(world)
-        self._started_ray = start_ray(run.cfg.ray, min_cpus=world * threads, actor_gpus=run.devices.train)
+        placement = run.placement.learner
+        world = placement.count
+        self.timeout = run.cfg.pipeline.timeout_seconds
         address, port = ray.util.get_node_ip_address(), free_port()
-        container = OmegaConf.to_container(run.cfg, resolve=True)
         self.ranks = [
-            ray.remote(LearnerRank).options(**actor_options(dev, threads)).remote(
-                container, str(run.run_dir), run.model_path, worker_device(dev), rank=i, world_size=world,
-                master_address=address, master_port=port, threads=threads)
-            for i, dev in enumerate(run.devices.train)
+            ray.remote(LearnerRank).options(**placement.ray_options()).remote(
+                run.actor_spec("learner", i), world_size=world, master_address=address, master_port=port,
+                timeout=self.timeout)
+            for i in range(world)
         ]
-        ray.get([r.ready.remote() for r in self.ranks])
-        log.info("data-parallel learner: %d ranks (%s), %d threads each", world, run.devices.describe(), threads)
+        self.pids = wait_ready(self.ranks, "learner rank", self.timeout)
+        sharding = "FSDP2-sharded" if run.cfg.train_model.sharding == "fsdp" else "data-parallel"
+        log.info("%s learner: %d ranks, %d threads each", sharding, world, placement.threads)
         self.device = torch.device("cpu")
         self.model = load_causal_lm(run.model_path, self.device, run.cfg.model.dtype, trainable=False)
         self.version = 0
         self.skipped_steps = 0
 
+    def _get(self, calls: list, what: str):
+        import ray
+
+        try:
+            return ray.get(calls, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            raise RoleFailed(f"the learner ranks did not finish {what} within pipeline.timeout_seconds="
+                             f"{self.timeout:g}") from e
+        except ray.exceptions.RayError as e:
+            raise RoleFailed(f"a learner rank failed during {what} (its log is above): {e}") from e
+
     def train_step(self, batch) -> dict[str, float]:
         """``train.epochs`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the ranks by
         whole groups."""
-        import ray
-
         shards = shard_batch(batch, len(self.ranks))
-        results = ray.get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)])
+        results = self._get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)], "a training step")
         metrics = dict(results[0])  # diagnostics were summed over ranks inside the step
         self.version, self.skipped_steps = metrics.pop("version"), metrics.pop("skipped_steps")
         metrics["num_micro_batches"] = float(sum(r["num_micro_batches"] for r in results))
         return metrics
 
+    def weights_for_push(self) -> WeightPacket:
+        """Rank 0's weights (gathered, when sharded) in the Ray object store (see :mod:`grpo_rl.weight_sync`)."""
+        return self._get([r.weight_packet.remote() for r in self.ranks], "a weight gather")[0]
+
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        import ray
+        from grpo_rl.weight_sync import unpack_weights
 
-        return ray.get(self.ranks[0].named_weights.remote())
-
-    def weight_packet(self):
-        """Rank 0's weights in the Ray object store (see :mod:`grpo_rl.weight_sync`)."""
-        import ray
-
-        return ray.get(self.ranks[0].weight_packet.remote())
+        return unpack_weights(self.weights_for_push())
 
     def state_dict(self) -> dict:
-        import ray
-
-        self.model.load_state_dict(ray.get(self.ranks[0].model_state.remote()))
-        return ray.get(self.ranks[0].state_dict.remote())
+        model_state = self._get([r.model_state.remote() for r in self.ranks], "a checkpoint")[0]
+        self.model.load_state_dict(model_state)
+        return self._get([r.state_dict.remote() for r in self.ranks], "a checkpoint")[0]
 
     def load_state_dict(self, state: dict) -> None:
-        import ray
-
         model_state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        ray.get([r.load.remote(model_state, state) for r in self.ranks])
+        self._get([r.load.remote(model_state, state) for r in self.ranks], "a resume")
         self.version, self.skipped_steps = state["version"], state["skipped_steps"]
 
     def shutdown(self) -> None:
@@ -156,4 +201,3 @@ class LearnerGroup:
                 ray.kill(r)
             except Exception as e:  # already gone
                 log.debug("learner rank shutdown: %s", e)
-        stop_ray(self._started_ray)

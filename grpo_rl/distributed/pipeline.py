@@ -1,234 +1,223 @@
-"""The driver's handle on the asynchronous rollout side: collector actors, the buffer actor, weight pushes.
+"""The asynchronous loop's rollout source: collector actors -> buffer -> (reference stage) -> the learner.
 
-:class:`AsyncRollouts` starts the actors (resources per role from the device allocation), hands the learner
-batches that pass the staleness gate, pushes weights through a :class:`~grpo_rl.weight_sync.WeightSync`,
-gathers the role metrics, notices a failed actor, and stops everything in :meth:`AsyncRollouts.shutdown`.
+:class:`AsyncRollouts` is a :class:`~grpo_rl.rollout_source.RolloutSource`. It starts one collector actor per
+inference device and a buffer actor, hands the learner the next batch that passes the staleness gate, gathers the
+role metrics, and stops everything in :meth:`AsyncRollouts.close`. With the reference as a stage of its own
+(``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference
+actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch
+``k``; the staleness gate applies where the learner takes, at the version it trains with.
+
+Nothing hangs: a collector that dies, a reference replica that fails, or no batch within
+``pipeline.timeout_seconds`` raises :class:`~grpo_rl.errors.RoleFailed` naming the role; the loop's cleanup then
+checkpoints the last step boundary, whose stream position regenerates whatever was in flight
+(:class:`~grpo_rl.rollout_source.StreamPosition`).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from typing import Callable
+import time
 
-from omegaconf import OmegaConf
+from tensordict import TensorDict
 
 from grpo_rl.buffer import TakeResult
-from grpo_rl.config import validate_async
-from grpo_rl.distributed.ray_setup import actor_options, free_port, worker_device
-from grpo_rl.weight_sync import NCCLWeightSync, ObjectStoreWeightSync, WeightSync
+from grpo_rl.distributed.actors import BufferActor, CollectorWorker
+from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
+from grpo_rl.errors import RoleFailed
+from grpo_rl.rollout_source import Rollout, StreamPosition
+from grpo_rl.run_context import RunContext
 
 log = logging.getLogger(__name__)
 
 
-class CollectorFailed(RuntimeError):
-    """A collector actor stopped (its error, if any, is chained)."""
-
-
 class AsyncRollouts:
-    """Collector and buffer actors of one run.
+    """Collector, buffer and (optionally) reference actors of one run.
 
     Args:
-        run: the run context (config, devices, model folder).
-        threads: torch threads per collector process.
+        run: the run context (Ray must be running).
+        env: an environment of the run at the start of the stream (the driver's copy; it tracks the stream
+            position, see :class:`~grpo_rl.rollout_source.StreamPosition`).
+        reference: the reference stage, when the reference runs as actors (scored batches come out of this source
+            with ``ref_logprobs``).
     """
 
-    def __init__(self, run, *, threads: int):
+    def __init__(self, run: RunContext, env, reference: ReferenceActors | None = None):
         import ray
 
-        from grpo_rl.distributed.actors import BufferActor, CollectorWorker
-
-        cfg, p = run.cfg, run.cfg.pipeline
-        validate_async(cfg)
-        # pipeline.weight_transport=auto: NCCL between GPUs, the object store otherwise
-        self.transport = p.weight_transport
-        if self.transport == "auto":
-            self.transport = "nccl" if run.devices.on_gpu else "object_store"
-        self.poll_seconds = p.poll_seconds
-        self.push_every = p.push_every
-        self.pushed_version = 0  # the learner version the engines hold: the initial weights until a push
-        self.eval_every = cfg.eval.every
+        p = run.cfg.pipeline
+        self.poll_seconds, self.timeout = p.poll_seconds, p.timeout_seconds
+        self.position = StreamPosition(env)
+        self.reference = reference
+        # With a reference stage the collectors fill an ungated buffer and the learner takes from a gated one.
         self.buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8).remote(
-            p.buffer_capacity, p.max_staleness)
-        container = OmegaConf.to_container(cfg, resolve=True)
+            p.buffer_capacity, None if reference is not None else p.max_staleness)
+        self.scored = self.buffer if reference is None else ray.remote(BufferActor).options(
+            num_cpus=0, max_concurrency=8).remote(1, p.max_staleness)
+        placement = run.placement.collector
         self.collectors = [
-            ray.remote(CollectorWorker).options(**actor_options(dev, threads, max_concurrency=4)).remote(
-                container, str(run.run_dir), run.model_path, worker_device(dev), self.buffer, replica=i,
-                num_replicas=len(run.devices.inference), threads=threads, poll_seconds=p.poll_seconds,
-                weight_transfer_backend="nccl" if self.transport == "nccl" else None)
-            for i, dev in enumerate(run.devices.inference)
+            ray.remote(CollectorWorker).options(**placement.ray_options(max_concurrency=4)).remote(
+                run.actor_spec("collector", i), self.buffer, num_replicas=placement.count,
+                poll_seconds=p.poll_seconds, timeout=p.timeout_seconds)
+            for i in range(placement.count)
         ]
+        self._buffers = [self.buffer] + ([self.scored] if reference is not None else [])
+        pids = wait_ready(self.collectors + self._buffers, "collector", p.timeout_seconds)
+        self.pids = {"collector": pids[: len(self.collectors)],
+                     "reference": list(reference.pids) if reference is not None else []}
+        (run.run_dir / "processes.json").write_text(json.dumps(self.pids))
         self._runs: list = []
+        self._pump: threading.Thread | None = None
+        self._pump_error: BaseException | None = None
+        self._reference_seconds = 0.0  # the reference stage's busy time, summed (read by _step_metrics)
+        self._prev_stats: dict[str, float] | None = None
+        self._step_started = time.perf_counter()
         self._closed = False
-        try:
-            ray.get([self.buffer.ready.remote()] + [c.ready.remote() for c in self.collectors])
-        except BaseException:  # an actor failed to start (its error is above): do not leave the others running
-            for actor in self.collectors + [self.buffer]:
-                _quietly(ray.kill, actor)
-            raise
-        self.weight_sync: WeightSync | None = None
-        self.env = _RemoteEnv(self)
 
-    def connect_weights(self, learner) -> None:
-        """Connect ``learner`` to the engines with the transport chosen at start-up."""
-        if self.transport == "nccl":
-            if not hasattr(learner, "model") or hasattr(learner, "weight_packet"):
-                raise NotImplementedError("pipeline.weight_transport=nccl needs a single-process learner "
-                                          "(train_model.num_devices=1); use weight_transport=object_store")
-            import ray
+    # -- the RolloutSource protocol -------------------------------------------------------------------------------
 
-            self.weight_sync = NCCLWeightSync(learner.model, self.collectors, master_address=ray.util.get_node_ip_address(),
-                                              master_port=free_port())
-        else:
-            self.weight_sync = ObjectStoreWeightSync(self.collectors)
-
-    def start(self, step: int) -> None:
-        """Start collecting at round ``step`` (or, after a resume, at the round the saved data position records):
-        replica ``r``'s batch of round ``k`` is the synchronous loop's batch ``k * num_replicas + r`` (same
-        prompts, same sampling seed)."""
-        self._runs = [c.run.remote(step) for c in self.collectors]
-
-    def take(self, version: int, should_stop: Callable[[], bool] = lambda: False) -> TakeResult | None:
-        """The next batch that passes the staleness gate at learner ``version``; blocks, raises if a collector
-        died, and returns None if ``should_stop()`` turns true while waiting."""
+    def next_batch(self, version: int, should_stop=lambda: False) -> Rollout | None:
+        """The next batch that passes the staleness gate at learner ``version``. Blocks; raises
+        :class:`~grpo_rl.errors.RoleFailed` when a role died or nothing came within ``pipeline.timeout_seconds``;
+        returns None if ``should_stop()`` turns true while waiting."""
         import ray
 
-        waited, dropped = 0.0, 0
+        if not self._runs:
+            self._start()
+        waited, dropped, consumed = 0.0, 0, []
+        t0 = time.perf_counter()
         while not should_stop():
-            result: TakeResult = ray.get(self.buffer.take.remote(version, self.poll_seconds))
+            result: TakeResult = ray.get(self.scored.take.remote(version, self.poll_seconds),
+                                         timeout=self.poll_seconds + self.timeout)
             waited += result.wait_seconds
             dropped += result.dropped
+            consumed += result.consumed
             if result.batch is not None:
                 result.wait_seconds, result.dropped = waited, dropped
-                return result
+                self.position.consume(consumed)
+                return Rollout(batch=result.batch, metrics={**staleness_metrics(result), **self._step_metrics()},
+                               failure_examples=self._failure_examples())
             self.check_health()
+            if time.perf_counter() - t0 > self.timeout:
+                raise RoleFailed(f"no batch from the {len(self.collectors)} collector(s) within "
+                                 f"pipeline.timeout_seconds={self.timeout:g}; they are alive but produce nothing (a "
+                                 "stuck engine?). Raise the timeout if one batch takes them that long")
+        self.position.consume(consumed)
         return None
 
-    def check_health(self) -> None:
-        """Raise :class:`CollectorFailed` if a collector's loop has ended (with its error chained)."""
-        import ray
+    def state_dict(self) -> dict:
+        """The stream position: what was consumed, so a resumed run regenerates exactly the rest."""
+        return self.position.state_dict()
 
-        for replica, call in enumerate(self._runs):
-            if not ray.wait([call], timeout=0)[0]:
-                continue
-            try:
-                ray.get(call)
-            except Exception as e:
-                raise CollectorFailed(f"collector replica {replica} failed (its log is above): {e}") from e
-            raise CollectorFailed(f"collector replica {replica} stopped without an error")
+    def load_state_dict(self, state: dict) -> None:
+        if self._runs:
+            raise RuntimeError("load the stream position before the first next_batch")
+        self.position.load_state_dict(state)
 
-    def push(self, learner) -> float:
-        """Send ``learner``'s weights to every engine; seconds the learner was blocked."""
-        seconds = self.weight_sync.push(learner)
-        self.pushed_version = learner.version
-        return seconds
-
-    def maybe_push(self, learner) -> float:
-        """:meth:`push` once the learner is ``pipeline.push_every`` optimizer steps past the engines' version;
-        seconds the learner was blocked (0 when nothing was sent)."""
-        if learner.version - self.pushed_version >= self.push_every:
-            return self.push(learner)
-        return 0.0
-
-    def maybe_evaluate(self, learner, step: int, last_step: int) -> dict[str, float]:
-        """Held-out evaluation of ``learner``'s current weights by the first collector's engine, when
-        ``eval.every`` says so (every ``every`` steps and after the last one); blocks until done.
-
-        Weights the engines do not hold yet (``push_every > 1``) are pushed to every replica first, so that
-        evaluation never leaves one replica generating training samples with weights the others lack.
-        """
-        import ray
-
-        every = self.eval_every
-        if not every or not (step % every == 0 or step == last_step):
-            return {}
-        if self.pushed_version != learner.version:
-            self.push(learner)
-        return ray.get(self.collectors[0].evaluate.remote(step, last_step))
-
-    def stats(self) -> dict[str, float]:
-        """Collector counters (summed over replicas) and buffer counters, since the start."""
-        import ray
-
-        per = ray.get([c.stats.remote() for c in self.collectors])
-        out = {f"collector/{k}": float(sum(s[k] for s in per)) for k in per[0] if k not in ("version", "replica")}
-        out["collector/version"] = float(min(s["version"] for s in per))
-        out["collector/replicas"] = float(len(per))
-        out.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote()).items()})
-        return out
-
-    def engine_proxy(self, learner) -> "_EnginePush":
-        """An object with the engine's ``update_weights`` that pushes ``learner``'s weights (for resume)."""
-        return _EnginePush(self, learner)
-
-    def shutdown(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0) -> None:
         """Stop the collectors, wake every blocked call, release the engines and kill the actors (once)."""
         import ray
 
         if self._closed:
             return
         self._closed = True
-        for call in ([self.buffer.close.remote()] + [c.stop.remote() for c in self.collectors]):
+        for call in ([b.close.remote() for b in self._buffers] + [c.stop.remote() for c in self.collectors]):
             _quietly(ray.get, call, timeout=timeout)
         if self._runs:
             ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout)
-        _quietly(self.env.state_dict)
-        self.env.frozen = True  # from here on the checkpoint gets the data position read just now
+        if self._pump is not None:
+            self._pump.join(timeout)
         for c in self.collectors:
             _quietly(ray.get, c.shutdown.remote(), timeout=timeout)
-        if self.weight_sync is not None:
-            _quietly(self.weight_sync.close)
-        for actor in self.collectors + [self.buffer]:
+        for actor in self.collectors + self._buffers:
             _quietly(ray.kill, actor)
+        if self.reference is not None:
+            self.reference.shutdown()
 
+    # -- the rest ---------------------------------------------------------------------------------------------
 
-class _RemoteEnv:
-    """The collector's environment state, for checkpoints (``state_dict``/``load_state_dict`` like the env).
+    def _start(self) -> None:
+        """Start collecting at the stream position (the start, or what a resumed checkpoint recorded)."""
+        position = self.position.state_dict()
+        self._runs = [c.run.remote(position) for c in self.collectors]
+        self._prev_stats = self.stats()
+        self._step_started = time.perf_counter()
+        if self.reference is not None:
+            self._pump = threading.Thread(target=self._pump_through_reference, name="reference-stage", daemon=True)
+            self._pump.start()
 
-    In the asynchronous loop the collector runs ahead of the learner: the saved data position is the
-    collector's, so the batches still in the buffer at a checkpoint are not seen again after resuming.
-    """
-
-    def __init__(self, rollouts: AsyncRollouts):
-        self.rollouts = rollouts
-        self._cache: dict | None = None
-        self.frozen = False
-
-    def state_dict(self) -> dict:
-        """Replica 0's data position (see :meth:`~grpo_rl.distributed.actors.CollectorWorker.load_env_state`)."""
+    def _pump_through_reference(self) -> None:
+        """Move batches from the collectors' buffer through the reference actors into the learner's buffer."""
         import ray
 
-        if self.frozen and self._cache is not None:
-            return self._cache
         try:
-            self._cache = ray.get(self.rollouts.collectors[0].env_state.remote(), timeout=30)
-        except Exception as e:  # the actor is gone (Ctrl-C reached it, or it failed): keep the last known state
-            if self._cache is None:
-                raise
-            log.warning("collector unreachable (%s); using its last known data position", type(e).__name__)
-        return self._cache
+            while not self._closed:
+                result: TakeResult = ray.get(self.buffer.take.remote(0, self.poll_seconds),
+                                             timeout=self.poll_seconds + self.timeout)
+                if result.batch is None:
+                    if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):
+                        return
+                    continue
+                t0 = time.perf_counter()
+                batch = self.reference.score(result.batch)
+                self._reference_seconds += time.perf_counter() - t0
+                while not self._closed and not ray.get(self.scored.put.remote(batch, self.poll_seconds),
+                                                       timeout=self.poll_seconds + self.timeout):
+                    pass
+        except BaseException as e:  # noqa: BLE001 - handed to the learner's thread by check_health
+            if not self._closed:
+                self._pump_error = e
 
-    def load_state_dict(self, state: dict) -> None:
+    def check_health(self) -> None:
+        """Raise :class:`~grpo_rl.errors.RoleFailed` if a collector's loop ended or the reference stage failed."""
         import ray
 
-        ray.get([c.load_env_state.remote(state) for c in self.rollouts.collectors])
-        self._cache = state
+        if self._pump_error is not None:
+            error = self._pump_error
+            if isinstance(error, RoleFailed):
+                raise error
+            raise RoleFailed(f"the reference stage failed: {error}") from error
+        for replica, call in enumerate(self._runs):
+            if not ray.wait([call], timeout=0)[0]:
+                continue
+            try:
+                ray.get(call)
+            except Exception as e:
+                raise RoleFailed(f"collector replica {replica} (pid {self.pids['collector'][replica]}) died: "
+                                 f"{type(e).__name__}; its log is above") from e
+            raise RoleFailed(f"collector replica {replica} stopped without an error")
 
-    @property
-    def last_failure_examples(self) -> list[dict]:
-        """Failing reward calls of every replica since the last step (for ``reward_failures.jsonl``)."""
+    def evaluate(self, step: int, last_step: int) -> dict[str, float]:
+        """Held-out evaluation by the first collector's engine with the newest weights pushed to it."""
         import ray
 
-        if self.frozen:
-            return []
-        return [e for c in self.rollouts.collectors for e in ray.get(c.take_failure_examples.remote())]
+        return ray.get(self.collectors[0].evaluate.remote(step, last_step), timeout=self.timeout)
 
+    def stats(self) -> dict[str, float]:
+        """Collector counters (summed over replicas) and buffer counters, since the start."""
+        import ray
 
-class _EnginePush:
-    def __init__(self, rollouts: AsyncRollouts, learner):
-        self.rollouts, self.learner = rollouts, learner
+        per = ray.get([c.stats.remote() for c in self.collectors], timeout=self.timeout)
+        out = {f"collector/{k}": float(sum(s[k] for s in per)) for k in per[0] if k not in ("version", "replica")}
+        out["collector/version"] = float(min(s["version"] for s in per))
+        out["collector/replicas"] = float(len(per))
+        out.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote(), timeout=self.timeout).items()})
+        return out
 
-    def update_weights(self, named_weights) -> None:
-        self.rollouts.push(self.learner)
+    def _step_metrics(self) -> dict[str, float]:
+        now, t = self.stats(), time.perf_counter()
+        metrics = step_rates(self._prev_stats or {}, now, t - self._step_started)
+        if self.reference is not None:
+            metrics["reference_seconds"] = self._reference_seconds - self._prev_stats.get("reference/busy_seconds", 0.0)
+            now["reference/busy_seconds"] = self._reference_seconds
+        self._prev_stats, self._step_started = now, t
+        return metrics
+
+    def _failure_examples(self) -> list[dict]:
+        import ray
+
+        return [e for part in ray.get([c.take_failure_examples.remote() for c in self.collectors],
+                                      timeout=self.timeout) for e in part]
 
 
 def _quietly(fn, *args, **kwargs):
@@ -271,4 +260,3 @@ def staleness_metrics(result: TakeResult) -> dict[str, float]:
     return {"staleness_mean": float(age.mean()) if age.numel() else 0.0,
             "staleness_max": int(age.max()) if age.numel() else 0,
             "dropped_samples": result.dropped, "learner_wait_seconds": result.wait_seconds}
-

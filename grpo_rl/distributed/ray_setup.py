@@ -1,28 +1,17 @@
-"""Ray start-up and per-role resource requests, derived once from the device allocation.
+"""Ray start-up, once per run, sized from the run's placement (:mod:`grpo_rl.run_context`).
 
-* ``ray.address=null`` starts a local instance (stopped again by :func:`stop_ray`); ``ray.address=auto`` or
-  ``ray://host:port`` joins a running cluster, which is left running.
-* Each actor asks Ray for what its role was allocated in :mod:`grpo_rl.devices`: one GPU per engine replica
-  or learner rank on a GPU machine (Ray then sets ``CUDA_VISIBLE_DEVICES``, so the actor sees ``cuda:0``),
-  CPU cores on a machine without GPUs.
-* Threads (machine facts in DESIGN.md): when roles run at the same time, more torch threads than cores in
-  total slows every matmul 10-30x. :func:`cpu_threads_per_worker` splits the cores among the roles that
-  are busy at once, and each actor gets ``OMP_NUM_THREADS`` in its ``runtime_env``, set before torch or vLLM
-  is imported there.
+``ray.address=null`` starts a local instance (stopped again by :func:`stop_ray`); ``ray.address=auto`` or
+``ray://host:port`` joins a running cluster, which is left running. What each actor asks for (GPUs, CPUs,
+``OMP_NUM_THREADS``) is its role's :meth:`~grpo_rl.run_context.RolePlacement.ray_options`.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
-
-# Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings.
-_FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "GRPO_DATA_DIR", "GRPO_CACHE_DIR",
-                  "TORCHINDUCTOR_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "PYTHONPATH")
 
 
 def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()) -> bool:
@@ -70,28 +59,6 @@ def stop_ray(started: bool) -> None:
 
     if started and ray.is_initialized():
         ray.shutdown()
-
-
-def cpu_threads_per_worker(num_busy_workers: int, num_cpus: int | None = None) -> int:
-    """Torch threads per worker when ``num_busy_workers`` processes compute at the same time."""
-    num_cpus = num_cpus or os.cpu_count() or 1
-    return max(1, num_cpus // max(1, num_busy_workers))
-
-
-def actor_options(device: torch.device, threads: int, **extra: Any) -> dict[str, Any]:
-    """``ray.remote(...).options(...)`` for an actor of a role placed on ``device`` with ``threads`` threads."""
-    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", RAY_DEDUP_LOGS="0")
-    resources: dict[str, Any] = {"num_cpus": threads}
-    if device.type == "cuda":
-        resources = {"num_cpus": 1, "num_gpus": 1}
-    return {**resources, "runtime_env": {"env_vars": env}, **extra}
-
-
-def worker_device(device: torch.device) -> torch.device:
-    """The device as an actor sees it: Ray exposes one GPU per actor, always as ``cuda:0``."""
-    return torch.device("cuda", 0) if device.type == "cuda" else device
 
 
 def free_port() -> int:

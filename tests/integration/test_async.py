@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_rl.metrics import read_jsonl
 from tests.integration.helpers import ROOT, SHARED_STEP_METRICS, read_metrics, script_env
 from tests.integration.helpers import run_script as _run_script
 
@@ -42,28 +43,36 @@ def run_script(script: str, overrides: list[str], timeout: float = 240) -> subpr
     return proc
 
 
-def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_path, monkeypatch):
-    """Engine log-probs (in the collector actor) equal the learner's own (here) for the same tokens, 1e-4;
-    a collector that dies makes the learner's wait raise instead of hang."""
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_path, monkeypatch, transport):
+    """Engine log-probs (in the collector actor) equal the learner's own (here) for the same tokens, 1e-4, after
+    pushes through either transport (collective: a gloo broadcast across processes, the code NCCL runs on GPUs);
+    a collector that dies makes the learner's wait raise, naming it, instead of hang."""
+    import contextlib
+
     from omegaconf import OmegaConf
 
     from grpo_rl.config import GRPOConfig
-    from grpo_rl.distributed.pipeline import AsyncRollouts, CollectorFailed
-    from grpo_rl.distributed.ray_setup import start_ray, stop_ray
-    from grpo_rl.factories import make_learner, make_run
-    from grpo_rl.packing import trim_padding
+    from grpo_rl.envs import make_env
+    from grpo_rl.errors import RoleFailed
+    from grpo_rl.factories import make_run
     from grpo_rl.logprobs import sequence_logprobs
+    from grpo_rl.packing import trim_padding
+    from grpo_rl.roles import make_learner, make_rollout_source, make_weight_sync, start_roles
 
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        tiny_overrides(tiny_model_dir, tmp_path, **{"pipeline.max_staleness": 0, "pipeline.buffer_capacity": 1})))
-    run = make_run(cfg, tmp_path)
-    started = start_ray(cfg.ray, min_cpus=1)
-    rollouts = AsyncRollouts(run, threads=1)
-    try:
+        tiny_overrides(tiny_model_dir, tmp_path, **{"pipeline.max_staleness": 0, "pipeline.buffer_capacity": 1,
+                                                     "pipeline.weight_transport": transport,
+                                                     "pipeline.timeout_seconds": 120})))
+    run = make_run(cfg, tmp_path, mode="async")
+    with contextlib.ExitStack() as cleanup:
+        start_roles(run, cleanup)
+        rollouts, _ = make_rollout_source(run, make_env(cfg, run.tokenizer, devices=run.devices))
+        cleanup.callback(rollouts.close)
         learner = make_learner(run)
-        rollouts.connect_weights(learner)
-        rollouts.start(0)
+        sync = make_weight_sync(run, rollouts=rollouts)
+        cleanup.callback(sync.close)
 
         def max_gap(batch) -> float:
             b = trim_padding(batch)
@@ -71,7 +80,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
                 mine = sequence_logprobs(learner.model, b, temperature=cfg.sampling.temperature).logprobs
             return float(((mine - b["behavior_logprobs"]).abs() * b["response_mask"]).max())
 
-        before = rollouts.take(0).batch
+        before = rollouts.next_batch(0).batch
         assert max_gap(before) < 1e-4  # the engine starts from the learner's weights
         for version in (1, 2):  # two pushes: the second goes into an engine that was already updated
             torch.manual_seed(version)
@@ -79,19 +88,16 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
                 for p in learner.model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
             learner.version = version
-            rollouts.push(learner)
-            after = rollouts.take(version).batch  # max_staleness=0: only samples of the pushed version pass
+            sync.push(learner.weights_for_push(), version)
+            after = rollouts.next_batch(version).batch  # max_staleness=0: only samples of the pushed version pass
             assert bool((after["policy_version"] == version).all())
             assert max_gap(after) < 1e-4, f"engine and learner disagree after push {version}"
         assert max_gap(before) > 1e-2  # the check can fail: old samples no longer match the new weights
 
         import ray  # a collector that dies is noticed by the learner's next wait, which raises
         ray.kill(rollouts.collectors[0])
-        with pytest.raises(CollectorFailed):
-            rollouts.take(99)
-    finally:
-        rollouts.shutdown()
-        stop_ray(started)
+        with pytest.raises(RoleFailed, match="collector replica 0"):
+            rollouts.next_batch(99)
 
 
 def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
@@ -186,10 +192,77 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     checkpoint = Checkpointer(run_dir).latest()
     state = load_trainer_state(checkpoint)
     saved = int(state["step"])
-    # The collectors ran ahead of the learner: their round, not the learner's step, is where collection resumes.
-    assert state["env"]["collector_round"] >= saved >= 1
+    # One collector, nothing dropped: the learner consumed the stream's first `saved` batches, in order; what the
+    # collector had made beyond them (in the buffer at the stop) is not marked consumed, so it is made again.
+    assert (state["env"]["next_index"], state["env"]["consumed"]) == (saved, []) and saved >= 1
     resumed = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
         "train.steps": saved + 2, "resume": "auto"}))
     assert f"resumed from {checkpoint}" in resumed.stdout + resumed.stderr
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, saved + 3))
     assert read_metrics(run_dir)[-1]["policy_version"] == saved + 2
+    assert trained_batches(run_dir) == list(range(saved + 2))
+
+
+def trained_batches(run_dir: Path) -> list[int]:
+    """The stream's batch indices trained on, step by step, from trained.jsonl."""
+    return [b for r in read_jsonl(run_dir / "trained.jsonl") for b in r["batch_index"]]
+
+
+def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch):
+    """SIGKILL an async run while batches wait in its buffer; the resumed run trains on every batch of the stream
+    exactly once, with the prompts the stream holds there (counted by prompt index across both runs' logs)."""
+    from omegaconf import OmegaConf
+
+    from grpo_rl.config import GRPOConfig
+    from grpo_rl.envs import make_env
+    from grpo_rl.models import load_tokenizer
+
+    run_dir, tag, steps = tmp_path / "killed", f"grpo-test-{uuid.uuid4().hex}", 7
+    # a learner slower than the collector (2 epochs) keeps the buffer full; nothing is too stale to train on
+    settings = {"train.checkpoint_frequency": 1, "train.epochs": 2, "pipeline.max_staleness": 100,
+                "pipeline.buffer_capacity": 2}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
+         *tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": 1000})],
+        cwd=ROOT, env=script_env(GRPO_TEST_RUN_TAG=tag), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(read_jsonl(run_dir / "trained.jsonl")) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert len(read_jsonl(run_dir / "trained.jsonl")) >= 3, "the run made no third step"
+        time.sleep(float(torch.rand(1)) * 2)  # somewhere in a later step
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_processes_with(tag)  # Ray's own processes outlive a SIGKILLed driver
+    first = trained_batches(run_dir)
+
+    resumed = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
+        **settings, "train.steps": steps, "resume": "auto"}), timeout=300)
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    records = read_jsonl(run_dir / "trained.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    batches = trained_batches(run_dir)
+    assert batches == list(range(steps)), f"before the kill {first}, after the resume {batches}"
+    # The prompts trained on are the stream's, each batch's once: what the synchronous loop would have drawn.
+    monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
+    cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig),
+                          OmegaConf.from_dotlist(tiny_overrides(tiny_model_dir, run_dir)))
+    env = make_env(cfg, load_tokenizer(str(tiny_model_dir)))
+    expected = [int(i) for _ in range(steps) for i in env.reset()["prompt_index"]]
+    assert [p for r in records for p in r["group_prompt_index"]] == expected
+
+
+def _kill_processes_with(tag: str) -> None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if tag.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue

@@ -1,13 +1,18 @@
-"""The asynchronous loop's bookkeeping, without Ray or an engine: rates over replicas, the NCCL update lock,
-the resumed collection round."""
+"""The wiring of roles, without Ray or an engine: placement, actor slices, the stream position that makes a resume
+exactly-once, the replicas' share of the stream, and the asynchronous loop's rates."""
 from __future__ import annotations
 
-import threading
-
 import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
 
-from grpo_rl.distributed.actors import CollectorWorker
+from grpo_rl.config import GRPOConfig
+from grpo_rl.devices import allocate_devices
+from grpo_rl.distributed.actors import replica_indices
 from grpo_rl.distributed.pipeline import step_rates
+from grpo_rl.rollout_source import InProcessRollouts, StreamPosition
+from grpo_rl.run_context import plan_placement
 
 
 def _counters(**values) -> dict[str, float]:
@@ -29,82 +34,127 @@ def test_busy_fraction_is_per_replica():
     assert rates["reward_failures"] == 1
 
 
-class _FakeLLM:
-    def __init__(self):
-        self.calls, self.resets = [], 0
-
-    def collective_rpc(self, method, args=()):
-        self.calls.append(method)
-        if method == "boom":
-            raise RuntimeError("worker failed")
-
-    def reset_prefix_cache(self):
-        self.resets += 1
+def _cfg(**overrides):
+    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
+        [f"{k}={v}" for k, v in overrides.items()]))
 
 
-def _worker() -> CollectorWorker:
-    worker = object.__new__(CollectorWorker)  # the lock logic only: no engine, no environment
-    worker.engine = type("Engine", (), {})()
-    worker.engine.llm = _FakeLLM()
-    worker._engine_lock = threading.Lock()
-    worker._in_weight_update = False
-    return worker
+def _placement(mode: str, cores: int = 2, num_gpus: int = 0, **overrides):
+    cfg = _cfg(**overrides)
+    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled,
+                               num_gpus=num_gpus, num_cpus=max(cores, 4))
+    return plan_placement(cfg, devices, mode, cores=cores)
 
 
-def test_engine_stays_locked_through_a_weight_update():
-    worker = _worker()
-    worker.engine_rpc("init_weight_transfer_engine", {})
-    assert not worker._engine_lock.locked()  # a single call takes and releases the lock
-    worker.engine_rpc("start_weight_update")
-    assert worker._engine_lock.locked()  # generation (which takes the lock) must wait from here ...
-    worker.engine_rpc("update_weights", {})
-    assert worker._engine_lock.locked()
-    worker.engine_rpc("finish_weight_update")
-    assert not worker._engine_lock.locked()  # ... to here
-    assert worker.engine.llm.resets == 1
-    assert worker.engine.llm.calls == ["init_weight_transfer_engine", "start_weight_update", "update_weights",
-                                       "finish_weight_update"]
+def test_sync_roles_take_turns_in_the_driver_with_every_core():
+    p = _placement("sync")
+    assert not p.uses_ray
+    assert (p.collector.threads, p.learner.threads, p.reference.threads, p.driver_threads) == (2, 2, 2, 2)
+    assert not p.reference.actors  # on a CPU-only machine the reference scores in the driver (auto)
 
 
-def test_a_failed_weight_update_releases_the_engine():
-    worker = _worker()
-    worker.engine_rpc("start_weight_update")
-    with pytest.raises(RuntimeError, match="worker failed"):
-        worker.engine_rpc("boom")
-    assert not worker._engine_lock.locked()
+def test_async_roles_split_the_cores():
+    p = _placement("async")
+    assert p.collector.actors and not p.learner.actors
+    assert (p.collector.threads, p.learner.threads, p.driver_threads) == (1, 1, 1)
+    assert p.ray_cpus == 1  # one collector actor of one thread
+    p = _placement("async", cores=16, **{"inference_model.num_devices": 2, "train_model.num_devices": 2})
+    assert p.collector.threads == p.learner.threads == 4  # 2 collectors + 2 ranks busy at once
+    assert p.learner.actors and p.ray_cpus == 16
 
 
-def test_resumed_data_position_sets_the_collection_round():
-    class Env:
-        def __init__(self):
-            self.loaded, self.resets = None, 0
-
-        def load_state_dict(self, state):
-            self.loaded = state
-
-        def reset(self):
-            self.resets += 1
-
-        def state_dict(self):
-            return {"position": self.resets}
-
-    worker = object.__new__(CollectorWorker)
-    worker.collector = type("Collector", (), {})()
-    worker.collector.env = Env()
-    worker._engine_lock, worker.replica, worker._round = threading.Lock(), 1, None
-    worker.load_env_state({"epoch": 0, "position": 8, "seed": 0, "collector_round": 5})
-    assert worker._round == 5  # run() then goes on with round 5's prompts and seeds, not the learner's step
-    assert worker.env_state()["collector_round"] == 5  # a checkpoint before the next batch keeps the round
-    assert worker.collector.env.loaded["position"] == 8 and worker.collector.env.resets == 1  # replica 1 skips 1
+def test_reference_placement():
+    assert _placement("async", **{"ref_model.num_devices": 2}).reference.actors  # sharded over replicas
+    assert _placement("sync", **{"ref_model.placement": "actor"}).reference.actors
+    assert _placement("sync", **{"policy.kl_coef": 0.0}).reference is None
+    assert _placement("sync", **{"model.lora.enabled": True}).reference is None  # the learner's own model
+    # on GPUs the reference gets its own GPU and becomes a stage of its own
+    on_gpu = _placement("async", num_gpus=3)
+    assert on_gpu.reference.actors and on_gpu.reference.devices == (torch.device("cuda", 1),)
+    assert on_gpu.actor_gpus == [torch.device("cuda", 2), torch.device("cuda", 1)]  # the learner's GPU stays out
+    table = on_gpu.describe()
+    assert "reference" in table and "cuda:1" in table and "driver process" in table
 
 
-def test_an_actor_context_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path):
+def test_actor_options_carry_threads_and_one_gpu():
+    cpu = _placement("async").collector.ray_options(max_concurrency=4)
+    assert cpu["num_cpus"] == 1 and cpu["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
+    assert cpu["max_concurrency"] == 4
+    gpu = _placement("async", num_gpus=3).collector.ray_options()
+    assert gpu["num_gpus"] == 1 and gpu["num_cpus"] == 1
+
+
+def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path):
     """Inside a collector actor nothing allocates devices again: the reward model gets the actor's device."""
-    import torch
+    from grpo_rl.run_context import ActorSpec
 
-    from grpo_rl.distributed.actors import actor_run_context
+    def spec(cfg):
+        return ActorSpec(cfg=cfg, run_dir=str(tmp_path), model_path=str(tiny_model_dir), role="collector", index=0,
+                         device=torch.device("cpu"), threads=1, mode="async")
 
-    cfg = {"reward": {"model_path": str(tiny_model_dir)}}
-    run = actor_run_context(cfg, str(tmp_path), str(tiny_model_dir), torch.device("cpu"))
+    run = spec({"reward": {"model_path": str(tiny_model_dir)}}).enter()
     assert run.devices.reward_model == (torch.device("cpu"),)
-    assert actor_run_context({}, str(tmp_path), str(tiny_model_dir), torch.device("cpu")).devices.reward_model == ()
+    assert torch.get_num_threads() == 1  # the slice's threads, set once here
+    assert spec({}).enter().devices.reward_model == ()
+
+
+class _Env:
+    """A prompt stream whose state is the number of resets."""
+
+    def __init__(self):
+        self.position = 0
+
+    def reset(self):
+        self.position += 1
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_stream_position_moves_its_watermark_over_consumed_batches():
+    pos = StreamPosition(_Env())
+    pos.consume([1, 3])  # replicas finish out of order
+    assert (pos.next_index, sorted(pos.consumed)) == (0, [1, 3])
+    pos.consume([0])
+    assert (pos.next_index, sorted(pos.consumed), pos.env.position) == (2, [3], 2)  # env at the watermark
+    with pytest.raises(RuntimeError, match="batch 3 .* twice"):
+        pos.consume([3])
+    resumed = StreamPosition(_Env())
+    resumed.load_state_dict(pos.state_dict())
+    assert (resumed.next_index, resumed.consumed, resumed.env.position) == (2, {3}, 2)
+
+
+def test_replicas_share_the_stream_and_skip_what_was_consumed():
+    def first(position, replica, replicas, n=4):
+        gen = replica_indices(position, replica, replicas)
+        return [i for i, own in (next(gen) for _ in range(n * replicas + 4)) if own][:n]
+
+    assert first(None, 0, 2) == [0, 2, 4, 6] and first(None, 1, 2) == [1, 3, 5, 7]
+    resumed = {"next_index": 4, "consumed": [5, 8]}
+    assert first(resumed, 0, 1) == [4, 6, 7, 9]  # 5 and 8 were trained on before the stop; 4, 6, 7 were not
+    assert first(resumed, 1, 2) == [7, 9, 11, 13]
+
+
+def test_in_process_source_numbers_its_batches_and_resumes_in_order():
+    from grpo_rl.collector import CollectStats
+
+    class Collector:
+        env = _Env()
+
+        def collect(self, step, version):
+            self.env.reset()
+            n = 4
+            batch = TensorDict({"policy_version": torch.full((n,), version)}, batch_size=[n])
+            return batch, CollectStats(generation_seconds=1.0, num_tokens=10, failure_examples=[{"e": 1}])
+
+    source = InProcessRollouts(Collector())
+    rollouts = [source.next_batch(version=v) for v in range(3)]
+    assert [int(r.batch["batch_index"][0]) for r in rollouts] == [0, 1, 2]
+    assert rollouts[0].metrics["generation_tokens_per_second"] == pytest.approx(10.0)
+    assert rollouts[0].failure_examples == [{"e": 1}]
+    assert source.state_dict() == {"position": 3, "next_index": 3, "consumed": []}
+    with pytest.raises(ValueError, match="sota/grpo-async.py"):
+        source.load_state_dict({"position": 3, "next_index": 3, "consumed": [5]})

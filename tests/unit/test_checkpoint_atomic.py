@@ -196,7 +196,7 @@ def _stop_mid_step(state: RunState, learner, env, tokenizer, *, update_learner: 
 
 def test_stop_before_the_update_checkpoints_the_step_boundary(run_state, tiny_model, tokenizer):
     learner, env = _Learner(tiny_model), _Env()
-    run_state.resume(learner, env, engine=None)
+    run_state.resume(learner, env, weight_sync=None)
     _stop_mid_step(run_state, learner, env, tokenizer, update_learner=False)
     state = load_trainer_state(run_state.checkpointer.latest())
     assert state["step"] == 1 and state["env"] == {"position": 2} and state["learner"]["version"] == 1
@@ -205,7 +205,7 @@ def test_stop_before_the_update_checkpoints_the_step_boundary(run_state, tiny_mo
 
 def test_stop_after_the_update_writes_no_checkpoint(run_state, tiny_model, tokenizer):
     learner, env = _Learner(tiny_model), _Env()
-    run_state.resume(learner, env, engine=None)
+    run_state.resume(learner, env, weight_sync=None)
     _stop_mid_step(run_state, learner, env, tokenizer, update_learner=True)
     assert run_state.checkpointer.latest() is None
     assert not (run_state.run_dir / "final_model").exists()

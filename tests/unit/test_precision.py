@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from grpo_rl import precision
 from grpo_rl.config import ConfigError, GRPOConfig, validate
 from grpo_rl.devices import DeviceAllocation
-from grpo_rl.factories import resolve_run_precision
+from grpo_rl.run_context import resolve_run_precision
 from grpo_rl.precision import BF16Probe, Precision, measure_cpu_bf16, resolve_precision
 
 CPU = torch.device("cpu")

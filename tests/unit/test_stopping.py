@@ -44,7 +44,7 @@ def _one_step(state: RunState, learner, env, tokenizer) -> None:
 def test_the_time_limit_abandons_a_step_before_the_update(tmp_path, logger, tiny_model, tokenizer):
     state = RunState(_cfg(tmp_path, max_time_minutes=1.0), tmp_path, logger)
     learner, env = _Learner(tiny_model), _Env()
-    state.resume(learner, env, engine=None)
+    state.resume(learner, env, weight_sync=None)
     assert state.running()
     _one_step(state, learner, env, tokenizer)
     assert state.running()
@@ -91,7 +91,7 @@ def test_a_failure_before_the_row_is_written_leaves_no_checkpoint_of_that_step(t
     """The row comes first: a step whose logging failed is not checkpointed, and resuming redoes it."""
     state = RunState(_cfg(tmp_path, checkpoint_frequency=1), tmp_path, logger)
     learner, env = _Learner(tiny_model), _Env()
-    state.resume(learner, env, engine=None)
+    state.resume(learner, env, weight_sync=None)
     _one_step(state, learner, env, tokenizer)
     env.position += 2
     learner.version += 1
@@ -134,7 +134,7 @@ def test_resuming_with_another_model_is_refused_before_anything_starts(tmp_path,
     cfg.model.name = "/models/a"
     state = RunState(cfg, tmp_path, logger)
     learner, env = _Learner(tiny_model), _Env()
-    state.resume(learner, env, engine=None)
+    state.resume(learner, env, weight_sync=None)
     _one_step(state, learner, env, tokenizer)
     resumed = _cfg(tmp_path)
     resumed.resume, resumed.model.name = "auto", "/models/b"

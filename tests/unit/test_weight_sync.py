@@ -65,21 +65,28 @@ def test_object_store_push_reaches_every_collector(ray_local):
         def received(self):
             return self.got
 
-    class FakeLearner:
-        version = 0
-
-        def __init__(self):
-            self.w = torch.zeros(4)
-
-        def named_weights(self):
-            return [("w", self.w)]
-
     collectors = [FakeCollector.remote() for _ in range(2)]
-    sync, learner = ObjectStoreWeightSync(collectors), FakeLearner()
+    sync, w = ObjectStoreWeightSync(collectors, timeout=30), torch.zeros(4)
     for version in (1, 2):
-        learner.version = version
-        learner.w += 1
-        sync.push(learner)
-    sync.push(learner)  # waits for the previous push: its errors would surface here
+        w += 1
+        sync.push([("w", w)], version)
+    sync.push([("w", w)], 3)  # waits for the previous push: its errors would surface here
     for c in collectors:
         assert ray_local.get(c.received.remote())[:2] == [(1, 4.0), (2, 8.0)]
+
+
+def test_in_place_sync_reloads_the_engine_and_accepts_a_packet(ray_local):
+    from grpo_rl.weight_sync import InPlaceWeightSync, pack_weights
+
+    class Engine:
+        loaded = None
+
+        def update_weights(self, named):
+            self.loaded = {k: v.clone() for k, v in named}
+
+    engine = Engine()
+    sync = InPlaceWeightSync(engine)
+    sync.push([("w", torch.ones(2))], 1)
+    assert sync.version == 1 and torch.equal(engine.loaded["w"], torch.ones(2))
+    sync.push(pack_weights([("w", torch.full((2,), 3.0))], 2), 2)  # a data-parallel group's packet
+    assert sync.version == 2 and torch.equal(engine.loaded["w"], torch.full((2,), 3.0))
