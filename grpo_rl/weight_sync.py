@@ -37,6 +37,8 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
+from grpo_rl.errors import RoleFailed
+
 # numpy has no bfloat16: such tensors travel as int16 bit patterns and are viewed back on arrival.
 _NUMPY_LESS = {torch.bfloat16: torch.int16}
 
@@ -149,7 +151,10 @@ class ObjectStoreWeightSync:
         import ray
 
         t0 = time.perf_counter()
-        ray.get(self._inflight, timeout=self.timeout)  # surfaces a failure of the previous push; these return at once
+        try:  # surfaces a failure of the previous push; these calls return at once
+            ray.get(self._inflight, timeout=self.timeout)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            raise RoleFailed(f"a collector did not take the weights of the previous push: {e}") from e
         packet = weights if isinstance(weights, WeightPacket) else pack_weights(weights, version)
         self._inflight = [c.set_weights.remote(packet) for c in self.collectors]
         return time.perf_counter() - t0

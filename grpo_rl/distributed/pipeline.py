@@ -80,15 +80,13 @@ class AsyncRollouts:
         """The next batch that passes the staleness gate at learner ``version``. Blocks; raises
         :class:`~grpo_rl.errors.RoleFailed` when a role died or nothing came within ``pipeline.timeout_seconds``;
         returns None if ``should_stop()`` turns true while waiting."""
-        import ray
-
         if not self._runs:
             self._start()
         waited, dropped, consumed = 0.0, 0, []
         t0 = time.perf_counter()
         while not should_stop():
-            result: TakeResult = ray.get(self.scored.take.remote(version, self.poll_seconds),
-                                         timeout=self.poll_seconds + self.timeout)
+            result: TakeResult = self._get(self.scored.take.remote(version, self.poll_seconds), "the buffer",
+                                           extra=self.poll_seconds)
             waited += result.wait_seconds
             dropped += result.dropped
             consumed += result.consumed
@@ -189,19 +187,15 @@ class AsyncRollouts:
 
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
         """Held-out evaluation by the first collector's engine with the newest weights pushed to it."""
-        import ray
-
-        return ray.get(self.collectors[0].evaluate.remote(step, last_step), timeout=self.timeout)
+        return self._get(self.collectors[0].evaluate.remote(step, last_step), "collector replica 0 (evaluation)")
 
     def stats(self) -> dict[str, float]:
         """Collector counters (summed over replicas) and buffer counters, since the start."""
-        import ray
-
-        per = ray.get([c.stats.remote() for c in self.collectors], timeout=self.timeout)
+        per = self._get([c.stats.remote() for c in self.collectors], "a collector")
         out = {f"collector/{k}": float(sum(s[k] for s in per)) for k in per[0] if k not in ("version", "replica")}
         out["collector/version"] = float(min(s["version"] for s in per))
         out["collector/replicas"] = float(len(per))
-        out.update({f"buffer/{k}": float(v) for k, v in ray.get(self.buffer.stats.remote(), timeout=self.timeout).items()})
+        out.update({f"buffer/{k}": float(v) for k, v in self._get(self.buffer.stats.remote(), "the buffer").items()})
         return out
 
     def _step_metrics(self) -> dict[str, float]:
@@ -214,10 +208,21 @@ class AsyncRollouts:
         return metrics
 
     def _failure_examples(self) -> list[dict]:
+        return [e for part in self._get([c.take_failure_examples.remote() for c in self.collectors], "a collector")
+                for e in part]
+
+    def _get(self, calls, role: str, extra: float = 0.0):
+        """``ray.get`` within ``pipeline.timeout_seconds``; a dead or silent actor raises
+        :class:`~grpo_rl.errors.RoleFailed` naming ``role`` (a collector that died is named by its replica)."""
         import ray
 
-        return [e for part in ray.get([c.take_failure_examples.remote() for c in self.collectors],
-                                      timeout=self.timeout) for e in part]
+        try:
+            return ray.get(calls, timeout=self.timeout + extra)
+        except ray.exceptions.GetTimeoutError as e:
+            raise RoleFailed(f"{role} did not answer within pipeline.timeout_seconds={self.timeout:g}") from e
+        except ray.exceptions.RayError as e:
+            self.check_health()  # names the collector replica that died, if one did
+            raise RoleFailed(f"{role} failed: {e}") from e
 
 
 def _quietly(fn, *args, **kwargs):
