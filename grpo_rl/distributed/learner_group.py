@@ -80,9 +80,9 @@ class LearnerRank:
 
     def model_state(self) -> dict[str, torch.Tensor] | None:
         if self.sharded:
-            from grpo_rl.distributed.sharding import full_model_state
+            from grpo_rl.distributed.sharding import full_named_weights
 
-            state = full_model_state(self.learner.model)
+            state = dict(full_named_weights(self.learner.model))
         else:
             state = {k: v.detach().to("cpu") for k, v in self.learner.model.state_dict().items()}
         return state if dist_rank() == 0 else None

@@ -42,25 +42,31 @@ def grpo_batch(group_sizes: list[int], vocab: int, seed: int = 0) -> TensorDict:
     return batch
 
 
-def make_cfg(model_dir: Path, run_dir: Path, num_devices: int):
+def make_cfg(model_dir: Path, run_dir: Path, num_devices: int, sharding: str = "none"):
     from grpo_rl.config import GRPOConfig
 
     return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([
         f"model.name={model_dir}", f"output_dir={run_dir}", f"train_model.num_devices={num_devices}",
+        f"train_model.sharding={sharding if num_devices > 1 else 'none'}",
         "policy.kl_coef=0.0", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "train.micro_batch_tokens=64",
         # fp32 on every CPU kind: the comparison's tolerance is fp32's (auto would pick bf16 where it is fast)
         "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]))
 
 
-def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path, sharding):
+    """Two gloo ranks, full replicas or FSDP2 shards, make the update one process makes on the whole batch; their
+    pushed weights (gathered once, when sharded) give an engine the single learner's log-probs."""
     from grpo_rl.distributed.learner_group import LearnerGroup
     from grpo_rl.distributed.ray_setup import start_ray, stop_ray
-    from grpo_rl.factories import make_learner, make_run
+    from grpo_rl.factories import make_run
+    from grpo_rl.roles import make_learner
 
     started = start_ray(make_cfg(tiny_model_dir, tmp_path, 2).ray, min_cpus=2)  # one Ray session for both cases
     try:
         for aggregation in ("token_mean", "seq_mean_token_mean"):  # shares by tokens, and by rows
-            single_cfg, dp_cfg = (make_cfg(tiny_model_dir, tmp_path / aggregation / str(n), n) for n in (1, 2))
+            single_cfg, dp_cfg = (make_cfg(tiny_model_dir, tmp_path / aggregation / str(n), n, sharding)
+                                  for n in (1, 2))
             for cfg in (single_cfg, dp_cfg):
                 cfg.policy.aggregation = aggregation
             single = make_learner(make_run(single_cfg, single_cfg.output_dir))
@@ -69,10 +75,32 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):
             assert isinstance(group, LearnerGroup)
             try:
                 _check_same_updates(single, group, init)
+                _check_push(single, group, tiny_model_dir)
             finally:
                 group.shutdown()
     finally:
         stop_ray(started)
+
+
+def _check_push(single, group, model_dir: Path) -> None:
+    """An engine loaded with the group's push scores tokens as the single learner does (fp32, 1e-4)."""
+    from grpo_rl.logprobs import sequence_logprobs
+    from grpo_rl.packing import trim_padding
+    from grpo_rl.rollout.transformers_engine import TransformersEngine
+    from grpo_rl.weight_sync import InPlaceWeightSync
+
+    engine = TransformersEngine(str(model_dir), torch.device("cpu"), dtype="float32")
+    batch = trim_padding(grpo_batch([3, 2], vocab=single.model.config.vocab_size, seed=5))
+
+    def gap() -> float:
+        with torch.no_grad():
+            mine = sequence_logprobs(single.model, batch).logprobs
+            theirs = sequence_logprobs(engine.model, batch).logprobs
+        return float(((mine - theirs).abs() * batch["response_mask"]).max())
+
+    assert gap() > 1e-3  # the engine starts from the file's weights, which the update moved
+    InPlaceWeightSync(engine).push(group.weights_for_push(), group.version)
+    assert gap() < 1e-4
 
 
 def _check_same_updates(single, group, init: dict) -> None:
@@ -93,13 +121,14 @@ def _check_same_updates(single, group, init: dict) -> None:
     assert moved > 1e-4  # the update is far larger than the tolerance
 
 
-def test_sync_script_with_two_learner_ranks(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_sync_script_with_two_learner_ranks(tiny_model_dir, tmp_path, sharding):
     run_dir = tmp_path / "sync_dp"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
            "GRPO_DATA_DIR": os.environ.get("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "sota" / "grpo.py"), f"model.name={tiny_model_dir}", f"output_dir={run_dir}",
-         "train_model.num_devices=2", "train.steps=2", "logger.backend=none", "logger.num_examine=0",
+         "train_model.num_devices=2", f"train_model.sharding={sharding}", "train.steps=2", "logger.backend=none", "logger.num_examine=0",
          "env.prompts_per_step=2", "env.group_size=4", "sampling.max_new_tokens=16", "policy.kl_coef=0.0",
          "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512", "eval.every=0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -107,3 +136,4 @@ def test_sync_script_with_two_learner_ranks(tiny_model_dir, tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert (run_dir / "final_model" / "config.json").exists()
+    assert "learner      2 Ray actors" in proc.stdout + proc.stderr  # the placement table of the start-up log
