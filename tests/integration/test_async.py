@@ -303,3 +303,48 @@ def test_a_killed_collector_ends_the_run_naming_it_after_a_checkpoint(tiny_model
         time.sleep(1)
         left = _processes_with(tag)
     assert not left, f"processes of the run outlived it: {left}"
+
+
+def test_reference_stage_shards_a_batch_and_scores_as_the_in_learner_reference(tiny_model_dir, tmp_path):
+    """ref_model.num_devices=2: two reference actors score one batch, cut into whole groups, exactly as the
+    reference in the learner's process does."""
+    import contextlib
+
+    from omegaconf import OmegaConf
+
+    from grpo_rl.config import GRPOConfig
+    from grpo_rl.distributed.reference_actors import ReferenceActors
+    from grpo_rl.factories import make_ref_scorer, make_run
+    from grpo_rl.roles import make_reference, start_roles
+    from tests.integration.test_data_parallel import grpo_batch
+
+    cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
+        tiny_overrides(tiny_model_dir, tmp_path, **{"policy.kl_coef": 0.05, "ref_model.num_devices": 2})))
+    run = make_run(cfg, tmp_path, mode="async")
+    assert run.placement.reference.actors and run.placement.reference.count == 2
+    with contextlib.ExitStack() as cleanup:
+        start_roles(run, cleanup)
+        stage = make_reference(run)
+        assert isinstance(stage, ReferenceActors)
+        cleanup.callback(stage.shutdown)
+        batch = grpo_batch([4, 3, 6], vocab=run.tokenizer.vocab_size + 100, seed=3)
+        remote = stage.score(batch.clone())["ref_logprobs"]
+        local = make_ref_scorer(run).score(batch.clone())["ref_logprobs"]
+        torch.testing.assert_close(remote, local, rtol=1e-5, atol=1e-5)
+        assert float(local.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("script", ["grpo-async.py", "grpo.py"])
+def test_scripts_with_the_reference_as_a_stage_of_its_own(tiny_model_dir, tmp_path, script):
+    """The reference on two actors of its own: the async loop scores the next batch while the learner trains (and
+    logs its seconds under the synchronous loop's name); the sync loop calls the same stage in line."""
+    run_dir = tmp_path / script
+    proc = run_script(script, tiny_overrides(tiny_model_dir, run_dir, **{
+        "train.steps": 3, "policy.kl_coef": 0.05, "ref_model.num_devices": 2, "pipeline.max_staleness": 3}))
+    assert "reference    2 Ray actors" in proc.stdout + proc.stderr  # the placement table
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the batches reached the learner scored (the loss raises without ref_logprobs when kl_coef > 0); that the
+    # stage's log-probs equal the in-learner reference's is checked above
+    assert all(r["reference_seconds"] > 0 and "kl_ref" in r for r in rows)
+    assert trained_batches(run_dir) == [0, 1, 2]
