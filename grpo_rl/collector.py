@@ -94,7 +94,7 @@ class Collector:
         stats = CollectStats(
             generation_seconds=t1 - t0, reward_seconds=t2 - t1,
             num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
-            failure_examples=list(getattr(self.env, "last_failure_examples", None) or []),
+            failure_examples=list(self.env.last_failure_examples),
         )
         return batch, stats
 

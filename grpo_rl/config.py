@@ -308,6 +308,24 @@ class PipelineConfig:
 
 
 @dataclass
+class SimulateConfig:
+    """Timed stand-ins for the engine, the reference and the learner (grpo_rl/simulation.py): the real
+    orchestration without the models, for benchmarks/pipeline_scale.py. Off in every real run."""
+
+    enabled: bool = False
+    generation_seconds: float = 1.0
+    """One collector's time to generate one batch."""
+    reference_seconds: float = 0.2
+    """One reference pass over one batch (split over the reference replicas when it is a stage of its own)."""
+    training_seconds: float = 1.0
+    """One optimizer step on one batch (split over the learner ranks)."""
+    jitter: float = 0.1
+    """Relative spread of every stand-in's time (each draw is scaled by 1 + jitter * N(0, 1))."""
+    answer_tokens: int = 16
+    """Tokens of every simulated answer."""
+
+
+@dataclass
 class RayConfig:
     address: Optional[str] = None
     """null: start a local Ray instance (stopped at exit); auto or ray://host:port: join a running cluster."""
@@ -338,6 +356,7 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
 
 def register_configs() -> None:
@@ -449,6 +468,10 @@ def _validate_pipeline(cfg: Any) -> None:
     _positive("pipeline.buffer_capacity", p.buffer_capacity)
     _positive("pipeline.poll_seconds", p.poll_seconds)
     _choice("pipeline.weight_transport", p.weight_transport, ("auto", "object_store", "collective"))
+    sim = cfg.simulate
+    for key in ("generation_seconds", "reference_seconds", "training_seconds", "jitter"):
+        _positive(f"simulate.{key}", getattr(sim, key), allow_zero=True)
+    _positive("simulate.answer_tokens", sim.answer_tokens)
     _positive("pipeline.timeout_seconds", p.timeout_seconds)
     if p.max_staleness < p.push_every - 1:
         raise ConfigError(

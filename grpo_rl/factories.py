@@ -46,7 +46,9 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
     if mode == "async":
         validate_async(cfg)
     # A LoRA run's reference is its own model with the adapters off: no device of its own.
-    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled)
+    # Simulated workers sleep: they need no core of their own (grpo_rl/simulation.py).
+    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled,
+                               num_cpus=1024 if cfg.simulate.enabled else None)
     # train_model.num_devices > 1 is a data-parallel learner (grpo_rl/distributed/learner_group.py);
     # inference_model.num_devices > 1 are engine replicas, one collector actor each (sota/grpo-async.py).
     if cfg.train_model.sharding == "fsdp" and len(devices.train) < 2:
@@ -99,6 +101,13 @@ def make_engine(run: RunContext):
     """The rollout engine on ``run.devices.inference[0]``."""
     cfg = run.cfg.inference_model
     device = run.devices.inference[0]
+    sim = run.cfg.simulate
+    if sim.enabled:
+        from grpo_rl.simulation import SimulatedEngine
+
+        return SimulatedEngine(vocab_size=len(run.tokenizer), seconds=sim.generation_seconds, jitter=sim.jitter,
+                               answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0,
+                               seed=run.cfg.seed)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.rollout.vllm_engine import VLLMEngine
@@ -118,6 +127,12 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
     optimizer is built (FSDP2, :mod:`grpo_rl.distributed.sharding`)."""
     cfg = run.cfg
     model = load_causal_lm(run.model_path, run.devices.train[0], cfg.model.dtype, trainable=True)
+    if cfg.simulate.enabled:
+        from grpo_rl.simulation import SimulatedLearner
+
+        return SimulatedLearner(model, run.devices.train[0], seconds=cfg.simulate.training_seconds,
+                                jitter=cfg.simulate.jitter, batch_rows=cfg.env.prompts_per_step * cfg.env.group_size,
+                                epochs=cfg.train.epochs, seed=cfg.seed)
     if shard is not None:
         shard(model)
     if cfg.model.lora.enabled:
@@ -148,6 +163,12 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
     adapters disabled (no second copy)."""
     if not run.uses_ref:
         return None
+    if run.cfg.simulate.enabled:
+        from grpo_rl.simulation import SimulatedRefScorer
+
+        sim = run.cfg.simulate
+        return SimulatedRefScorer(seconds=sim.reference_seconds, jitter=sim.jitter, seed=run.cfg.seed,
+                                  batch_rows=run.cfg.env.prompts_per_step * run.cfg.env.group_size)
     if run.cfg.model.lora.enabled:
         from grpo_rl.lora import AdapterDisabledRefScorer
 

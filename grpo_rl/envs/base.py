@@ -95,6 +95,8 @@ class PromptEnv:
                 f"{name}: every prompt is longer than env.max_prompt_tokens={max_prompt_tokens}; raise it"
             )
         self.num_skipped = skipped
+        self.last_reward_failures: dict = {}
+        self.last_failure_examples: list[dict] = []
         self.epoch = 0
         self.position = 0
         self._order = self._permutation(0)

@@ -50,8 +50,6 @@ class VLLMEngine:
         gpu_memory_utilization: memory fraction on a GPU.
         enforce_eager: skip CUDA-graph capture / compilation.
         enable_prefix_caching: share the KV cache of a group's common prompt.
-        weight_transfer_backend: vLLM weight-transfer backend (``"nccl"``) for pushes that bypass
-            :meth:`update_weights` (:class:`grpo_rl.weight_sync.NCCLWeightSync`); None: not configured.
     """
 
     def __init__(
@@ -66,7 +64,6 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
-        weight_transfer_backend: str | None = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -94,7 +91,6 @@ class VLLMEngine:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(8192, max_model_len),
             use_tqdm_on_load=quiet.verbose(),
-            **({"weight_transfer_config": {"backend": weight_transfer_backend}} if weight_transfer_backend else {}),
         )
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

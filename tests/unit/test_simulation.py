@@ -1,0 +1,69 @@
+"""The timed stand-ins of grpo_rl/simulation.py: the engine's batch layout, the shares of a sharded stage, and the
+settings that choose roles and placements."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from grpo_rl.config import ConfigError, GRPOConfig, validate
+from grpo_rl.rollout.base import SamplingSpec
+from grpo_rl.simulation import SimulatedEngine, SimulatedLearner, SimulatedRefScorer
+
+
+def test_simulated_engine_returns_the_engine_layout_after_its_time():
+    engine = SimulatedEngine(vocab_size=50, seconds=0.05, jitter=0.0, answer_tokens=6, pad_id=0)
+    t0 = time.perf_counter()
+    batch = engine.generate([[1, 2, 3], [4]], 3, SamplingSpec(max_new_tokens=4, seed=7))
+    assert time.perf_counter() - t0 >= 0.05
+    assert batch.batch_size == torch.Size([6])
+    assert batch["response_ids"].shape == (6, 4)  # min(answer_tokens, max_new_tokens)
+    assert batch["group_id"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert int(batch["prompt_mask"][3].sum()) == 1 and bool((batch["response_ids"] < 50).all())
+    again = engine.generate([[1, 2, 3], [4]], 3, SamplingSpec(max_new_tokens=4, seed=7))
+    assert torch.equal(again["response_ids"], batch["response_ids"])  # seeded like a real engine
+
+
+def test_stand_ins_take_their_share_of_a_batch():
+    from tensordict import TensorDict
+
+    def batch(rows):
+        return TensorDict({"behavior_logprobs": torch.full((rows, 3), -1.0)}, batch_size=[rows])
+
+    learner = SimulatedLearner(torch.nn.Linear(2, 2), torch.device("cpu"), seconds=0.2, jitter=0.0, batch_rows=8,
+                               epochs=2)
+    t0 = time.perf_counter()
+    learner.train_step(batch(2))  # a quarter of the batch: 0.05 s per optimizer step, 2 epochs
+    took = time.perf_counter() - t0
+    assert 0.1 <= took < 0.2 and learner.version == 2
+    ref = SimulatedRefScorer(seconds=0.2, jitter=0.0, batch_rows=8)
+    scored = ref.score(batch(4))
+    assert torch.equal(scored["ref_logprobs"], scored["behavior_logprobs"])
+
+
+def _cfg(**overrides):
+    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
+        [f"{k}={v}" for k, v in overrides.items()]))
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"train_model.sharding": "zero3"}, "train_model.sharding"),
+    ({"ref_model.placement": "gpu"}, "ref_model.placement"),
+    ({"ref_model.placement": "actor", "model.lora.enabled": True}, "ref_model.placement=actor"),
+    ({"train_model.sharding": "fsdp", "model.lora.enabled": True}, "train_model.sharding=fsdp"),
+    ({"pipeline.weight_transport": "nccl"}, "pipeline.weight_transport"),
+    ({"pipeline.timeout_seconds": 0}, "pipeline.timeout_seconds"),
+    ({"simulate.training_seconds": -1}, "simulate.training_seconds"),
+])
+def test_role_settings_are_checked(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(_cfg(**overrides))
+
+
+def test_fsdp_needs_two_training_devices(tiny_model_dir, tmp_path):
+    from grpo_rl.factories import make_run
+
+    with pytest.raises(ConfigError, match="train_model.num_devices to 2"):
+        make_run(_cfg(**{"model.name": str(tiny_model_dir), "train_model.sharding": "fsdp"}), tmp_path)
