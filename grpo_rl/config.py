@@ -74,10 +74,12 @@ class RefModelConfig(RoleDevices):
     """Put the reference on the training devices (allowed overlap)."""
     placement: str = "auto"
     """auto | learner | actor. actor: reference scoring is a pipeline stage of its own, one Ray actor per device
-    (batches are sharded over them), overlapping with generation and training. learner: scored in the driver
-    between taking a batch and training on it. auto: actor when the reference has GPUs of its own or
-    num_devices > 1; learner on a CPU-only machine, where a reference process only time-slices with the others
-    (measured in benchmarks/README.md)."""
+    (batches are sharded over them), overlapping with generation and training in sota/grpo-async.py. learner:
+    scored in the driver between taking a batch and training on it. auto: actor in the asynchronous loop, with GPUs
+    of its own, or with num_devices > 1; learner in the synchronous loop on shared devices, where the roles take
+    turns and a stage only adds a transfer. Measured on a 2-core CPU (benchmarks/README.md): the asynchronous loop
+    ran 1.20x faster with the stage, although three processes then share two cores. LoRA: always learner (the
+    reference is the learner's model with the adapters off)."""
     precision: str = "auto"
     """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
 

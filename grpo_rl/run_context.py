@@ -159,7 +159,7 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
     """
     cores = cores or cpu_cores()
     uses_ref = cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled
-    ref_actors = uses_ref and reference_as_actors(cfg, devices)
+    ref_actors = uses_ref and reference_as_actors(cfg, devices, mode)
     learner_actors = len(devices.train) > 1
     # Workers that compute at the same time: they split the cores.
     if mode == "async":
@@ -183,15 +183,17 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
                      driver_threads=driver)
 
 
-def reference_as_actors(cfg, devices: DeviceAllocation) -> bool:
+def reference_as_actors(cfg, devices: DeviceAllocation, mode: str) -> bool:
     """``ref_model.placement``: ``actor`` runs the reference as a pipeline stage of its own (one actor per device);
-    ``learner`` scores in the driver, between taking a batch and training on it. ``auto`` picks actors when the
-    reference has GPUs of its own or several devices, and the driver on a CPU-only machine, where a reference
-    process could only time-slice with the collector and the learner (benchmarks/README.md)."""
+    ``learner`` scores in the driver, between taking a batch and training on it. ``auto`` picks the stage where it
+    overlaps with the other roles (the asynchronous loop), has GPUs of its own, or shards over several devices, and
+    the driver in the synchronous loop on shared devices, where the roles take turns anyway and a stage would only
+    add a transfer. On the 2-core CPU box the asynchronous loop ran 1.20x faster with the stage, although its three
+    processes then share two cores (benchmarks/README.md)."""
     placement = cfg.ref_model.placement
     if placement == "auto":
         own_gpus = devices.on_gpu and not set(devices.ref) & set(devices.train)
-        return own_gpus or len(devices.ref) > 1
+        return mode == "async" or own_gpus or len(devices.ref) > 1
     return placement == "actor"
 
 

@@ -55,10 +55,12 @@ def test_sync_roles_take_turns_in_the_driver_with_every_core():
 
 def test_async_roles_split_the_cores():
     p = _placement("async")
-    assert p.collector.actors and not p.learner.actors
-    assert (p.collector.threads, p.learner.threads, p.driver_threads) == (1, 1, 1)
-    assert p.ray_cpus == 1  # one collector actor of one thread
-    p = _placement("async", cores=16, **{"inference_model.num_devices": 2, "train_model.num_devices": 2})
+    assert p.collector.actors and p.reference.actors and not p.learner.actors  # the reference is a stage (auto)
+    assert (p.collector.threads, p.reference.threads, p.learner.threads, p.driver_threads) == (1, 1, 1, 1)
+    assert p.ray_cpus == 2  # a collector and a reference actor of one thread each
+    assert not _placement("async", **{"ref_model.placement": "learner"}).reference.actors
+    p = _placement("async", cores=16, **{"inference_model.num_devices": 2, "train_model.num_devices": 2,
+                                         "ref_model.placement": "learner"})
     assert p.collector.threads == p.learner.threads == 4  # 2 collectors + 2 ranks busy at once
     assert p.learner.actors and p.ray_cpus == 16
 
