@@ -13,14 +13,15 @@ through a resume, and its trained.jsonl must show no batch trained twice.
 
 Per size it prints:
 
-* throughput: batches per second over the measured steps (the first step after each start is not measured:
-  actors start, the pipeline fills);
+* throughput: batches per second over the measured steps, from the wall time between consecutive steps (the first
+  step after each start is not measured: actors start, the pipeline fills);
 * ideal ``1 / max(stage)`` and the synchronous figure ``1 / sum(stages)``, with the stage times
   generation / collectors, reference, training / ranks;
 * efficiency: throughput / ideal;
 * staleness mean and max against ``pipeline.max_staleness``, and dropped samples;
-* orchestration overhead per step: the learner's step time minus its wait for a batch and minus the training
-  seconds it was set to take (what the buffer, the gate, the pushes, the stats calls and the logging cost it).
+* orchestration overhead per step: the learner's wall time per step minus its wait for a batch and minus the
+  seconds its stand-in slept (what the buffer, the gate, the fan-out to the ranks, the pushes, the stats calls,
+  the logging and the checkpoints cost it).
 
 Ends with ``min efficiency: X``. Writes JSON. Never asserts a time.
 """
@@ -80,18 +81,24 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     run_phase(common + [f"train.steps={2 * args.steps}", "resume=auto"], args.timeout)
     wall = time.perf_counter() - t0
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    # the first step after each start is not measured (actors start, the pipeline fills)
-    measured = [r for r in rows if r["step"] not in (1, args.steps + 1)]
-    trained = [b for r in read_jsonl(run_dir / "trained.jsonl") for b in r["batch_index"]]
+    records = read_jsonl(run_dir / "trained.jsonl")
+    trained = [b for r in records for b in r["batch_index"]]
+    # Wall time per step: between the ends of consecutive steps of one process (trained.jsonl's times). The first
+    # step after each start is not measured (actors start, the pipeline fills).
+    ends = {r["step"]: r["time"] for r in records}
+    wall_per_step = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends and s not in (1, args.steps + 1)}
+    measured = [r for r in rows if r["step"] in wall_per_step]
 
     stage_gen = args.generation / collectors
     stage_ref = args.reference  # one reference actor
     stage_train = args.training / ranks
     stages = [stage_gen, stage_ref, stage_train]
-    seconds = sum(r["step_seconds"] for r in measured)
+    seconds = sum(wall_per_step.values())
     throughput = len(measured) / seconds
     ideal, sync = 1 / max(stages), 1 / sum(stages)
-    overhead = [r["step_seconds"] - r["learner_wait_seconds"] - stage_train for r in measured]
+    # what the learner spent on anything but waiting for a batch and its (simulated) training
+    overhead = [wall_per_step[r["step"]] - r["learner_wait_seconds"] - r["simulated_training_seconds"]
+                for r in measured]
     return {
         "collectors": collectors, "ranks": ranks, "steps": len(rows), "measured_steps": len(measured),
         "throughput": throughput, "ideal": ideal, "sync": sync, "efficiency": throughput / ideal,

@@ -13,6 +13,7 @@ import csv
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -160,13 +161,14 @@ class RunLogger:
                 self._tb.add_scalar(key, value, step)
 
     def log_trained(self, step: int, batch: TensorDict) -> None:
-        """What step ``step`` trained on, to ``trained.jsonl``: the stream's batch indices and, per group, the data
+        """What step ``step`` trained on, to ``trained.jsonl``: when (unix time), the stream's batch indices and, per
+        group, the data
         set's prompt index and the policy version that generated it (a run's provenance: which prompts it saw, how
         often, and how stale)."""
         if batch is None:
             return
         keys = batch.keys()
-        record: dict[str, Any] = {"step": step}
+        record: dict[str, Any] = {"step": step, "time": round(time.time(), 3)}
         if "batch_index" in keys:
             record["batch_index"] = sorted(set(batch["batch_index"].tolist()))
         if "group_id" in keys and batch.batch_size[0]:

@@ -61,7 +61,7 @@ class SimulatedEngine:
 
 class SimulatedRefScorer:
     """Sleeps ``seconds * N / batch_rows`` for ``N`` rows (a replica of a sharded stage scores its share) and adds
-    ``ref_logprobs`` equal to the behaviour log-probs (KL 0)."""
+    ``ref_logprobs`` of -1 per answer token (what the simulated engine reports as its own)."""
 
     def __init__(self, *, seconds: float, jitter: float, batch_rows: int, seed: int = 0):
         self.seconds, self.jitter, self.batch_rows = seconds, jitter, batch_rows
@@ -69,7 +69,7 @@ class SimulatedRefScorer:
 
     def score(self, batch: TensorDict) -> TensorDict:
         _sleep(self.seconds * batch.batch_size[0] / self.batch_rows, self.jitter, self.rng)
-        batch.set("ref_logprobs", batch["behavior_logprobs"].clone())
+        batch.set("ref_logprobs", -batch["response_mask"].float())
         return batch
 
 
@@ -101,10 +101,11 @@ class SimulatedLearner:
         if self.data_parallel is not None:
             self.data_parallel.sum_scalars([rows])  # the collective a rank makes every step
         share = rows / self.batch_rows
+        slept = 0.0
         for _ in range(self.epochs):
-            _sleep(self.seconds * share, self.jitter, self.rng)
+            slept += _sleep(self.seconds * share, self.jitter, self.rng)
             self.version += 1
-        return {"loss": 0.0, "loss_policy": 0.0, "grad_norm": 0.0, "lr": 0.0, "num_micro_batches": 1.0,
+        return {"simulated_training_seconds": slept, "loss": 0.0, "loss_policy": 0.0, "grad_norm": 0.0, "lr": 0.0, "num_micro_batches": 1.0,
                 "skipped_steps": 0.0, "step_skipped": 0.0}
 
     def named_weights(self):

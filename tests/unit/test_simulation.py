@@ -30,7 +30,8 @@ def test_stand_ins_take_their_share_of_a_batch():
     from tensordict import TensorDict
 
     def batch(rows):
-        return TensorDict({"behavior_logprobs": torch.full((rows, 3), -1.0)}, batch_size=[rows])
+        return TensorDict({"behavior_logprobs": torch.full((rows, 3), -1.0),
+                           "response_mask": torch.ones(rows, 3, dtype=torch.long)}, batch_size=[rows])
 
     learner = SimulatedLearner(torch.nn.Linear(2, 2), torch.device("cpu"), seconds=0.2, jitter=0.0, batch_rows=8,
                                epochs=2)
