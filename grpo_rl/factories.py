@@ -106,8 +106,7 @@ def make_engine(run: RunContext):
         from grpo_rl.simulation import SimulatedEngine
 
         return SimulatedEngine(vocab_size=len(run.tokenizer), seconds=sim.generation_seconds, jitter=sim.jitter,
-                               answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0,
-                               seed=run.cfg.seed)
+                               answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.rollout.vllm_engine import VLLMEngine
@@ -132,7 +131,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
 
         return SimulatedLearner(model, run.devices.train[0], seconds=cfg.simulate.training_seconds,
                                 jitter=cfg.simulate.jitter, batch_rows=cfg.env.prompts_per_step * cfg.env.group_size,
-                                epochs=cfg.train.epochs, seed=cfg.seed)
+                                epochs=cfg.train.epochs)
     if shard is not None:
         shard(model)
     if cfg.model.lora.enabled:
@@ -167,7 +166,7 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
         from grpo_rl.simulation import SimulatedRefScorer
 
         sim = run.cfg.simulate
-        return SimulatedRefScorer(seconds=sim.reference_seconds, jitter=sim.jitter, seed=run.cfg.seed,
+        return SimulatedRefScorer(seconds=sim.reference_seconds, jitter=sim.jitter,
                                   batch_rows=run.cfg.env.prompts_per_step * run.cfg.env.group_size)
     if run.cfg.model.lora.enabled:
         from grpo_rl.lora import AdapterDisabledRefScorer

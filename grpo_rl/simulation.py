@@ -4,7 +4,8 @@ With ``simulate.enabled=true`` the factories build these instead of the real rol
 real run: the same scripts, collector actors, environments and rewards, buffer, staleness gate, reference stage,
 learner ranks with their collectives, weight pushes of the real (tiny) model's tensors, checkpoints and resume.
 Each stand-in sleeps for its role's seconds per batch (``simulate.*_seconds``), scaled by ``1 + jitter * z`` with
-``z`` standard normal (clipped at 0), so ``benchmarks/pipeline_scale.py`` can set the stage times and see what the
+``z`` standard normal (clipped at 0; drawn afresh in every process, so that replicas and a resumed run do not repeat
+each other's draws), so ``benchmarks/pipeline_scale.py`` can set the stage times and see what the
 pipeline makes of them at any number of collectors and learner ranks on one small machine: a sleeping worker needs
 no core, so ``num_devices`` is not limited by the cores here.
 """
@@ -34,14 +35,12 @@ class SimulatedEngine:
         seconds, jitter: the generation time of one batch and its relative spread.
         answer_tokens: tokens per answer (at most the call's ``max_new_tokens``).
         pad_id: the tokenizer's pad id.
-        seed: seeds the draws of this engine.
     """
 
-    def __init__(self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int,
-                 seed: int = 0):
+    def __init__(self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int):
         self.vocab_size, self.seconds, self.jitter = vocab_size, seconds, jitter
         self.answer_tokens, self.pad_id = answer_tokens, pad_id
-        self.rng = random.Random(seed)
+        self.rng = random.Random()  # fresh per process: replicas must not draw the same times
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
         _sleep(self.seconds, self.jitter, self.rng)
@@ -63,9 +62,9 @@ class SimulatedRefScorer:
     """Sleeps ``seconds * N / batch_rows`` for ``N`` rows (a replica of a sharded stage scores its share) and adds
     ``ref_logprobs`` of -1 per answer token (what the simulated engine reports as its own)."""
 
-    def __init__(self, *, seconds: float, jitter: float, batch_rows: int, seed: int = 0):
+    def __init__(self, *, seconds: float, jitter: float, batch_rows: int):
         self.seconds, self.jitter, self.batch_rows = seconds, jitter, batch_rows
-        self.rng = random.Random(seed)
+        self.rng = random.Random()
 
     def score(self, batch: TensorDict) -> TensorDict:
         _sleep(self.seconds * batch.batch_size[0] / self.batch_rows, self.jitter, self.rng)
@@ -89,10 +88,10 @@ class SimulatedLearner:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, seconds: float, jitter: float,
-                 batch_rows: int, epochs: int = 1, seed: int = 0):
+                 batch_rows: int, epochs: int = 1):
         self.model, self.device = model, device
         self.seconds, self.jitter, self.batch_rows, self.epochs = seconds, jitter, batch_rows, epochs
-        self.rng = random.Random(seed)
+        self.rng = random.Random()
         self.version, self.skipped_steps = 0, 0
         self.data_parallel = None
 
