@@ -247,6 +247,8 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     records = read_jsonl(run_dir / "trained.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     batches = trained_batches(run_dir)
+    resumed_from = [line for line in (resumed.stdout + resumed.stderr).splitlines() if "resumed from" in line]
+    print(f"trained before the kill: batches {first}; {resumed_from[-1:]}; after the resume: {batches}")
     assert batches == list(range(steps)), f"before the kill {first}, after the resume {batches}"
     # The prompts trained on are the stream's, each batch's once: what the synchronous loop would have drawn.
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])

@@ -86,9 +86,14 @@ def test_actor_options_carry_threads_and_one_gpu():
     assert gpu["num_gpus"] == 1 and gpu["num_cpus"] == 1
 
 
-def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path):
+def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path, monkeypatch):
     """Inside a collector actor nothing allocates devices again: the reward model gets the actor's device."""
     from grpo_rl.run_context import ActorSpec
+
+    # Recorded rather than read back: once a vLLM engine has run in this process, it has made
+    # torch.set_num_threads a no-op, so the global count says nothing about what enter() asked for.
+    threads_set = []
+    monkeypatch.setattr(torch, "set_num_threads", threads_set.append)
 
     def spec(cfg):
         return ActorSpec(cfg=cfg, run_dir=str(tmp_path), model_path=str(tiny_model_dir), role="collector", index=0,
@@ -96,7 +101,7 @@ def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_
 
     run = spec({"reward": {"model_path": str(tiny_model_dir)}}).enter()
     assert run.devices.reward_model == (torch.device("cpu"),)
-    assert torch.get_num_threads() == 1  # the slice's threads, set once here
+    assert threads_set == [1]  # the slice's threads, set once here
     assert spec({}).enter().devices.reward_model == ()
 
 
