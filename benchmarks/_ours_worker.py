@@ -82,6 +82,7 @@ def main() -> None:
     import torch
 
     from grpo_rl.envs import make_env
+    from grpo_rl.advantages import group_advantages
     from grpo_rl.factories import (make_collector, make_engine, make_local_learner, make_ref_scorer,
                                    make_run, seed_everything, train_on_batch)
     from grpo_rl.rewards.base import RewardComponent
@@ -110,14 +111,15 @@ def main() -> None:
         engine.update_weights(learner.named_weights())
         t4 = time.perf_counter()
         extra = numerics_check(learner, ref, batch) if step == 0 else {}
-        seen = batch["prompt_index"][:: cfg.env.group_size].tolist()
+        prompt_of_group = dict(zip(batch["group_id"].tolist(), batch["prompt_index"].tolist()))
+        seen = [prompt_of_group[g] for g in sorted(prompt_of_group)]
         want = expected[step * cfg.env.prompts_per_step : (step + 1) * cfg.env.prompts_per_step]
         emit(
             "step", step=step, seconds=t4 - t0, generation_s=cs.generation_seconds, reward_s=cs.reward_seconds,
             reference_s=metrics["reference_seconds"], training_s=metrics["training_seconds"], weight_sync_s=t4 - t3,
             completion_tokens=int(batch["response_mask"].sum()), grad_norm=metrics["grad_norm"],
             reward_mean=float(rewards.mean()), reward_std_within_groups=float(
-                rewards.view(-1, cfg.env.group_size).std(-1).mean()),
+                group_advantages(rewards, batch["group_id"]).group_std.mean()),
             kl_ref=metrics.get("kl_ref", float("nan")), groups=group_stats(batch), prompts_match=seen == want,
             peak_rss_gib=peak_rss_gib(), **extra,
         )

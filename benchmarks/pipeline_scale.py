@@ -99,6 +99,16 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     # what the learner spent on anything but waiting for a batch and its (simulated) training
     overhead = [wall_per_step[r["step"]] - r["learner_wait_seconds"] - r["simulated_training_seconds"]
                 for r in measured]
+    # ... and where it went, from what every step logs: the fan-out of a training step to the ranks, the push, the
+    # rest of the step (the source's calls, the gate, the advantages), and the bookkeeping between two steps (the
+    # logs, the checkpoint)
+    parts = {
+        "training_call": [r["training_seconds"] - r["simulated_training_seconds"] for r in measured],
+        "push": [r["weight_sync_seconds"] for r in measured],
+        "source_and_rest": [r["step_seconds"] - r["learner_wait_seconds"] - r["training_seconds"]
+                            - r["weight_sync_seconds"] for r in measured],
+        "between_steps": [wall_per_step[r["step"]] - r["step_seconds"] for r in measured],
+    }
     return {
         "collectors": collectors, "ranks": ranks, "steps": len(rows), "measured_steps": len(measured),
         "throughput": throughput, "ideal": ideal, "sync": sync, "efficiency": throughput / ideal,
@@ -106,6 +116,7 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         "staleness_max": max(r["staleness_max"] for r in rows), "bound": args.max_staleness,
         "dropped_samples": sum(r["dropped_samples"] for r in rows),
         "overhead_seconds": statistics.mean(overhead), "overhead_max_seconds": max(overhead),
+        "overhead_parts": {k: statistics.mean(v) for k, v in parts.items()},
         "learner_wait_seconds": statistics.mean(r["learner_wait_seconds"] for r in measured),
         "batches_trained": len(trained), "batches_trained_twice": len(trained) - len(set(trained)),
         "wall_seconds": wall, "stages": stages,
@@ -151,6 +162,10 @@ def main() -> None:
                   f"{r['efficiency']:>6.2f} {r['staleness_mean']:>8.2f}/{r['staleness_max']}<={r['bound']} "
                   f"{r['dropped_samples']:>7} {r['overhead_seconds']:>10.3f} {r['batches_trained_twice']:>5} "
                   f"{r['wall_seconds']:>6.0f}", flush=True)
+    print("overhead per step, where it went (s): training call to the ranks / push / source and the rest of the "
+          "step / between steps (logs, checkpoint)")
+    for r in results:
+        print(f"{r['collectors']:>10} {r['ranks']:>5}  " + " / ".join(f"{v:.3f}" for v in r["overhead_parts"].values()))
     print(cpu_line(), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_line(), "results": results}, indent=2))

@@ -16,6 +16,11 @@ The storage is torchrl's :class:`~torchrl.data.ReplayBuffer` over a :class:`~tor
   over part of a group. An entry with no fresh group left is skipped and the next one is read. Oldest-first
   reading keeps drops to a minimum.
 
+* **Reports ride along.** A :meth:`~RolloutBuffer.put` may carry its producer's counters (``reports``, the newest
+  per producer wins) and failing reward calls (``failure_examples``); each :meth:`~RolloutBuffer.take` that returns
+  a batch hands them over with the buffer's own counters. The learner learns how its producers are doing from the
+  one call it makes per step anyway, however many producers there are.
+
 It is thread-safe and blocking, so it can sit in a threaded Ray actor (:mod:`grpo_rl.distributed.actors`)
 or be used directly in one process.
 """
@@ -82,6 +87,9 @@ class TakeResult:
         dropped: samples (rows of whole groups) dropped as too stale during this call.
         wait_seconds: time spent waiting for an entry.
         consumed: the ``batch_index`` of every entry this call popped, returned or dropped (entries that carry one).
+        reports: with a batch, the newest counters of every producer (``{producer: {counter: value}}``) and this
+            buffer's own :meth:`RolloutBuffer.stats` under its ``name``; empty otherwise.
+        failure_examples: with a batch, the failing reward calls put since the last batch was taken.
     """
 
     batch: TensorDict | None
@@ -89,6 +97,8 @@ class TakeResult:
     dropped: int
     wait_seconds: float
     consumed: list = field(default_factory=list)
+    reports: dict = field(default_factory=dict)
+    failure_examples: list = field(default_factory=list)
 
 
 class RolloutBuffer:
@@ -98,13 +108,17 @@ class RolloutBuffer:
         capacity: unread batches held at most; :meth:`put` blocks beyond that.
         max_staleness: a group is used only while ``current_version - policy_version <= max_staleness`` for
             every one of its rows; ``None`` disables the gate. With the gate on, entries need ``group_id``.
+        name: the key of this buffer's own counters in :attr:`TakeResult.reports`.
     """
 
-    def __init__(self, capacity: int, max_staleness: int | None = None):
+    def __init__(self, capacity: int, max_staleness: int | None = None, name: str = "buffer"):
         if capacity < 1:
             raise ValueError(f"capacity={capacity} must be >= 1")
         self.capacity = capacity
         self.max_staleness = max_staleness
+        self.name = name
+        self._reports: dict[str, dict] = {}
+        self._failure_examples: list[dict] = []
         self._sampler = FIFOSampler()
         self._rb = ReplayBuffer(storage=ListStorage(max_size=capacity), sampler=self._sampler,
                                 collate_fn=lambda entries: entries, batch_size=1)
@@ -116,8 +130,12 @@ class RolloutBuffer:
     def __len__(self) -> int:
         return len(self._sampler)
 
-    def put(self, batch: TensorDict, timeout: float | None = None) -> bool:
-        """Append ``batch``, waiting while the buffer is full. Returns False if closed or timed out first."""
+    def put(self, batch: TensorDict, timeout: float | None = None, reports: dict[str, dict] | None = None,
+            failure_examples: list[dict] | None = None) -> bool:
+        """Append ``batch``, waiting while the buffer is full. Returns False if closed or timed out first.
+
+        ``reports`` (``{producer: counters}``) and ``failure_examples`` are kept only when the batch is: a retried
+        put carries them again."""
         if self.max_staleness is not None and "group_id" not in batch.keys():
             raise ValueError("the staleness gate keeps or drops whole groups: the batch needs a 'group_id' [N]")
         t0 = time.perf_counter()
@@ -127,6 +145,8 @@ class RolloutBuffer:
             if self._closed or not ok:
                 return False
             self._rb.extend([batch])  # a list is a stack of entries: the batch stays one entry
+            self._reports.update(reports or {})
+            self._failure_examples.extend(failure_examples or ())
             self._stats["puts"] += 1
             self._stats["put_samples"] += batch.batch_size[0]
             self._stats["max_fill"] = max(self._stats["max_fill"], len(self._sampler))
@@ -169,10 +189,13 @@ class RolloutBuffer:
         wait = time.perf_counter() - t0
         self._stats["take_wait_seconds"] += wait
         self._stats["dropped_samples"] += dropped
+        result = TakeResult(batch=batch, staleness=age, dropped=dropped, wait_seconds=wait, consumed=consumed)
         if batch is not None:
             self._stats["takes"] += 1
             self._stats["taken_samples"] += batch.batch_size[0]
-        return TakeResult(batch=batch, staleness=age, dropped=dropped, wait_seconds=wait, consumed=consumed)
+            result.reports = {**self._reports, self.name: self.stats()}
+            result.failure_examples, self._failure_examples = self._failure_examples, []
+        return result
 
     def is_closed(self) -> bool:
         return self._closed

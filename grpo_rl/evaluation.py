@@ -124,10 +124,12 @@ class Evaluator:
         if self.sampled is not None:
             self._rewind()
             samples, _ = self.sampled.collect(0, 0)
-            n = self.num_samples
-            correct = solved(samples, self.success_component).view(-1, n).sum(-1).tolist()  # [P]
-            metrics[f"eval/pass@{self.pass_k}"] = float(np.mean([pass_at_k(n, c, self.pass_k) for c in correct]))
-            metrics["eval/sample_accuracy"] = float(sum(correct) / (n * len(correct)))
+            _, group_N = torch.unique(samples["group_id"], return_inverse=True)  # [N] a prompt's answers
+            count_P = torch.bincount(group_N)  # [P]
+            correct_P = torch.bincount(group_N, weights=solved(samples, self.success_component).double())  # [P]
+            metrics[f"eval/pass@{self.pass_k}"] = float(np.mean(
+                [pass_at_k(int(n), int(c), self.pass_k) for n, c in zip(count_P.tolist(), correct_P.tolist())]))
+            metrics["eval/sample_accuracy"] = float(correct_P.sum() / count_P.sum())
         metrics["eval/seconds"] = time.perf_counter() - t0
         return metrics
 

@@ -4,7 +4,7 @@ The classes are plain Python; :mod:`grpo_rl.distributed.pipeline` and :mod:`grpo
 wrap them with ``ray.remote`` and the options of their role's :class:`~grpo_rl.run_context.RolePlacement`. Each
 receives its slice of the run context (:class:`~grpo_rl.run_context.ActorSpec`) and builds its parts with the same
 ``make_*`` factories as the synchronous script. The collector is a threaded actor: its :meth:`CollectorWorker.run`
-loop occupies one thread while ``set_weights``, ``receive_weights``, ``stats`` and ``stop`` are served by others;
+loop occupies one thread while ``set_weights``, ``receive_weights``, ``evaluate`` and ``stop`` are served by others;
 the buffer's blocking ``put``/``take`` wait on a condition variable, not on the actor.
 
 The collector's engine is in-process inside the actor (vLLM's side effects on its process, see
@@ -25,6 +25,11 @@ from grpo_rl.factories import make_collector, make_engine, make_ref_scorer
 from grpo_rl.quiet import quiet_start
 from grpo_rl.run_context import ActorSpec
 from grpo_rl.weight_sync import unpack_weights
+
+
+# A collector's cumulative counters; each batch it puts carries them to the driver (see RolloutBuffer.put).
+COLLECTOR_COUNTERS = ("batches", "samples", "tokens", "generation_seconds", "reward_seconds", "reward_failures",
+                      "busy_seconds", "wait_for_space_seconds", "weight_loads", "weight_load_seconds")
 
 
 class CollectorWorker:
@@ -57,10 +62,7 @@ class CollectorWorker:
         self._engine_lock = threading.Lock()  # vLLM is not thread-safe: one engine call at a time
         self._receiver = None  # the collective transport's receiving end (connect_collective)
         self._stop = threading.Event()
-        self._stats = {"batches": 0, "samples": 0, "tokens": 0, "generation_seconds": 0.0, "reward_seconds": 0.0,
-                       "reward_failures": 0, "busy_seconds": 0.0, "wait_for_space_seconds": 0.0, "weight_loads": 0,
-                       "weight_load_seconds": 0.0}
-        self._failure_examples: list[dict] = []  # failing reward calls since the driver last asked
+        self._stats = dict.fromkeys(COLLECTOR_COUNTERS, 0)
         self.evaluator = make_evaluator(self.run_ctx, self.engine) if self.replica == 0 else None
 
     def ready(self) -> int:
@@ -128,8 +130,6 @@ class CollectorWorker:
                 self._load_pending_weights()
                 batch, cs = self.collector.collect(index, self.version)
             batch.set("batch_index", torch.full((batch.batch_size[0],), index, dtype=torch.long))
-            with self._pending_lock:
-                self._failure_examples.extend(cs.failure_examples)
             t1 = time.perf_counter()
             st = self._stats
             st["batches"] += 1
@@ -139,8 +139,11 @@ class CollectorWorker:
             st["reward_seconds"] += cs.reward_seconds
             st["reward_failures"] += sum(cs.reward_failures.values())
             st["busy_seconds"] += t1 - t0
+            # The counters and failing reward calls travel with the batch: no per-step call from the driver.
+            report = {f"collector/{self.replica}": self.stats()}
             while not self._stop.is_set():
-                if ray.get(self.buffer.put.remote(batch, self.poll_seconds), timeout=self.timeout):
+                if ray.get(self.buffer.put.remote(batch, self.poll_seconds, report, cs.failure_examples),
+                           timeout=self.timeout):
                     break
                 if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):  # shutting down: nobody reads
                     self._stop.set()
@@ -149,12 +152,6 @@ class CollectorWorker:
 
     def stats(self) -> dict:
         return {**self._stats, "version": self.version, "replica": self.replica}
-
-    def take_failure_examples(self) -> list[dict]:
-        """The failing reward calls (component, error, answer) since the last call."""
-        with self._pending_lock:
-            out, self._failure_examples = self._failure_examples, []
-        return out
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,8 +1,10 @@
 """The asynchronous loop's rollout source: collector actors -> buffer -> (reference stage) -> the learner.
 
 :class:`AsyncRollouts` is a :class:`~grpo_rl.rollout_source.RolloutSource`. It starts one collector actor per
-inference device and a buffer actor, hands the learner the next batch that passes the staleness gate, gathers the
-role metrics, and stops everything in :meth:`AsyncRollouts.close`. With the reference as a stage of its own
+inference device and a buffer actor, hands the learner the next batch that passes the staleness gate with the
+role metrics, and stops everything in :meth:`AsyncRollouts.close`. The collectors' counters and failing reward
+calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.buffer.RolloutBuffer.put`), so a step costs
+the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
 (``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference
 actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch
 ``k``; the staleness gate applies where the learner takes, at the version it trains with.
@@ -22,7 +24,7 @@ import time
 from tensordict import TensorDict
 
 from grpo_rl.buffer import TakeResult
-from grpo_rl.distributed.actors import BufferActor, CollectorWorker
+from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker
 from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
 from grpo_rl.errors import RoleFailed
 from grpo_rl.rollout_source import Rollout, StreamPosition
@@ -51,9 +53,9 @@ class AsyncRollouts:
         self.reference = reference
         # With a reference stage the collectors fill an ungated buffer and the learner takes from a gated one.
         self.buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8).remote(
-            p.buffer_capacity, None if reference is not None else p.max_staleness)
+            p.buffer_capacity, None if reference is not None else p.max_staleness, "buffer")
         self.scored = self.buffer if reference is None else ray.remote(BufferActor).options(
-            num_cpus=0, max_concurrency=8).remote(1, p.max_staleness)
+            num_cpus=0, max_concurrency=8).remote(1, p.max_staleness, "scored")
         placement = run.placement.collector
         self.collectors = [
             ray.remote(CollectorWorker).options(**placement.ray_options(max_concurrency=4)).remote(
@@ -70,6 +72,7 @@ class AsyncRollouts:
         self._pump: threading.Thread | None = None
         self._pump_error: BaseException | None = None
         self._reference_seconds = 0.0  # the reference stage's busy time, summed (read by _step_metrics)
+        self._reports: dict[str, dict] = {}  # the newest counters of each collector and buffer
         self._prev_stats: dict[str, float] | None = None
         self._step_started = time.perf_counter()
         self._closed = False
@@ -93,8 +96,9 @@ class AsyncRollouts:
             if result.batch is not None:
                 result.wait_seconds, result.dropped = waited, dropped
                 self.position.consume(consumed)
+                self._reports.update(result.reports)
                 return Rollout(batch=result.batch, metrics={**staleness_metrics(result), **self._step_metrics()},
-                               failure_examples=self._failure_examples())
+                               failure_examples=result.failure_examples)
             self.check_health()
             if time.perf_counter() - t0 > self.timeout:
                 raise RoleFailed(f"no batch from the {len(self.collectors)} collector(s) within "
@@ -159,8 +163,9 @@ class AsyncRollouts:
                 t0 = time.perf_counter()
                 batch = self.reference.score(result.batch)
                 self._reference_seconds += time.perf_counter() - t0
-                while not self._closed and not ray.get(self.scored.put.remote(batch, self.poll_seconds),
-                                                       timeout=self.poll_seconds + self.timeout):
+                while not self._closed and not ray.get(
+                        self.scored.put.remote(batch, self.poll_seconds, result.reports, result.failure_examples),
+                        timeout=self.poll_seconds + self.timeout):
                     pass
         except BaseException as e:  # noqa: BLE001 - handed to the learner's thread by check_health
             if not self._closed:
@@ -190,13 +195,9 @@ class AsyncRollouts:
         return self._get(self.collectors[0].evaluate.remote(step, last_step), "collector replica 0 (evaluation)")
 
     def stats(self) -> dict[str, float]:
-        """Collector counters (summed over replicas) and buffer counters, since the start."""
-        per = self._get([c.stats.remote() for c in self.collectors], "a collector")
-        out = {f"collector/{k}": float(sum(s[k] for s in per)) for k in per[0] if k not in ("version", "replica")}
-        out["collector/version"] = float(min(s["version"] for s in per))
-        out["collector/replicas"] = float(len(per))
-        out.update({f"buffer/{k}": float(v) for k, v in self._get(self.buffer.stats.remote(), "the buffer").items()})
-        return out
+        """Collector counters (summed over replicas) and the collectors' buffer's counters since the start, as of
+        the newest batch each collector put."""
+        return combine_reports(self._reports, len(self.collectors))
 
     def _step_metrics(self) -> dict[str, float]:
         now, t = self.stats(), time.perf_counter()
@@ -206,10 +207,6 @@ class AsyncRollouts:
             now["reference/busy_seconds"] = self._reference_seconds
         self._prev_stats, self._step_started = now, t
         return metrics
-
-    def _failure_examples(self) -> list[dict]:
-        return [e for part in self._get([c.take_failure_examples.remote() for c in self.collectors], "a collector")
-                for e in part]
 
     def _get(self, calls, role: str, extra: float = 0.0):
         """``ray.get`` within ``pipeline.timeout_seconds``; a dead or silent actor raises
@@ -232,6 +229,21 @@ def _quietly(fn, *args, **kwargs):
     except Exception as e:
         log.debug("shutdown: %s(...) failed: %s", getattr(fn, "__name__", fn), e)
         return None
+
+
+def combine_reports(reports: dict[str, dict], num_collectors: int) -> dict[str, float]:
+    """The collectors' counters summed (a collector that has not reported yet counts zero; ``collector/version`` is
+    the oldest reported engine's) and the buffers', from the reports that came with the batches."""
+    per = [r for name, r in reports.items() if name.startswith("collector/")]
+    out = {f"collector/{k}": float(sum(r.get(k, 0) for r in per)) for k in COLLECTOR_COUNTERS}
+    out["collector/version"] = float(min((r["version"] for r in per), default=0))
+    out["collector/replicas"] = float(num_collectors)
+    buffer = reports.get("buffer", {})
+    out.update({f"buffer/{k}": float(buffer.get(k, 0)) for k in ("fill", "size", "max_fill")})
+    # The gate drops in the buffer the learner takes from: the collectors' one, or the reference stage's.
+    out["buffer/dropped_samples"] = float(sum(reports.get(name, {}).get("dropped_samples", 0)
+                                              for name in ("buffer", "scored")))
+    return out
 
 
 def step_rates(prev: dict[str, float], now: dict[str, float], seconds: float) -> dict[str, float]:

@@ -336,16 +336,37 @@ def test_reference_stage_shards_a_batch_and_scores_as_the_in_learner_reference(t
         assert float(local.abs().sum()) > 0
 
 
+FLAKY_REWARD = """
+_calls = 0
+
+def flaky(responses, references):
+    global _calls
+    _calls += 1
+    if _calls % 2:
+        raise RuntimeError(f"flaky call {_calls}")
+    return [0.0] * len(responses)
+"""
+
+
 @pytest.mark.parametrize("script", ["grpo-async.py", "grpo.py"])
 def test_scripts_with_the_reference_as_a_stage_of_its_own(tiny_model_dir, tmp_path, script):
     """The reference on two actors of its own: the async loop scores the next batch while the learner trains (and
     logs its seconds under the synchronous loop's name); the sync loop calls the same stage in line."""
     run_dir = tmp_path / script
+    (tmp_path / "flaky.py").write_text(FLAKY_REWARD)  # fails on every other call, in each process
     proc = run_script(script, tiny_overrides(tiny_model_dir, run_dir, **{
-        "train.steps": 3, "policy.kl_coef": 0.05, "ref_model.num_devices": 2, "pipeline.max_staleness": 3}))
+        "train.steps": 3, "policy.kl_coef": 0.05, "ref_model.num_devices": 2, "pipeline.max_staleness": 3,
+        "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]"}))
     assert "reference    2 Ray actors" in proc.stdout + proc.stderr  # the placement table
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
+    # Failing reward calls reach the learner's logs through both stages, with the step that trained on them (in
+    # the async loop they travel with their batch through the buffers).
+    failures = [json.loads(line) for line in (run_dir / "reward_failures.jsonl").read_text().splitlines()]
+    assert failures and all(f["reward"] == "flaky" for f in failures)
+    failing_steps = {r["step"] for r in rows if r["reward_failures"] > 0}
+    assert {f["step"] for f in failures} <= failing_steps
+    assert len(failures) <= sum(r["reward_failures"] for r in rows)
     # the batches reached the learner scored (the loss raises without ref_logprobs when kl_coef > 0); that the
     # stage's log-probs equal the in-learner reference's is checked above
     assert all(r["reference_seconds"] > 0 and "kl_ref" in r for r in rows)

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 from grpo_rl.config import GRPOConfig
 from grpo_rl.devices import allocate_devices
 from grpo_rl.distributed.actors import replica_indices
-from grpo_rl.distributed.pipeline import step_rates
+from grpo_rl.distributed.pipeline import combine_reports, step_rates
 from grpo_rl.rollout_source import InProcessRollouts, StreamPosition
 from grpo_rl.run_context import plan_placement
 
@@ -32,6 +32,23 @@ def test_busy_fraction_is_per_replica():
     assert rates["generation_seconds"] == pytest.approx(1.0)  # per replica, named as in the sync loop
     assert rates["collector_samples_per_second"] == pytest.approx(8.0)
     assert rates["reward_failures"] == 1
+
+
+def test_collector_reports_combine_into_the_step_counters():
+    """What the collectors' batches carried: counters summed over replicas, the oldest engine's version, the
+    collectors' buffer's fill, and the drops of whichever buffer gates."""
+    reports = {"collector/0": {"samples": 8, "busy_seconds": 2.0, "version": 3, "replica": 0},
+               "collector/1": {"samples": 4, "busy_seconds": 1.0, "version": 2, "replica": 1},
+               "buffer": {"fill": 0.5, "size": 1, "max_fill": 2, "dropped_samples": 0},
+               "scored": {"fill": 1.0, "size": 1, "max_fill": 1, "dropped_samples": 6}}
+    out = combine_reports(reports, num_collectors=2)
+    assert out["collector/samples"] == 12 and out["collector/busy_seconds"] == 3.0
+    assert out["collector/version"] == 2 and out["collector/replicas"] == 2
+    assert out["buffer/fill"] == 0.5 and out["buffer/dropped_samples"] == 6
+    assert out["collector/tokens"] == 0  # a counter nobody reported yet counts zero
+    assert combine_reports({}, num_collectors=3)["collector/version"] == 0  # before the first batch
+    rates = step_rates(combine_reports({}, 2), out, seconds=1.0)
+    assert rates["collector_samples_per_second"] == 12 and rates["dropped_samples_total"] == 6
 
 
 def _cfg(**overrides):

@@ -84,3 +84,21 @@ def test_fifo_sampler_rejects_overdraw():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity"):
         RolloutBuffer(capacity=0)
+
+
+def test_reports_ride_with_the_batches_and_failures_are_handed_over_once():
+    buf = RolloutBuffer(capacity=2, name="scored")
+    assert buf.put(batch(0, tag=0), reports={"collector/0": {"samples": 4}}, failure_examples=[{"error": "a"}])
+    assert buf.put(batch(0, tag=1), reports={"collector/1": {"samples": 2}}, failure_examples=[{"error": "b"}])
+    assert not buf.put(batch(0, tag=2), timeout=0.01, reports={"collector/0": {"samples": 99}},
+                       failure_examples=[{"error": "lost"}])  # full: a put that fails keeps nothing
+    first = buf.take(0, timeout=0)
+    assert first.reports["collector/0"] == {"samples": 4} and first.reports["collector/1"] == {"samples": 2}
+    assert first.reports["scored"]["takes"] == 1 and first.reports["scored"]["size"] == 1
+    assert [e["error"] for e in first.failure_examples] == ["a", "b"]
+    assert buf.put(batch(0, tag=2), reports={"collector/0": {"samples": 12}})  # the newest report of a producer wins
+    second = buf.take(0, timeout=0)
+    assert second.reports["collector/0"] == {"samples": 12} and second.failure_examples == []
+    assert int(buf.take(0, timeout=0).batch["tag"][0]) == 2
+    none = buf.take(0, timeout=0.01)
+    assert none.batch is None and none.reports == {} and none.failure_examples == []

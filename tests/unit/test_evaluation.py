@@ -73,6 +73,27 @@ def test_greedy_accuracy_and_pass_at_k(tokenizer):
     assert [a["solved"] for a in ev.last_answers] == [True, False, True]
 
 
+class InterleavingEngine(ScriptedEngine):
+    """Returns the sampled answers with the groups' rows interleaved (a group is its ``group_id``, not a run of
+    rows)."""
+
+    def generate(self, prompts, n, sampling):
+        out = super().generate(prompts, n, sampling)
+        if sampling.temperature == 0:
+            return out
+        order = torch.arange(out.batch_size[0]).view(-1, n).t().reshape(-1)  # prompt 0, 1, 2, 0, 1, 2, ...
+        return out[order]
+
+
+def test_pass_at_k_counts_by_group_id_whatever_the_row_order(tokenizer):
+    ev, _ = _evaluator(tokenizer)
+    ev.sampled.engine = ev.greedy.engine = InterleavingEngine(tokenizer, ev.greedy.engine.greedy,
+                                                              ev.greedy.engine.sampled)
+    metrics = ev.evaluate()
+    assert metrics["eval/pass@2"] == pytest.approx((0.0 + 0.5 + 1.0) / 3)
+    assert metrics["eval/sample_accuracy"] == pytest.approx(5 / 12)
+
+
 def test_every_evaluation_sees_the_same_prompts(tokenizer):
     ev, engine = _evaluator(tokenizer)
     first = ev.evaluate()
