@@ -20,8 +20,8 @@ Per size it prints:
 * efficiency: throughput / ideal;
 * staleness mean and max against ``pipeline.max_staleness``, and dropped samples;
 * orchestration overhead per step: the learner's wall time per step minus its wait for a batch and minus the
-  seconds its stand-in slept (what the buffer, the gate, the fan-out to the ranks, the pushes, the stats calls,
-  the logging and the checkpoints cost it).
+  seconds its stand-in slept (the slowest rank's), and where it went: the call to the ranks, the push, the rest
+  of the step (the source's call to the buffer, the gate, the advantages), the logs and checkpoint between steps.
 
 Ends with ``min efficiency: X``. Writes JSON. Never asserts a time.
 """

@@ -116,6 +116,17 @@ class LearnerRank:
             dist.destroy_process_group()
 
 
+def combine_rank_metrics(results: list[dict]) -> dict:
+    """One step's metrics from every rank's: rank 0's diagnostics (summed over ranks inside the step), the micro
+    batches of all ranks, and for times (``*_seconds``) the slowest rank's, which is what the group took."""
+    metrics = dict(results[0])
+    metrics["num_micro_batches"] = float(sum(r["num_micro_batches"] for r in results))
+    for key in metrics:
+        if key.endswith("_seconds"):
+            metrics[key] = max(float(r[key]) for r in results)
+    return metrics
+
+
 def dist_rank() -> int:
     import torch.distributed as dist
 
@@ -168,9 +179,8 @@ class LearnerGroup:
         whole groups."""
         shards = shard_batch(batch, len(self.ranks))
         results = self._get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)], "a training step")
-        metrics = dict(results[0])  # diagnostics were summed over ranks inside the step
+        metrics = combine_rank_metrics(results)
         self.version, self.skipped_steps = metrics.pop("version"), metrics.pop("skipped_steps")
-        metrics["num_micro_batches"] = float(sum(r["num_micro_batches"] for r in results))
         return metrics
 
     def weights_for_push(self) -> WeightPacket:

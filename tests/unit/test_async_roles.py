@@ -182,3 +182,12 @@ def test_in_process_source_numbers_its_batches_and_resumes_in_order():
     assert source.state_dict() == {"position": 3, "next_index": 3, "consumed": []}
     with pytest.raises(ValueError, match="sota/grpo-async.py"):
         source.load_state_dict({"position": 3, "next_index": 3, "consumed": [5]})
+
+
+def test_a_learner_group_step_takes_as_long_as_its_slowest_rank():
+    from grpo_rl.distributed.learner_group import combine_rank_metrics
+
+    ranks = [{"loss": 0.5, "num_micro_batches": 2.0, "simulated_training_seconds": 1.0, "version": 3},
+             {"loss": 0.5, "num_micro_batches": 1.0, "simulated_training_seconds": 1.3, "version": 3}]
+    out = combine_rank_metrics(ranks)
+    assert out == {"loss": 0.5, "num_micro_batches": 3.0, "simulated_training_seconds": 1.3, "version": 3}
