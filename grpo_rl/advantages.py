@@ -11,6 +11,15 @@ gets the same advantages as a loop over its groups.
 
 Departures from the paper: the std is the unbiased sample std (as TRL computes it); ``scale_by_std=False``
 gives Dr. GRPO's unscaled advantages (Liu et al., 2025). A group of one answer has std 0 and advantage 0.
+
+The std gets ``eps`` added before dividing (``policy.advantage_eps``, default 1e-6); TRL adds 1e-4. The two
+differ only for groups whose std is not far above ``eps``: with 0/1 correctness rewards the smallest non-zero
+std of a group of G answers is ``1/sqrt(G)`` (0.35 at G = 8), where the choice moves advantages by under 0.03%,
+and a group of equal rewards gets advantage 0 either way. Where rewards
+are continuous (a reward model, KL in the reward) and a group's answers score almost alike, 1e-4 damps
+differences below about 1e-4 towards 0, while 1e-6 scales them up to unit size. The default stays 1e-6: it is
+the value every earlier run of this library used, so results stay comparable, and it is the closer of the two to
+the paper's plain ``(r - mean) / std``; set ``policy.advantage_eps=1e-4`` to reproduce TRL.
 """
 from __future__ import annotations
 

@@ -99,14 +99,15 @@ class Collector:
         return batch, stats
 
 
-def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True,
+def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage_eps: float = 1e-6,
                       kl_in_reward_coef: float = 0.0, kl_estimator: str = "k1",
                       filter_zero_variance: bool = False) -> tuple[TensorDict, dict[str, float]]:
     """Add ``advantage`` (and ``zero_variance``) to ``batch``; optionally drop zero-variance groups.
 
     Groups are the rows sharing a ``group_id`` (:func:`~grpo_rl.advantages.group_advantages`), so the batch
     may already have lost whole groups or hold groups of different sizes. ``zero_variance`` is a property of
-    the group, so the filter keeps or drops whole groups. With ``kl_in_reward_coef > 0`` the advantage is
+    the group, so the filter keeps or drops whole groups. ``advantage_eps`` is added to the group std
+    (:func:`~grpo_rl.advantages.group_advantages`'s ``eps``). With ``kl_in_reward_coef > 0`` the advantage is
     computed from the reward minus the KL to the reference (needs ``ref_logprobs``); ``reward`` itself is left
     as the task reward.
     """
@@ -114,7 +115,7 @@ def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True,
     if kl_in_reward_coef > 0:
         rewards = kl_penalised_rewards(rewards, batch["behavior_logprobs"], batch["ref_logprobs"],
                                        batch["response_mask"], kl_coef=kl_in_reward_coef, estimator=kl_estimator)
-    adv = group_advantages(rewards, batch["group_id"], scale_by_std=scale_by_std)
+    adv = group_advantages(rewards, batch["group_id"], scale_by_std=scale_by_std, eps=advantage_eps)
     batch.set("advantage", adv.advantage)
     batch.set("zero_variance", adv.zero_variance)
     stats = {

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from grpo_rl.errors import ConfigError
 
-__all__ = ["ConfigError", "GRPOConfig", "register_configs", "validate", "validate_async"]
+__all__ = ["ConfigError", "GRPOConfig", "register_configs", "resolve_loss_type", "validate", "validate_async"]
 
 
 @dataclass
@@ -198,6 +198,14 @@ class SamplingConfig:
 
 @dataclass
 class PolicyConfig:
+    loss_type: str = "grpo"
+    """The policy objective (grpo_rl/objectives.py): grpo (clipped surrogate per token) | gspo (one length-normalised
+    ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo (REINFORCE weighted
+    by a clipped, stop-gradient ratio; no token loses its gradient). Also the TRL/verl names that choose grpo's
+    objective with a fixed aggregation: dapo (token_mean), bnpo (token_mean: TRL normalises by the tokens of each
+    micro-batch, which is token_mean when the batch is one micro-batch; here every micro-batch is weighted by its
+    share of the batch's tokens, so it is always the batch's token mean), dr_grpo (seq_mean_token_sum_norm).
+    Note: TRL's loss_type=grpo is grpo with aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
     kl_coef: float = 0.01
     """Weight of the KL penalty to the reference model; 0 disables the reference model."""
     kl_estimator: str = "k3"
@@ -205,14 +213,37 @@ class PolicyConfig:
     kl_in_reward: bool = False
     """Subtract the KL from the reward instead of adding it to the loss."""
     clip_eps_low: float = 0.2
+    """grpo, gspo, gspo_token: the ratio is clipped to [1 - clip_eps_low, 1 + clip_eps_high]. The GSPO paper uses
+    3e-4 and 4e-4: its per-answer ratio (a geometric mean over tokens) moves far less than a token's."""
     clip_eps_high: float = 0.28
-    aggregation: str = "token_mean"
-    """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO)."""
+    cispo_ratio_max: float = 5.0
+    """cispo: upper bound of the stop-gradient weight (TRL's epsilon_high under loss_type=cispo, recommended 5.0;
+    1 + eps_high^IS in MiniMax-M1). Separate from clip_eps_high, whose good values are an order of magnitude
+    smaller."""
+    cispo_ratio_min: Optional[float] = None
+    """cispo: lower bound of the weight, in [0, 1]; null: none (as MiniMax-M1 in practice, and TRL)."""
+    aggregation: Optional[str] = None
+    """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO) | null: the loss type's,
+    token_mean for grpo, dapo, bnpo and cispo, seq_mean_token_mean for gspo and gspo_token (the paper's mean over
+    answers), seq_mean_token_sum_norm for dr_grpo."""
     scale_advantages_by_std: bool = True
+    advantage_eps: float = 1e-6
+    """Added to the group's reward std before dividing by it (TRL: 1e-4; see grpo_rl/advantages.py)."""
     filter_zero_variance_groups: bool = False
     """Drop groups whose answers all got the same reward (they carry no gradient)."""
     tis_cap: Optional[float] = 2.0
-    """Cap of the truncated importance weight between learner and engine log-probs; null disables it."""
+    """Upper bound of the importance weight between learner and engine log-probs (pi_old / mu); null disables the
+    correction."""
+    engine_correction: str = "token_truncate"
+    """How that weight is applied (grpo_rl/engine_correction.py; TRL's vllm_importance_sampling_mode):
+    token_truncate (clamp each token's weight to [engine_correction_min, tis_cap]) | token_mask (weight 0 for
+    tokens outside it) | sequence_truncate, sequence_mask (the same with one weight per answer, the product of its
+    token weights)."""
+    engine_correction_min: Optional[float] = None
+    """Lower bound of the engine weight, in [0, 1]; null: none."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus: the loss gets -entropy_coef * (aggregated token entropy); 0: off (the entropy
+    is then logged only, and computed without gradient)."""
 
 
 @dataclass
@@ -405,7 +436,7 @@ def validate(cfg: Any) -> None:
     _choice("env.template", cfg.env.template, ("hash", "tags"))
     _choice("env.too_long_prompts", cfg.env.too_long_prompts, ("skip", "error"))
     _choice("policy.kl_estimator", cfg.policy.kl_estimator, ("k1", "k2", "k3"))
-    _choice("policy.aggregation", cfg.policy.aggregation, ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"))
+    resolve_loss_type(cfg.policy.loss_type, cfg.policy.aggregation)
     _choice("logger.backend", cfg.logger.backend, ("wandb", "none"))
     if cfg.env.dataset == "file" and not cfg.env.path:
         raise ConfigError("env.dataset=file needs env.path=/path/to/prompts.jsonl (or .parquet)")
@@ -431,8 +462,7 @@ def validate(cfg: Any) -> None:
             f"({cfg.sampling.max_new_tokens}) exceeds inference_model.max_model_len "
             f"({cfg.inference_model.max_model_len}); raise max_model_len or lower one of the others"
         )
-    if cfg.policy.tis_cap is not None and cfg.policy.tis_cap < 1.0:
-        raise ConfigError(f"policy.tis_cap={cfg.policy.tis_cap} must be >= 1 (or null to disable)")
+    _validate_policy(cfg.policy)
     for role in ("train_model", "ref_model", "inference_model", "reward_model"):
         n = getattr(cfg, role).num_devices
         if n < 1:
@@ -460,6 +490,68 @@ def validate(cfg: Any) -> None:
     _validate_rewards(cfg)
     _validate_lifecycle(cfg)
     _validate_pipeline(cfg)
+
+
+LOSS_TYPES: dict[str, tuple[str, str, bool]] = {
+    # policy.loss_type: (objective, aggregation when policy.aggregation is null, whether the name fixes it)
+    "grpo": ("grpo", "token_mean", False),
+    "gspo": ("gspo", "seq_mean_token_mean", False),
+    "gspo_token": ("gspo_token", "seq_mean_token_mean", False),
+    "cispo": ("cispo", "token_mean", False),
+    "dapo": ("grpo", "token_mean", True),
+    "bnpo": ("grpo", "token_mean", True),
+    "dr_grpo": ("grpo", "seq_mean_token_sum_norm", True),
+}
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+ENGINE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def resolve_loss_type(loss_type: str, aggregation: Optional[str]) -> tuple[str, str]:
+    """The ``(objective, aggregation)`` pair that ``policy.loss_type`` and ``policy.aggregation`` name.
+
+    ``objective`` is one of :data:`grpo_rl.objectives.POLICY_OBJECTIVES`; an alias (``dapo``, ``bnpo``,
+    ``dr_grpo``) is ``grpo`` with its aggregation, and an explicit different ``aggregation`` is an error.
+
+    Raises:
+        ConfigError: an unknown loss type or aggregation, or an aggregation that contradicts an alias.
+    """
+    _choice("policy.loss_type", loss_type, tuple(LOSS_TYPES))
+    objective, default, fixed = LOSS_TYPES[loss_type]
+    if aggregation is None:
+        return objective, default
+    _choice("policy.aggregation", aggregation, AGGREGATIONS)
+    if fixed and aggregation != default:
+        raise ConfigError(
+            f"policy.loss_type={loss_type} is grpo with policy.aggregation={default}, but policy.aggregation="
+            f"{aggregation}; set policy.aggregation=null, or policy.loss_type=grpo to keep aggregation={aggregation}")
+    return objective, aggregation
+
+
+def _validate_policy(policy: Any) -> None:
+    """The objective's settings: names, non-negative coefficients, ordered bounds."""
+    for key in ("cispo_ratio_max", "entropy_coef", "advantage_eps"):
+        _finite(f"policy.{key}", getattr(policy, key))
+    _positive("policy.entropy_coef", policy.entropy_coef, allow_zero=True)
+    if not policy.advantage_eps > 0:
+        raise ConfigError(f"policy.advantage_eps={policy.advantage_eps} must be > 0: it keeps a group whose rewards "
+                          "are all equal (std 0) at advantage 0 instead of 0/0; the default is 1e-6, TRL's 1e-4")
+    if policy.cispo_ratio_max < 1.0:
+        raise ConfigError(f"policy.cispo_ratio_max={policy.cispo_ratio_max} must be >= 1: the weight of an on-policy "
+                          "token (ratio 1) must pass; TRL's recommended value is 5.0")
+    if policy.cispo_ratio_min is not None and not 0.0 <= policy.cispo_ratio_min <= 1.0:
+        raise ConfigError(f"policy.cispo_ratio_min={policy.cispo_ratio_min} must be in [0, 1] (or null for no "
+                          "lower bound)")
+    cap, low = policy.tis_cap, policy.engine_correction_min
+    if cap is not None and not cap >= 1.0:
+        raise ConfigError(f"policy.tis_cap={cap} must be >= 1 (or null to disable)")
+    _choice("policy.engine_correction", policy.engine_correction, ENGINE_CORRECTIONS)
+    if low is not None:
+        if cap is None:
+            raise ConfigError(f"policy.engine_correction_min={low} with policy.tis_cap=null: the engine correction is "
+                              "off, so the lower bound does nothing; set policy.tis_cap (e.g. 2.0) or drop the bound")
+        if not 0.0 <= low <= 1.0:  # hence <= tis_cap, which is >= 1
+            raise ConfigError(f"policy.engine_correction_min={low} must be in [0, 1], below policy.tis_cap={cap}: a "
+                              "weight near 1, where engine and learner agree, must pass; or null for no lower bound")
 
 
 def _validate_pipeline(cfg: Any) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from grpo_rl.collector import Collector, assign_advantages
-from grpo_rl.config import ConfigError, validate, validate_async
+from grpo_rl.config import ConfigError, resolve_loss_type, validate, validate_async
 from grpo_rl.devices import DeviceAllocation, allocate_devices
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
@@ -141,11 +141,15 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
         if cfg.train_model.gradient_checkpointing:
             model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need an input grad
+    policy = cfg.policy
+    objective, aggregation = resolve_loss_type(policy.loss_type, policy.aggregation)
     loss = LossSettings(
-        clip_eps_low=cfg.policy.clip_eps_low, clip_eps_high=cfg.policy.clip_eps_high,
-        kl_coef=0.0 if cfg.policy.kl_in_reward else cfg.policy.kl_coef, kl_estimator=cfg.policy.kl_estimator,
-        aggregation=cfg.policy.aggregation, max_tokens=cfg.sampling.max_new_tokens, tis_cap=cfg.policy.tis_cap,
-        temperature=cfg.sampling.temperature,
+        loss_type=objective, clip_eps_low=policy.clip_eps_low, clip_eps_high=policy.clip_eps_high,
+        cispo_ratio_max=policy.cispo_ratio_max, cispo_ratio_min=policy.cispo_ratio_min,
+        kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef, kl_estimator=policy.kl_estimator,
+        aggregation=aggregation, max_tokens=cfg.sampling.max_new_tokens, tis_cap=policy.tis_cap,
+        engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
+        entropy_coef=policy.entropy_coef, temperature=cfg.sampling.temperature,
     )
     return Learner(
         model, run.devices.train[0], loss, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
@@ -199,7 +203,7 @@ def score_batch(run: RunContext, batch, ref: RefScorer | None):
         ref.score(batch)
     policy = run.cfg.policy
     return assign_advantages(
-        batch, scale_by_std=policy.scale_advantages_by_std,
+        batch, scale_by_std=policy.scale_advantages_by_std, advantage_eps=policy.advantage_eps,
         kl_in_reward_coef=policy.kl_coef if policy.kl_in_reward else 0.0, kl_estimator=policy.kl_estimator,
         filter_zero_variance=policy.filter_zero_variance_groups,
     )

@@ -40,15 +40,22 @@ MODEL_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 @dataclass
 class LossSettings:
-    """The scalars the loss takes, resolved once from the ``policy`` config group."""
+    """The scalars the loss takes, resolved once from the ``policy`` config group (``loss_type`` is the objective,
+    aliases already resolved by :func:`~grpo_rl.config.resolve_loss_type`)."""
 
+    loss_type: str = "grpo"
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
+    cispo_ratio_max: float = 5.0
+    cispo_ratio_min: float | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     aggregation: str = "token_mean"
     max_tokens: int | None = None
     tis_cap: float | None = 2.0
+    engine_correction: str = "token_truncate"
+    engine_correction_min: float | None = None
+    entropy_coef: float = 0.0
     temperature: float = 1.0
 
 
@@ -121,10 +128,10 @@ class Learner:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def _logprobs(self, mb: TensorDict, with_entropy: bool):
+    def _logprobs(self, mb: TensorDict, with_entropy: bool, entropy_grad: bool = False):
         with self._autocast():
             return sequence_logprobs(self.model, mb, temperature=self.loss.temperature, with_entropy=with_entropy,
-                                     share_prompt=self.share_prompt)
+                                     entropy_grad=entropy_grad, share_prompt=self.share_prompt)
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """Run ``epochs`` optimizer steps on ``batch``; return the last one's diagnostics (token- or row-weighted
@@ -176,7 +183,7 @@ class Learner:
                 else float(mb["response_mask"].sum()) / total_tokens if self.loss.aggregation == "token_mean"
                 else mb.batch_size[0] / total_rows
             )
-            out = self._logprobs(mb, with_entropy=True)
+            out = self._logprobs(mb, with_entropy=True, entropy_grad=self.loss.entropy_coef > 0)
             old = mb["old_logprobs"] if "old_logprobs" in mb.keys() else out.logprobs.detach()
             result = grpo_loss(
                 out.logprobs,
@@ -185,14 +192,20 @@ class Learner:
                 mb["response_mask"],
                 ref_logprobs=mb.get("ref_logprobs", None),
                 behavior_logprobs=mb["behavior_logprobs"],
+                loss_type=self.loss.loss_type,
                 clip_eps_low=self.loss.clip_eps_low,
                 clip_eps_high=self.loss.clip_eps_high,
+                cispo_ratio_max=self.loss.cispo_ratio_max,
+                cispo_ratio_min=self.loss.cispo_ratio_min,
                 kl_coef=self.loss.kl_coef,
                 kl_estimator=self.loss.kl_estimator,
                 aggregation=self.loss.aggregation,
                 max_tokens=self.loss.max_tokens,
                 tis_cap=self.loss.tis_cap,
+                engine_correction=self.loss.engine_correction,
+                engine_correction_min=self.loss.engine_correction_min,
                 entropy=out.entropy,
+                entropy_coef=self.loss.entropy_coef,
                 scale=share,
             )
             if not torch.isfinite(result.loss):

@@ -40,6 +40,7 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     share_prompt: bool = False,
 ) -> TokenLogprobs:
     """Log-probs of ``batch["response_ids"]`` under ``model``.
@@ -49,13 +50,15 @@ def sequence_logprobs(
         batch: holds ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` and ``response_ids``/``response_mask`` ``[B, Lr]``.
         temperature: the sampling temperature; logits are divided by it, as the engine did.
         with_entropy: also return the per-token entropy of the (tempered) distribution.
+        entropy_grad: give the entropy a gradient (an entropy bonus in the loss); otherwise it is detached.
         share_prompt: run each group's prompt once (:func:`packed_sequence_logprobs`).
 
     Returns:
         :class:`TokenLogprobs` with zeros at padded answer positions.
     """
     if share_prompt:
-        return packed_sequence_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy)
+        return packed_sequence_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                                        entropy_grad=entropy_grad)
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
     response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
     lp, lr = prompt_ids.shape[1], response_ids.shape[1]
@@ -69,7 +72,7 @@ def sequence_logprobs(
     hidden = hidden[:, lp - 1 : lp - 1 + lr]  # [B, Lr, H]: the states that predict answer tokens
     b = response_ids.shape[0]
     flat_lp, flat_ent = token_logprobs(hidden.reshape(b * lr, -1), head, response_ids.reshape(-1),
-                                       temperature=temperature, with_entropy=with_entropy)
+                                       temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
     mask = response_mask.to(flat_lp.dtype)
     logprobs = flat_lp.view(b, lr) * mask  # [B, Lr]
     entropy = flat_ent.view(b, lr) * mask if flat_ent is not None else None
@@ -94,6 +97,7 @@ def packed_sequence_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> TokenLogprobs:
     """:func:`sequence_logprobs` with each group's prompt run once (see :mod:`grpo_rl.packing`).
 
@@ -111,7 +115,7 @@ def packed_sequence_logprobs(
     ).last_hidden_state  # [R, S, H]
     hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source_index)  # [T, H]
     token_lp, token_ent = token_logprobs(hidden, head, packed.target_ids, temperature=temperature,
-                                         with_entropy=with_entropy)  # [T]
+                                         with_entropy=with_entropy, entropy_grad=entropy_grad)  # [T]
     where = (packed.target_row, packed.target_col)
     zeros = torch.zeros(response_ids.shape, dtype=token_lp.dtype, device=token_lp.device)  # [B, Lr]
     logprobs = zeros.index_put(where, token_lp)  # [B, Lr]

@@ -145,3 +145,12 @@ def test_assign_advantages_keeps_everything_without_the_filter():
     assert out.batch_size[0] == 4
     assert out["zero_variance"].tolist() == [True, True, False, False]
     assert stats["zero_variance_fraction"] == pytest.approx(0.5)
+
+
+def test_assign_advantages_passes_advantage_eps():
+    # Rewards [0, 1e-4]: centred +-5e-5, std 1e-4 / sqrt(2); the eps decides how far that is scaled up.
+    std = 1e-4 / 2 ** 0.5
+    for eps in (1e-6, 1e-4):
+        out, _ = assign_advantages(_scored([0.0, 1e-4], [0, 0]), advantage_eps=eps)
+        expected = 5e-5 / (std + eps)
+        torch.testing.assert_close(out["advantage"], torch.tensor([-expected, expected]), rtol=1e-3, atol=0.0)

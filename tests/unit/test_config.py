@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from grpo_rl.config import ConfigError, GRPOConfig, register_configs, validate
+from grpo_rl.config import ConfigError, GRPOConfig, register_configs, resolve_loss_type, validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
@@ -78,6 +78,16 @@ def test_structured_defaults_validate():
         (["policy.kl_estimator=k4"], "policy.kl_estimator"),
         (["policy.clip_eps_low=1.0"], "policy.clip_eps_low"),
         (["policy.tis_cap=0.5"], "policy.tis_cap"),
+        (["policy.loss_type=ppo"], "policy.loss_type"),
+        (["policy.loss_type=dr_grpo", "policy.aggregation=token_mean"], "policy.aggregation"),
+        (["policy.engine_correction=sequence"], "policy.engine_correction"),
+        (["policy.engine_correction_min=1.5", "policy.tis_cap=1.2"], "policy.engine_correction_min"),
+        (["policy.engine_correction_min=-0.1"], "policy.engine_correction_min"),
+        (["policy.engine_correction_min=0.5", "policy.tis_cap=null"], "policy.engine_correction_min"),
+        (["policy.entropy_coef=-0.01"], "policy.entropy_coef"),
+        (["policy.advantage_eps=0"], "policy.advantage_eps"),
+        (["policy.cispo_ratio_max=0.5"], "policy.cispo_ratio_max"),
+        (["policy.cispo_ratio_min=2.0"], "policy.cispo_ratio_min"),
         (["inference_model.engine=sglang"], "inference_model.engine"),
         (["train_model.num_devices=0"], "train_model.num_devices"),
     ],
@@ -91,3 +101,41 @@ def test_validate_names_the_bad_key(overrides, key):
 def test_prompt_plus_answer_exactly_at_max_model_len_is_fine():
     validate(_compose(["env.max_prompt_tokens=824", "sampling.max_new_tokens=200"]))
 
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "aggregation", "expected"),
+    [
+        ("grpo", None, ("grpo", "token_mean")),  # today's default, unchanged
+        ("grpo", "seq_mean_token_mean", ("grpo", "seq_mean_token_mean")),  # TRL's loss_type=grpo
+        ("dapo", None, ("grpo", "token_mean")),
+        ("bnpo", None, ("grpo", "token_mean")),
+        ("dr_grpo", None, ("grpo", "seq_mean_token_sum_norm")),
+        ("dr_grpo", "seq_mean_token_sum_norm", ("grpo", "seq_mean_token_sum_norm")),  # agreeing is fine
+        ("gspo", None, ("gspo", "seq_mean_token_mean")),  # the paper's mean over answers
+        ("gspo", "token_mean", ("gspo", "token_mean")),
+        ("gspo_token", None, ("gspo_token", "seq_mean_token_mean")),
+        ("cispo", None, ("cispo", "token_mean")),
+    ],
+)
+def test_resolve_loss_type(loss_type, aggregation, expected):
+    assert resolve_loss_type(loss_type, aggregation) == expected
+
+
+def test_unknown_loss_type_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as info:
+        resolve_loss_type("ppo", None)
+    for name in ("grpo", "gspo", "gspo_token", "cispo", "dapo", "bnpo", "dr_grpo"):
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["policy.loss_type=dr_grpo"], ["policy.loss_type=gspo", "policy.clip_eps_low=3e-4", "policy.clip_eps_high=4e-4"],
+    ["policy.loss_type=cispo", "policy.cispo_ratio_min=0.5"], ["policy.engine_correction=sequence_mask",
+                                                             "policy.engine_correction_min=0.5", "policy.tis_cap=3.0"],
+    ["policy.entropy_coef=0.001", "policy.advantage_eps=1e-4"],
+])
+def test_new_policy_settings_compose_and_validate(overrides):
+    cfg = _compose(overrides)
+    validate(cfg)
+    assert cfg.policy.aggregation is None  # the YAML leaves it to the loss type

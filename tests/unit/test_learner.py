@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 
 import pytest
 import torch
@@ -224,3 +225,78 @@ def test_state_dict_round_trip(tiny_model):
     b.train_step(batch)
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(pb, pa, atol=0, rtol=0, msg=name)
+
+
+# --------------------------------------------------------------------------- objective settings reach the loss
+
+
+def test_engine_correction_settings_reach_the_loss(tiny_model):
+    # One micro-batch, one epoch: old = own log-probs, so each row's engine weight is exp(shift) =
+    # [1.35, 0.82, 1, 2.46, 0.67, 1.11]. token_mask with [0.7, 2] zeroes rows 3 (3 tokens) and 4 (1 token) of 21.
+    batch = _accum_batch(tiny_model)
+    settings = LossSettings(tis_cap=2.0, engine_correction="token_mask", engine_correction_min=0.7)
+    metrics = _learner(tiny_model, loss=settings).train_step(batch)
+    assert metrics["engine_masked_fraction"] == pytest.approx(4 / 21)
+    assert metrics["tis_fraction"] == pytest.approx(4 / 21)
+    # Sorted token weights: 0.67 x1, 0.82 x2, 1 x6, 1.11 x4, 1.35 x5, 2.46 x3; positions 1, 10 and 19 of 0..20.
+    assert metrics["engine_weight_p5"] == pytest.approx(math.exp(-0.2), rel=1e-5)
+    assert metrics["engine_weight_p50"] == pytest.approx(math.exp(0.1), rel=1e-5)
+    assert metrics["engine_weight_p95"] == pytest.approx(math.exp(0.9), rel=1e-5)
+    assert metrics["kl_engine"] > 0
+
+
+def test_loss_type_reaches_the_loss(tiny_model):
+    # CISPO at ratio 1 (one epoch): loss = token mean of -A logp (GRPO's would be of -A).
+    batch = make_batch([3, 4], [3, 2], seed=7)
+    batch["advantage"] = torch.tensor([1.0, -2.0])
+    with torch.no_grad():
+        logp = sequence_logprobs(tiny_model, batch).logprobs
+    expected = float((-(batch["advantage"].unsqueeze(-1) * logp) * batch["response_mask"]).sum() / 5)
+    metrics = _learner(tiny_model, loss=LossSettings(loss_type="cispo", tis_cap=None)).train_step(batch)
+    assert metrics["loss_policy"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_entropy_bonus_trains_the_model(tiny_model, share_prompt):
+    # Zero advantages and no KL: the policy term has no gradient, so every gradient comes from the bonus.
+    batch = make_batch([3, 4, 3, 4], [3, 2, 4, 1], seed=8)
+    batch["prompt_ids"][1] = batch["prompt_ids"][0]  # two groups of two answers sharing a prompt
+    batch["prompt_mask"][1] = batch["prompt_mask"][0]
+    batch["prompt_ids"][3] = batch["prompt_ids"][2]
+    batch["prompt_mask"][3] = batch["prompt_mask"][2]
+    batch["group_id"] = torch.tensor([0, 0, 1, 1])
+    grads = {}
+    for coef in (0.0, 0.1):
+        learner = _learner(copy.deepcopy(tiny_model), loss=LossSettings(tis_cap=None, entropy_coef=coef),
+                           share_prompt=share_prompt, max_grad_norm=0.0)
+        seen = _capture_grads(learner)
+        metrics = learner.train_step(batch.clone())
+        grads[coef] = sum(float(g.abs().sum()) for g in seen[0].values())
+        assert metrics["loss_entropy"] == pytest.approx(-coef * metrics["entropy"], rel=1e-5)
+    assert grads[0.0] == 0.0
+    assert grads[0.1] > 0.0
+
+
+@pytest.mark.parametrize(("loss_type", "aggregation", "engine_correction"), [
+    ("gspo", "seq_mean_token_mean", "sequence_mask"),
+    ("gspo_token", "token_mean", "token_mask"),
+    ("cispo", "token_mean", "sequence_truncate"),
+])
+def test_accumulated_gradient_equals_full_batch_for_new_objectives(tiny_model, loss_type, aggregation,
+                                                                   engine_correction):
+    # Sequence ratios, sequence weights and the entropy bonus are all per row, so micro-batching stays exact.
+    settings = LossSettings(loss_type=loss_type, aggregation=aggregation, engine_correction=engine_correction,
+                            engine_correction_min=0.5, tis_cap=2.0, kl_coef=0.05, entropy_coef=0.01)
+    batch = _accum_batch(tiny_model)
+    grads, metrics = [], []
+    for budget in (10_000, 20):
+        learner = _learner(copy.deepcopy(tiny_model), loss=settings, max_grad_norm=0.0, micro_batch_tokens=budget)
+        seen = _capture_grads(learner)
+        metrics.append(learner.train_step(batch.clone()))
+        grads.append(seen[0])
+    assert metrics[1]["num_micro_batches"] == 5
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
+    for key in ("loss", "loss_policy", "loss_kl", "loss_entropy"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-5, abs=1e-6), key
+    assert metrics[0]["loss_entropy"] < 0 and metrics[0]["tis_fraction"] > 0

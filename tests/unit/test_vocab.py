@@ -64,3 +64,29 @@ def test_bf16_autocast_matches_the_plain_form_under_autocast():
     hidden.grad = None
     ref.sum().backward()
     torch.testing.assert_close(gh, hidden.grad, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_gradient_matches_the_plain_form(temperature):
+    # An entropy bonus back-propagates through the entropy as well as the log-prob, in the same chunked pass.
+    hidden, weight, targets = _inputs()
+    g = torch.Generator().manual_seed(2)
+    up_lp, up_ent = torch.randn(hidden.shape[0], generator=g), torch.randn(hidden.shape[0], generator=g)
+    lp, ent = ChunkedTokenLogprob.apply(hidden, weight, targets, temperature, True, 8, True)
+    assert ent.requires_grad
+    ((lp * up_lp).sum() + (ent * up_ent).sum()).backward()
+    gh, gw = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    ref_lp, ref_ent = _plain(hidden, weight, targets, temperature)
+    ((ref_lp * up_lp).sum() + (ref_ent * up_ent).sum()).backward()
+    torch.testing.assert_close(gh, hidden.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gw, weight.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_plain_head_entropy_has_a_gradient_only_when_asked():
+    hidden, weight, targets = _inputs()
+    head = torch.nn.Linear(16, 101, bias=True)  # a bias takes the plain path
+    _, detached = token_logprobs(hidden, head, targets, with_entropy=True)
+    _, live = token_logprobs(hidden, head, targets, with_entropy=True, entropy_grad=True)
+    assert not detached.requires_grad and live.requires_grad
+    torch.testing.assert_close(live.detach(), detached)
