@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--sizes", help="collectors x ranks, e.g. 1x1,4x2 (default: all, or the quick ones)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "pipeline_scale.json"))
+    parser.add_argument("--keep", help="keep the run folders (metrics.jsonl, trained.jsonl, logs) under this folder")
     args = parser.parse_args()
     sizes = [(1, 1), (2, 1)] if args.quick else SIZES
     if args.sizes:
@@ -151,6 +152,9 @@ def main() -> None:
           f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="pipeline-scale-") as tmp:
+        if args.keep:
+            tmp = args.keep
+            Path(tmp).mkdir(parents=True, exist_ok=True)
         model = build_tiny_model(resolve_model("embedded:smollm2-135m-instruct"), Path(tmp) / "model")
         header = (f"{'collectors':>10} {'ranks':>5} {'batch/s':>8} {'ideal':>7} {'sync':>7} {'effic.':>6} "
                   f"{'stale mean/max':>14} {'dropped':>7} {'overhead s':>10} {'twice':>5} {'wall s':>6}")

@@ -14,6 +14,7 @@ engine                 see :mod:`grpo_rl.rollout.base`
                        ``policy_version``  ``[N]`` learner version whose weights sampled it
 :class:`~grpo_rl.reference.RefScorer`  ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
 :func:`assign_advantages`  ``advantage``  ``[N]``; ``zero_variance`` ``[N]`` bool
+                       ``reward_overlong``  ``[N]`` DAPO's length shaping, with ``policy.overlong_buffer > 0``
 =====================  ==========  =================================================
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tensordict import NonTensorStack, TensorDict
 from grpo_rl.advantages import group_advantages
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.loss import kl_penalised_rewards
+from grpo_rl.overlong import overlong_reward
 from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
 
 
@@ -101,8 +103,11 @@ class Collector:
 
 def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage_eps: float = 1e-6,
                       kl_in_reward_coef: float = 0.0, kl_estimator: str = "k1",
-                      filter_zero_variance: bool = False) -> tuple[TensorDict, dict[str, float]]:
-    """Add ``advantage`` (and ``zero_variance``) to ``batch``; optionally drop zero-variance groups.
+                      filter_zero_variance: bool = False, overlong_buffer: int = 0, overlong_penalty: float = 1.0,
+                      max_tokens: int | None = None,
+                      filter_overlong: bool = False) -> tuple[TensorDict, dict[str, float]]:
+    """Add ``advantage`` (and ``zero_variance``) to ``batch``; optionally drop zero-variance groups and
+    truncated answers.
 
     Groups are the rows sharing a ``group_id`` (:func:`~grpo_rl.advantages.group_advantages`), so the batch
     may already have lost whole groups or hold groups of different sizes. ``zero_variance`` is a property of
@@ -110,8 +115,21 @@ def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage
     (:func:`~grpo_rl.advantages.group_advantages`'s ``eps``). With ``kl_in_reward_coef > 0`` the advantage is
     computed from the reward minus the KL to the reference (needs ``ref_logprobs``); ``reward`` itself is left
     as the task reward.
+
+    DAPO's length treatments (:mod:`grpo_rl.overlong`): with ``overlong_buffer > 0`` the soft overlong punishment
+    (``L_max = max_tokens``) is added to the reward the advantages see and kept as ``reward_overlong`` ``[N]``,
+    ``reward`` again staying the task reward. With ``filter_overlong`` the ``truncated`` answers are dropped after
+    the advantages are computed (so they still count in their group's mean and std) and after the zero-variance
+    filter; ``overlong_filtered`` counts the answers this drops.
     """
     rewards = batch["reward"]
+    if overlong_buffer > 0:
+        if max_tokens is None:
+            raise ValueError("overlong_buffer > 0 needs max_tokens (sampling.max_new_tokens)")
+        shaping_N = overlong_reward(batch["response_mask"].sum(-1), max_tokens=max_tokens, buffer=overlong_buffer,
+                                    penalty=overlong_penalty)  # [N]
+        batch.set("reward_overlong", shaping_N)
+        rewards = rewards + shaping_N
     if kl_in_reward_coef > 0:
         rewards = kl_penalised_rewards(rewards, batch["behavior_logprobs"], batch["ref_logprobs"],
                                        batch["response_mask"], kl_coef=kl_in_reward_coef, estimator=kl_estimator)
@@ -125,6 +143,12 @@ def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage
         "zero_variance_groups": float(adv.num_zero_variance_groups),
         "zero_variance_fraction": adv.num_zero_variance_groups / max(1, adv.num_groups),
     }
+    if overlong_buffer > 0:
+        stats["reward_overlong_mean"] = float(batch["reward_overlong"].mean())
     if filter_zero_variance:
         batch = batch[~adv.zero_variance]
+    if filter_overlong:
+        truncated_N = batch["truncated"]  # [N'] bool
+        stats["overlong_filtered"] = float(truncated_N.sum())
+        batch = batch[~truncated_N]
     return batch, stats

@@ -7,6 +7,7 @@ that types cannot (ranges, choices, combinations) and raises :class:`ConfigError
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -121,8 +122,10 @@ class EnvConfig:
     dataset: str = "gsm8k"
     """gsm8k | ifeval | file."""
     split: str = "train"
-    path: Optional[str] = None
-    """Local data folder or file; default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub."""
+    path: Any = None
+    """Local data folder or file, or a list of files (``env.path=[a.jsonl,b.parquet]``: rows concatenated in order);
+    default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub. Required with dataset=file. (Typed Any
+    because OmegaConf 2.3 has no str-or-list type; :func:`validate` checks it.)"""
     template: str = "hash"
     """Prompt/answer format: hash (reasoning, then '#### N') | tags (<think>...</think><answer>N</answer>)."""
     system_prompt: Optional[str] = None
@@ -152,7 +155,8 @@ class RewardFunctionConfig:
     path: Optional[str] = None
     """Python file defining the function."""
     name: Optional[str] = None
-    """Name of the function in that file: ``(responses, references, **columns) -> list[float]``."""
+    """Name of the function in that file: ours, ``(responses, references, **columns) -> list[float]``, or one
+    written for verl or TRL (recognised by its parameter names; see grpo_rl/rewards/conventions.py)."""
     weight: float = 1.0
     label: Optional[str] = None
     """Logged as ``reward_<label>``; default: the function's name."""
@@ -176,7 +180,9 @@ class RewardConfig:
     path: Optional[str] = None
     """A Python file defining a reward function (see docs/custom_tasks.md); used with ``name``, weight 1."""
     name: Optional[str] = None
-    """The function in ``path``: ``(responses, references, **columns) -> list[float]``."""
+    """The function in ``path``: ``(responses, references, **columns) -> list[float]``, verl's
+    ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` or TRL's
+    ``reward_func(prompts, completions, **kwargs)``, recognised by its parameter names."""
     functions: list[RewardFunctionConfig] = field(default_factory=list)
     """More reward functions, each with a weight: ``[{path: r.py, name: f, weight: 0.5}, ...]``."""
     fallback: float = 0.0
@@ -244,6 +250,17 @@ class PolicyConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus: the loss gets -entropy_coef * (aggregated token entropy); 0: off (the entropy
     is then logged only, and computed without gradient)."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (grpo_rl/overlong.py): L_cache, in tokens; 0: off. An answer longer than
+    sampling.max_new_tokens - overlong_buffer gets an extra reward falling linearly from 0 to -overlong_penalty at
+    max_new_tokens, added before the group advantages (DAPO: 4096 of 20480). Logged as reward_overlong_mean;
+    reward_mean stays the task reward (as with kl_in_reward)."""
+    overlong_penalty: float = 1.0
+    """Scale of that punishment: its value at max_new_tokens (verl's overlong_penalty_factor)."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: leave truncated answers (those that hit max_new_tokens) out of the policy loss,
+    while they still count in their group's advantages; the loss is then normalised by the kept answers' tokens
+    (token_mean) or the kept answers. Logged as overlong_filtered (answers dropped per step)."""
 
 
 @dataclass
@@ -284,8 +301,14 @@ class LoggerConfig:
     """wandb | none. wandb runs offline unless WANDB_API_KEY is set. JSONL is always written."""
     project: str = "grpo_rl"
     num_examine: int = 2
-    """How many (prompt, answer, reward) samples to print and log each examine step."""
+    """How many samples to print and log each examine step: the first answer of up to this many groups, spread
+    over the batch (prompt, answer, reference, reward components, advantage)."""
     examine_every: int = 5
+    """Examine at step 1 and every this many steps."""
+    run_name: Optional[str] = None
+    """wandb run name; null: the run folder's name."""
+    tags: Optional[list[str]] = None
+    """wandb run tags, e.g. [gsm8k, lora]; null: none."""
     csv: bool = False
     """Also write <run_dir>/metrics.csv."""
     tensorboard: bool = False
@@ -440,6 +463,7 @@ def validate(cfg: Any) -> None:
     _choice("logger.backend", cfg.logger.backend, ("wandb", "none"))
     if cfg.env.dataset == "file" and not cfg.env.path:
         raise ConfigError("env.dataset=file needs env.path=/path/to/prompts.jsonl (or .parquet)")
+    _validate_env_path(cfg.env.path)
     if cfg.env.group_size < 2:
         raise ConfigError(f"env.group_size={cfg.env.group_size}: GRPO needs at least 2 answers per prompt")
     for key in ("env.prompts_per_step", "env.max_prompt_tokens", "sampling.max_new_tokens", "train.steps",
@@ -463,6 +487,7 @@ def validate(cfg: Any) -> None:
             f"({cfg.inference_model.max_model_len}); raise max_model_len or lower one of the others"
         )
     _validate_policy(cfg.policy)
+    _validate_overlong(cfg.policy, cfg.sampling.max_new_tokens)
     for role in ("train_model", "ref_model", "inference_model", "reward_model"):
         n = getattr(cfg, role).num_devices
         if n < 1:
@@ -554,6 +579,23 @@ def _validate_policy(policy: Any) -> None:
                               "weight near 1, where engine and learner agree, must pass; or null for no lower bound")
 
 
+def _validate_overlong(policy: Any, max_new_tokens: int) -> None:
+    """DAPO's length treatments: a buffer inside the generation limit and a non-negative punishment."""
+    buffer = policy.overlong_buffer
+    if buffer < 0:
+        raise ConfigError(f"policy.overlong_buffer={buffer} must be >= 0: it is the number of tokens below "
+                          "sampling.max_new_tokens over which the overlong punishment ramps up; 0 turns it off")
+    if buffer >= max_new_tokens:
+        raise ConfigError(f"policy.overlong_buffer={buffer} must be < sampling.max_new_tokens={max_new_tokens}: "
+                          "otherwise every answer, however short, is punished for its length; DAPO uses a fifth of "
+                          f"the limit (e.g. policy.overlong_buffer={max(1, max_new_tokens // 5)})")
+    _finite("policy.overlong_penalty", policy.overlong_penalty)
+    if policy.overlong_penalty < 0:
+        raise ConfigError(f"policy.overlong_penalty={policy.overlong_penalty} must be >= 0: it is the size of the "
+                          "punishment at sampling.max_new_tokens (DAPO: 1.0); a negative one would reward length; "
+                          "set policy.overlong_buffer=0 to turn the punishment off")
+
+
 def _validate_pipeline(cfg: Any) -> None:
     """The asynchronous loop's settings."""
     p = cfg.pipeline
@@ -582,6 +624,22 @@ def validate_async(cfg: Any) -> None:
             f"pipeline.max_staleness={p.max_staleness} < train.epochs={epochs}: every step advances the policy "
             f"version by train.epochs, so a batch that waited one step in the buffer is already {epochs} versions "
             f"old and nearly every sample would be dropped; raise max_staleness to at least {epochs}")
+
+
+def _validate_env_path(path: Any) -> None:
+    """``env.path``: null, a path, or a non-empty list of paths."""
+    if path is None or isinstance(path, str):
+        return
+    if not isinstance(path, Sequence):  # a number, a mapping; an OmegaConf ListConfig is a Sequence
+        raise ConfigError(f"env.path={path!r} must be a file or folder path, or a list of files such as "
+                          "env.path=[a.jsonl,b.jsonl]")
+    paths = list(path)
+    if not paths:
+        raise ConfigError("env.path=[] names no file; set env.path to a file, or a list of files such as "
+                          "env.path=[a.jsonl,b.jsonl]")
+    bad = [p for p in paths if not isinstance(p, str) or not p]
+    if bad:
+        raise ConfigError(f"env.path={paths}: {bad[0]!r} is not a file path; list file paths only")
 
 
 def _validate_lifecycle(cfg: Any) -> None:

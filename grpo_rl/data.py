@@ -208,23 +208,23 @@ def _load_from_hub(name: str, dataset: _NamedDataset, split: str) -> list[dict[s
     return records
 
 
-def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str, Any]], str]:
-    """Loads gsm8k/ifeval; returns the records and a description of where from."""
+def _load_named(name: str, split: str, paths: list[str] | None) -> list[tuple[list[dict[str, Any]], str]]:
+    """Loads gsm8k/ifeval; returns the records of each source with a description of where from."""
     dataset = _NAMED[name]
     if split not in dataset.split_files:
         raise DataError(
             f"{name} has no split {split!r}; set env.split to one of {sorted(dataset.split_files)}"
         )
-    if path is not None:
-        file = _local_file(dataset, pathlib.Path(path).expanduser(), split)
-        return _read_file(file), str(file)
+    if paths is not None:
+        files = [_local_file(dataset, pathlib.Path(path).expanduser(), split) for path in paths]
+        return [(_read_file(file), str(file)) for file in files]
 
     # A local copy first: no network wait, and the same records on every run.
     local_root = data_dir()
     if local_root is not None:
         file = local_root / dataset.local_dir / dataset.split_files[split]
         if file.is_file():
-            return _read_file(file), str(file)
+            return [(_read_file(file), str(file))]
         looked = f"{file} does not exist"
     else:
         looked = "no local data directory (GRPO_DATA_DIR unset and no ../shared/data)"
@@ -233,7 +233,7 @@ def _load_named(name: str, split: str, path: str | None) -> tuple[list[dict[str,
         hub_failure = "skipped because HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set"
     else:
         try:
-            return _load_from_hub(name, dataset, split), f"hub:{dataset.hub_path}[{split}]"
+            return [(_load_from_hub(name, dataset, split), f"hub:{dataset.hub_path}[{split}]")]
         except Exception as e:  # no network, no auth, missing cache: all mean "not here"
             hub_failure = f"unreachable ({type(e).__name__}: {e})"
     raise DataFileNotFoundError(
@@ -254,11 +254,27 @@ def _check_fields(records: list[dict[str, Any]], required: Sequence[str], where:
                 )
 
 
+def _as_paths(path: str | os.PathLike | Sequence[str] | None) -> list[str] | None:
+    """``env.path`` as a list of paths: one path, or a list of them (a YAML/Hydra list arrives as a ListConfig)."""
+    if path is None:
+        return None
+    if isinstance(path, (str, os.PathLike)):
+        return [path]
+    paths = list(path)
+    if not paths:
+        raise DataError("env.path=[] names no file; set env.path to a file, or a list of files such as "
+                        "env.path=[a.jsonl,b.jsonl]")
+    for entry in paths:
+        if not isinstance(entry, (str, os.PathLike)) or not str(entry):
+            raise DataError(f"env.path={paths}: entry {entry!r} is not a file path; list file paths only")
+    return paths
+
+
 def load_records(
     source: str,
     *,
     split: str = "train",
-    path: str | None = None,
+    path: str | Sequence[str] | None = None,
     required_fields: Sequence[str] = (),
 ) -> list[dict]:
     """Loads a data set as a list of plain dict records.
@@ -270,13 +286,14 @@ def load_records(
         path: For gsm8k/ifeval, an optional local override: a file, or a directory
             holding the split file (``train.jsonl``/``test.jsonl`` for gsm8k,
             ``input_data.jsonl`` for ifeval). For ``"file"``, the ``.jsonl``,
-            ``.json`` or ``.parquet`` file to read (required).
+            ``.json`` or ``.parquet`` file to read (required). Either may be a list:
+            the records of each are concatenated in order, each checked on its own.
         required_fields: Fields every record must have, in addition to the ones
             the named data sets always need (gsm8k: ``question``, ``answer``;
             ifeval: ``key``, ``prompt``, ``instruction_id_list``, ``kwargs``).
 
     Returns:
-        The records, in file order.
+        The records, in file order (and list order).
 
     Raises:
         DataFileNotFoundError: If a file is missing, or the hub is unreachable and no
@@ -284,25 +301,30 @@ def load_records(
             :class:`~grpo_rl.errors.DataError` and a ``FileNotFoundError``.
         DataError: For an unknown source or split, a file that is not UTF-8 or has a
             malformed line (file and line number), a record missing a required field
-            (file, row, field, fields present), or an empty data set. It is a
+            (file, row, field, fields present), or an empty data set or file. It is a
             ``ValueError`` too.
     """
+    paths = _as_paths(path)
     if source == "file":
-        if path is None:
+        if paths is None:
             raise DataError("data source 'file' needs a path: set env.path=<file>")
-        file = pathlib.Path(path).expanduser()
-        records, where = _read_file(file), str(file)
+        files = [pathlib.Path(p).expanduser() for p in paths]
+        parts = [(_read_file(file), str(file)) for file in files]
         required = tuple(required_fields)
     elif source in _NAMED:
-        records, where = _load_named(source, split, path)
+        parts = _load_named(source, split, paths)
         required = _NAMED[source].fields + tuple(required_fields)
     else:
         raise DataError(
             f"unknown data source {source!r}; set env.dataset to one of {[*sorted(_NAMED), 'file']}"
         )
-    if not records:
-        raise DataError(f"{where}: data set is empty (no records); point env.path at a file with rows")
-    _check_fields(records, list(dict.fromkeys(required)), where)
+    records: list[dict[str, Any]] = []
+    for part, where in parts:
+        if not part:
+            raise DataError(f"{where}: data set is empty (no records); point env.path at a file with rows")
+        _check_fields(part, list(dict.fromkeys(required)), where)
+        records.extend(part)
+    where = parts[0][1] if len(parts) == 1 else f"{len(parts)} files ({', '.join(w for _, w in parts)})"
     log.info("  data:      %s: %d records from %s", source if source == "file" else f"{source} {split}", len(records),
              where)
     return records

@@ -157,7 +157,7 @@ def make_eval_env(run, *, every: int | None = None):
     from grpo_rl.envs import make_env
 
     split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
-    return make_env(eval_config(cfg), run.tokenizer, split=split, devices=run.devices)
+    return make_env(eval_config(cfg), run.tokenizer, split=split, devices=run.devices, fewer_prompts_ok=True)
 
 
 def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evaluator | None:

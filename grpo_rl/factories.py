@@ -205,20 +205,22 @@ def score_batch(run: RunContext, batch, ref: RefScorer | None):
     return assign_advantages(
         batch, scale_by_std=policy.scale_advantages_by_std, advantage_eps=policy.advantage_eps,
         kl_in_reward_coef=policy.kl_coef if policy.kl_in_reward else 0.0, kl_estimator=policy.kl_estimator,
-        filter_zero_variance=policy.filter_zero_variance_groups,
+        filter_zero_variance=policy.filter_zero_variance_groups, overlong_buffer=policy.overlong_buffer,
+        overlong_penalty=policy.overlong_penalty, max_tokens=run.cfg.sampling.max_new_tokens,
+        filter_overlong=policy.overlong_filter,
     )
 
 
 def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch,
                    between_phases: Callable[[str], None] | None = None) -> tuple[object, dict[str, float]]:
     """The learner's half of a step, the same in both loops: batch metrics, reference scoring and advantages
-    (:func:`score_batch`), then one :meth:`~grpo_rl.learner.Learner.train_step` on the groups that are left.
+    (:func:`score_batch`), then one :meth:`~grpo_rl.learner.Learner.train_step` on the rows the filters leave.
     ``between_phases(name)`` is called after the reference phase, before the update (it may raise to abandon
     the step, see :meth:`grpo_rl.lifecycle.RunState.between_phases`).
 
-    Returns the batch as trained (zero-variance groups filtered out, if configured) and the step's metrics,
-    with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training seconds, and
-    their rates in tokens (prompt + answer per row) through each pass.
+    Returns the batch as trained (zero-variance groups and truncated answers filtered out, if configured) and the
+    step's metrics, with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training
+    seconds, and their rates in tokens (prompt + answer per row) through each pass.
     """
     metrics = batch_metrics(batch)
     answer_tokens = int(batch["response_mask"].sum())

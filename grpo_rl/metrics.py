@@ -2,8 +2,8 @@
 on request, and a console line.
 
 Every step writes one JSON object to ``<run_dir>/metrics.jsonl``; sample tables go to
-``<run_dir>/samples.jsonl``; ``logger.csv`` adds ``metrics.csv`` and ``logger.tensorboard`` adds
-``<run_dir>/tensorboard/``. A resumed run cuts all of them back to its checkpoint's step
+``<run_dir>/samples.jsonl`` and, one line each, to the console (:mod:`grpo_rl.sample_log`); ``logger.csv`` adds
+``metrics.csv`` and ``logger.tensorboard`` adds ``<run_dir>/tensorboard/``. A resumed run cuts all of them back to its checkpoint's step
 (:meth:`RunLogger.rewind`). wandb is imported lazily, runs in offline mode when no ``WANDB_API_KEY`` is set
 (``WANDB_MODE`` still wins if the user set it), and writes under ``<run_dir>/wandb``.
 """
@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+
+from grpo_rl.sample_log import examine_rows, sample_line, sample_record
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,13 @@ class RunLogger:
             continue from is known).
         csv: also write ``metrics.csv`` (one row per logged step, one column per metric ever logged).
         tensorboard: also write TensorBoard event files under ``<run_dir>/tensorboard``.
+        run_name: the wandb run's name (None: the run folder's name).
+        tags: the wandb run's tags (None: none).
     """
 
     def __init__(self, run_dir: str | Path, *, backend: str = "wandb", project: str = "grpo_rl",
-                 config: dict | None = None, resume: bool = False, csv: bool = False, tensorboard: bool = False):
+                 config: dict | None = None, resume: bool = False, csv: bool = False, tensorboard: bool = False,
+                 run_name: str | None = None, tags: list[str] | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         mode = "a" if resume else "w"
@@ -68,7 +73,7 @@ class RunLogger:
         self._tb_purge_step: int | None = None
         self._wandb = None
         if backend == "wandb":
-            self._wandb = self._start_wandb(project, config)
+            self._wandb = self._start_wandb(project, config, run_name=run_name, tags=tags)
 
     @classmethod
     def from_config(cls, cfg, run_dir: str | Path) -> "RunLogger":
@@ -77,9 +82,11 @@ class RunLogger:
 
         return cls(run_dir, backend=cfg.logger.backend, project=cfg.logger.project,
                    config=OmegaConf.to_container(cfg, resolve=True), resume=bool(cfg.resume),
-                   csv=cfg.logger.csv, tensorboard=cfg.logger.tensorboard)
+                   csv=cfg.logger.csv, tensorboard=cfg.logger.tensorboard, run_name=cfg.logger.run_name,
+                   tags=None if cfg.logger.tags is None else list(cfg.logger.tags))
 
-    def _start_wandb(self, project: str, config: dict | None):
+    def _start_wandb(self, project: str, config: dict | None, *, run_name: str | None = None,
+                     tags: list[str] | None = None):
         try:
             import wandb
         except ImportError:
@@ -88,7 +95,7 @@ class RunLogger:
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         try:
             return wandb.init(project=project, dir=str(self.run_dir), config=config, mode=mode,
-                              name=self.run_dir.name, reinit="finish_previous")
+                              name=run_name or self.run_dir.name, tags=tags, reinit="finish_previous")
         except Exception as e:  # a broken wandb must not take the run down
             log.warning("wandb could not start (%s); logging to JSONL only", e)
             return None
@@ -180,19 +187,23 @@ class RunLogger:
         self._trained.write(json.dumps(record) + "\n")
 
     def log_samples(self, step: int, batch: TensorDict, num: int, reward_keys: list[str]) -> None:
-        rows = []
-        for i in range(min(num, batch.batch_size[0])):
-            row = {"step": step, "prompt": batch["prompt"][i], "response": batch["response_text"][i],
-                   "reward": float(batch["reward"][i])}
-            row.update({k: float(batch[k][i]) for k in reward_keys})
-            rows.append(row)
+        """Write the first answer of up to ``num`` groups spread over ``batch`` to ``samples.jsonl`` (one object
+        each, :func:`~grpo_rl.sample_log.sample_record`), the console (one line each), wandb and TensorBoard."""
+        group_id = batch["group_id"] if "group_id" in batch.keys() else None
+        rows = [sample_record(step, batch, i, reward_keys) for i in examine_rows(group_id, batch.batch_size[0], num)]
+        for row in rows:
             self._samples.write(json.dumps(row) + "\n")
+        if rows:
+            groups = len(set(group_id.tolist())) if group_id is not None else batch.batch_size[0]
+            log.info("samples at step %d (first answer of %d of %d groups):\n%s", step, len(rows), groups,
+                     "\n".join("  " + sample_line(r) for r in rows))
         if self._wandb is not None and rows:
             import wandb
 
             columns = list(rows[0].keys())
-            self._wandb.log({"samples": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
-                            step=step)
+            data = [[r.get(c) if isinstance(r.get(c), (str, int, float, bool, type(None))) else json.dumps(r.get(c))
+                     for c in columns] for r in rows]
+            self._wandb.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
         if self._tb is not None and rows:
             text = "\n\n".join(f"**reward {r['reward']:.3f}**\n\n{r['response']}" for r in rows)
             self._tb.add_text("samples", text, step)

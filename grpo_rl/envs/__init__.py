@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from grpo_rl.data import load_records
 from grpo_rl.envs.base import PromptEnv, PromptTooLongError
+from grpo_rl.errors import ConfigError
 from grpo_rl.rewards.base import RewardComponent
 from grpo_rl.rewards.custom import UserReward, user_reward_components
 
@@ -16,7 +17,7 @@ from grpo_rl.rewards.custom import UserReward, user_reward_components
 _PROMPT_COLUMN = {"gsm8k": "question", "ifeval": "prompt"}
 
 
-def make_env(cfg, tokenizer, *, split: str | None = None, devices=None) -> PromptEnv:
+def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_prompts_ok: bool = False) -> PromptEnv:
     """Build the environment that ``cfg.env.dataset`` names.
 
     Args:
@@ -25,6 +26,12 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None) -> Promp
         split: data split (default ``cfg.env.split``).
         devices: the run's :class:`~grpo_rl.devices.DeviceAllocation`; a reward model runs on its
             ``reward_model`` device. Default: allocated from ``cfg`` (only when a reward model is configured).
+        fewer_prompts_ok: serve every prompt per step when the data has fewer than ``env.prompts_per_step``
+            (held-out evaluation); by default that is an error, since a step would repeat prompts.
+
+    Raises:
+        ConfigError: ``env.prompts_per_step`` exceeds the prompts left after skipping over-long ones (unless
+            ``fewer_prompts_ok``), or a reward function needs a column the data lacks.
     """
     split = split or cfg.env.split
     dataset = cfg.env.dataset
@@ -41,9 +48,9 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None) -> Promp
         env = make_ifeval_env(cfg, load_records("ifeval", split=split, path=cfg.env.path), tokenizer,
                               seed=cfg.seed, extra_components=extra)
     elif dataset == "file":
-        from grpo_rl.envs.custom import make_file_env
+        from grpo_rl.envs.custom import load_file_records, make_file_env
 
-        env = make_file_env(cfg, load_records("file", path=cfg.env.path), tokenizer, seed=cfg.seed, components=extra)
+        env = make_file_env(cfg, load_file_records(cfg.env), tokenizer, seed=cfg.seed, components=extra)
     else:
         raise ValueError(f"env.dataset={dataset!r} is not supported; choose gsm8k, ifeval or file")
     for comp in env.reward.components:
@@ -54,12 +61,22 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None) -> Promp
     if clashes:
         raise ValueError(f"reward components {clashes} would be logged under the same name; give your reward "
                          "functions distinct labels (reward.functions=[{path: ..., name: ..., label: ...}])")
+    if env.prompts_per_step > len(env):
+        if not fewer_prompts_ok:
+            skipped = (f" ({env.num_skipped} more were skipped as longer than env.max_prompt_tokens="
+                       f"{cfg.env.max_prompt_tokens})" if env.num_skipped else "")
+            raise ConfigError(f"env.prompts_per_step={env.prompts_per_step} is more than the {len(env)} prompts in "
+                              f"{env.name}{skipped}, so every step would repeat prompts; set env.prompts_per_step to "
+                              f"at most {len(env)}, or add prompts to the data")
+        env.prompts_per_step = len(env)
     return env
 
 
 def shared_reward_components(cfg, devices=None) -> list[RewardComponent]:
     """The components any task can add: the user's reward functions and a reward model."""
-    components = user_reward_components(cfg.reward)
+    prompt_column = cfg.env.prompt_column if cfg.env.dataset == "file" else _PROMPT_COLUMN.get(cfg.env.dataset)
+    reference_column = cfg.env.ground_truth_column if cfg.env.dataset == "file" else None
+    components = user_reward_components(cfg.reward, prompt_column=prompt_column, reference_column=reference_column)
     if cfg.reward.model_path:
         from grpo_rl.rewards.reward_model import RewardModelScorer
 
@@ -68,7 +85,6 @@ def shared_reward_components(cfg, devices=None) -> list[RewardComponent]:
 
             devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0, need_reward_model=True)
         rm = cfg.reward_model
-        prompt_column = cfg.env.prompt_column if cfg.env.dataset == "file" else _PROMPT_COLUMN[cfg.env.dataset]
         scorer = RewardModelScorer(cfg.reward.model_path, devices.reward_model[0], prompt_column=prompt_column,
                                    batch_size=rm.batch_size, max_length=rm.max_length, dtype=rm.dtype)
         components.append(RewardComponent("model", scorer, cfg.reward.model_weight))

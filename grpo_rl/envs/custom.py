@@ -1,4 +1,7 @@
-"""A user's own task: prompts from a local jsonl/json/parquet file, scored by the user's reward functions.
+"""A user's own task: prompts from local jsonl/json/parquet files, scored by the user's reward functions.
+
+``env.path`` is one file or a list of files, whose rows are concatenated in order; each file is checked on its
+own, and errors name it.
 
 Each row needs a prompt column (``env.prompt_column``, default ``prompt``): a string sent as the user turn, or
 a list of ``{"role", "content"}`` chat messages sent as is. ``env.ground_truth_column`` (default
@@ -12,6 +15,7 @@ from functools import partial
 from typing import Any, Sequence
 
 from grpo_rl.config import ConfigError
+from grpo_rl.data import load_records
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.errors import DataError
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
@@ -44,6 +48,22 @@ def _check_rows(records: Sequence[dict], prompt_column: str, ground_truth_column
                             "string or a list of {role, content} messages: fix that row or remove it")
 
 
+def file_paths(path: Any) -> list[str]:
+    """``env.path`` as a list: one file, or the files of a list."""
+    return [path] if isinstance(path, str) else [str(p) for p in path]
+
+
+def load_file_records(env) -> list[dict]:
+    """The rows of ``env.path``'s files concatenated in order, each file's rows checked (prompt and ground-truth
+    columns present, prompt a non-empty string or message list) with errors naming that file."""
+    records: list[dict] = []
+    for path in file_paths(env.path):
+        rows = load_records("file", path=path)
+        _check_rows(rows, env.prompt_column, env.ground_truth_column, f"env.path={path}")
+        records.extend(rows)
+    return records
+
+
 def passed_columns(records: Sequence[dict], prompt_column: str, ground_truth_column: str | None,
                    extra_columns: Sequence[str] | None) -> tuple[str, ...]:
     """The columns passed to the reward as keywords: every column but the ground truth, or the prompt column
@@ -63,13 +83,12 @@ def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
 
     Args:
         cfg: the run config (``env`` group).
-        records: the file's rows.
+        records: the rows, checked by :func:`load_file_records`.
         tokenizer: the policy's tokenizer.
         seed: prompt-order seed.
         components: the reward components (user functions, a reward model); at least one.
     """
     env = cfg.env
-    _check_rows(records, env.prompt_column, env.ground_truth_column, f"env.path={env.path}")
     columns = passed_columns(records, env.prompt_column, env.ground_truth_column,
                              None if env.extra_columns is None else list(env.extra_columns))
     gt = env.ground_truth_column
@@ -89,5 +108,5 @@ def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
         shuffle=env.shuffle,
         too_long=env.too_long_prompts,
         extra_columns=columns,
-        name=f"file:{env.path}",
+        name="file:" + ",".join(file_paths(env.path)),
     )

@@ -9,7 +9,9 @@ can be logged separately. A component that raises (``sys.exit`` included), retur
 count, or runs past its time limit does not end the run: the affected samples get ``fallback`` for that
 component, the failure is counted and recorded with the offending sample (cut to :data:`MAX_EXAMPLE_CHARS`), and
 only a step in which every sample failed with an error raises. Numbers are Python or NumPy scalars (bools
-included), or a NumPy array or tensor of them.
+included), or a NumPy array or tensor of them. A component marked ``none_is_no_reward`` (a function written for
+TRL) may return None for an answer: that answer gets ``fallback`` and is counted as a failure, but is not retried
+and never makes a step raise.
 
 A component with ``timeout_seconds`` runs in a worker thread, and the step stops waiting for it after that
 long (the function runs off the main thread, so it cannot install signal handlers). Python cannot stop a
@@ -51,6 +53,14 @@ class RewardError(UserError, RuntimeError):
     (a user error: one message, exit status 2) with the last completed step checkpointed."""
 
 
+class NoReward(Exception):
+    """A function following TRL's convention returned None for an answer: no reward for it (not an error)."""
+
+
+def _no_reward() -> NoReward:
+    return NoReward("returned None: no reward for this answer (TRL's convention); it gets reward.fallback")
+
+
 class RewardTimeout(Exception):
     """A reward call ran past its component's ``timeout_seconds`` and was abandoned (or was not made).
 
@@ -68,12 +78,15 @@ class RewardComponent:
 
     ``timeout_seconds``: how long one call may run before its samples count as failed (None: no limit; set
     from ``reward.timeout_seconds`` for users' functions).
+    ``none_is_no_reward``: a None in the returned list means "no reward for this answer" (TRL's convention): the
+    answer gets the fallback and counts as a failure, without a retry, and a step of all None does not raise.
     """
 
     name: str
     fn: RewardFn
     weight: float = 1.0
     timeout_seconds: float | None = None
+    none_is_no_reward: bool = False
 
 
 @dataclass
@@ -114,8 +127,9 @@ class CompositeReward:
         examples: list[dict] = []
         for comp in self.components:
             vals, failed, errors = self._evaluate(comp, responses, references, extra)
-            timed_out = any(e.get("timed_out") for e in errors)
-            if failed == n and n > 0 and not timed_out:
+            # A timeout or a declared "no reward" is not proof that the function is broken.
+            excused = any(e.get("timed_out") or e.get("no_reward") for e in errors)
+            if failed == n and n > 0 and not excused:
                 raise RewardError(f"reward {comp.name!r} failed on every sample of the step, so it cannot score this "
                                   f"task; fix the function (and test it on a few responses), then resume with "
                                   f"resume=auto. First failure: {errors[0]}")
@@ -145,7 +159,9 @@ class CompositeReward:
             return (torch.full((n,), self.fallback, dtype=torch.float32), n,
                     [_failure(comp, i, skipped, responses[i]) for i in range(n)])
         try:
-            return self._check(comp.name, _call(comp, responses, references, extra, limit), n), 0, []
+            vals, missing = self._check(comp.name, _call(comp, responses, references, extra, limit), n,
+                                        comp.none_is_no_reward, self.fallback)
+            return vals, len(missing), [_failure(comp, i, _no_reward(), responses[i]) for i in missing]
         except KeyboardInterrupt:
             raise
         except BaseException as batch_error:  # noqa: BLE001 - a user's function may raise anything, even SystemExit
@@ -162,7 +178,11 @@ class CompositeReward:
                     raise RewardTimeout(f"not retried: the function already timed out on {timeouts} samples of "
                                         f"this step (reward.timeout_seconds={limit:g})")
                 one_extra = {k: [v[i]] for k, v in extra.items()}
-                vals[i] = self._check(comp.name, _call(comp, [responses[i]], [references[i]], one_extra, limit), 1)[0]
+                one, missing = self._check(comp.name, _call(comp, [responses[i]], [references[i]], one_extra, limit),
+                                           1, comp.none_is_no_reward, self.fallback)
+                if missing:
+                    raise _no_reward()
+                vals[i] = one[0]
             except KeyboardInterrupt:
                 raise
             except BaseException as e:  # noqa: BLE001
@@ -173,7 +193,9 @@ class CompositeReward:
         return vals, len(errors), errors
 
     @staticmethod
-    def _check(name: str, out: Any, n: int) -> torch.Tensor:
+    def _check(name: str, out: Any, n: int, allow_none: bool = False,
+               fallback: float = 0.0) -> tuple[torch.Tensor, list[int]]:
+        """``out`` as ``[n]`` floats and the indices of its Nones (given ``fallback``; only with ``allow_none``)."""
         if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
             out = out.tolist()  # a NumPy array or a tensor: plain Python numbers
         if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
@@ -182,13 +204,17 @@ class CompositeReward:
         out = list(out)
         if len(out) != n:
             raise ValueError(f"reward {name!r} returned {len(out)} values for {n} responses")
-        vals = []
-        for v in out:
+        vals, missing = [], []
+        for i, v in enumerate(out):
+            if v is None and allow_none:
+                missing.append(i)
+                vals.append(fallback)
+                continue
             number = _as_number(v)
             if number is None:
                 raise TypeError(f"reward {name!r} returned {_clip(repr(v))}; it must return finite numbers")
             vals.append(number)
-        return torch.tensor(vals, dtype=torch.float32)
+        return torch.tensor(vals, dtype=torch.float32), missing
 
 
 def _as_number(v: Any) -> float | None:
@@ -241,8 +267,8 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, SystemExit):
         return (f"SystemExit({error.code!r}): the reward function called sys.exit() (or exit()); return a list of "
                 "numbers, or raise an exception, instead")
-    if isinstance(error, RewardTimeout):
-        return f"RewardTimeout: {error}"
+    if isinstance(error, (RewardTimeout, NoReward)):
+        return f"{type(error).__name__}: {error}"
     try:
         return repr(error)
     except Exception:  # noqa: BLE001 - a user's exception whose __repr__ itself fails
@@ -265,4 +291,6 @@ def _failure(comp: RewardComponent, index: int | None, error: BaseException, res
     record["response"] = _clip(response if isinstance(response, str) else repr(response))
     if isinstance(error, RewardTimeout):
         record["timed_out"] = True
+    if isinstance(error, NoReward):
+        record["no_reward"] = True
     return record

@@ -7,6 +7,9 @@ A reward function has the signature every reward here has, plus keyword columns:
 ``responses[i]`` is one sampled answer, ``references[i]`` its prompt's ground truth, and each keyword is one
 data column, a list aligned with ``responses``. A function receives only the columns its signature names
 (all of them when it takes ``**columns``), so ``def f(responses, references)`` works on any data set.
+Functions written for verl (``compute_score(data_source, solution_str, ground_truth, extra_info=None)``) or TRL
+(``reward_func(prompts, completions, **kwargs)``) are recognised by their parameter names when the file is
+loaded and called through an adapter (:mod:`grpo_rl.rewards.conventions`).
 
 Each call runs under ``reward.timeout_seconds`` (see :mod:`grpo_rl.rewards.base`): a call that takes longer
 counts as a failure of its samples, which get ``reward.fallback``, and the run goes on.
@@ -29,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from grpo_rl.errors import ConfigError
 from grpo_rl.rewards.base import RewardComponent
+from grpo_rl.rewards.conventions import ConventionError, adapt_reward
 
 __all__ = ["RewardLoadError", "UserReward", "load_reward_function", "user_reward_components"]
 
@@ -41,33 +45,40 @@ class RewardLoadError(ConfigError):
 
 
 class UserReward:
-    """A user's reward function, called with the data columns its signature accepts.
+    """A user's reward function in any accepted convention (:mod:`grpo_rl.rewards.conventions`), called as ours:
+    ``(responses, references, **columns) -> list``, with the data columns its signature accepts.
 
     Args:
         fn: the function.
         key: the config key it came from, for error messages (``reward.name``).
+        path: the file it came from, for error messages.
+        prompt_column: the column holding each answer's raw prompt (TRL's ``prompts``).
+        reference_column: the data column the references come from (also passed to TRL functions by that name).
     """
 
-    def __init__(self, fn: Callable, key: str = "reward.name"):
+    def __init__(self, fn: Callable, key: str = "reward.name", *, path: str | None = None,
+                 prompt_column: str | None = None, reference_column: str | None = None):
         self.fn = fn
         self.key = key
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        params = list(inspect.signature(fn).parameters.values())
-        self.takes_all_columns = any(p.kind is p.VAR_KEYWORD for p in params)
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        keyword = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        self.columns = tuple(p.name for p in keyword)
-        self.required_columns = tuple(p.name for p in keyword if p.default is p.empty)
-        # Only the first two (responses, references) are positional; the rest must be columns.
-        if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-            raise RewardLoadError(
-                f"{key}={self.__name__} has signature {self.__name__}{inspect.signature(fn)}; a reward function "
-                f"must accept (responses, references, **columns) and return one float per response ({DOCS})"
-            )
-        extra_positional = [p.name for p in positional[2:] if p.default is p.empty and p.kind is p.POSITIONAL_ONLY]
-        if extra_positional:
-            raise RewardLoadError(f"{key}={self.__name__}: positional-only parameters {extra_positional} cannot be "
-                                  f"filled; make them keyword parameters named after data columns ({DOCS})")
+        try:
+            self.adapter = adapt_reward(fn, prompt_column=prompt_column, reference_column=reference_column)
+        except ConventionError as e:
+            try:
+                signature = f"{self.__name__}{inspect.signature(fn)}"
+            except (TypeError, ValueError):
+                signature = f"{self.__name__}(?)"
+            where = f" in {path}" if path else ""
+            raise RewardLoadError(f"{key}={self.__name__} has signature {signature}{where}: {e} ({DOCS})") from e
+        self.convention = self.adapter.convention
+        self.takes_all_columns = self.adapter.takes_all_columns
+        self.columns = self.adapter.columns
+        self.required_columns = self.adapter.required_columns
+
+    @property
+    def allows_none(self) -> bool:
+        """TRL's None means "no reward for this answer": the answer gets the fallback, and a step of Nones goes on."""
+        return self.convention == "trl"
 
     def check_columns(self, available: Iterable[str]) -> None:
         """Raise if the function requires a column that the data does not have."""
@@ -81,9 +92,7 @@ class UserReward:
             )
 
     def __call__(self, responses: Sequence[str], references: Sequence[Any], **columns: Sequence[Any]) -> list:
-        if not self.takes_all_columns:
-            columns = {k: v for k, v in columns.items() if k in self.columns}
-        out = self.fn(list(responses), list(references), **columns)
+        out = self.adapter(responses, references, **columns)  # each adapter passes only what its function takes
         return out.tolist() if hasattr(out, "tolist") else out  # numpy arrays and tensors -> plain floats
 
 
@@ -113,17 +122,20 @@ def _import_file(path: str, key: str) -> ModuleType:
     return module
 
 
-def load_reward_function(path: str, name: str, *, key: str = "reward") -> UserReward:
-    """Import ``path`` and return its function ``name``, signature-checked.
+def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_column: str | None = None,
+                         reference_column: str | None = None) -> UserReward:
+    """Import ``path`` and return its function ``name``, signature-checked and adapted to our convention.
 
     Args:
         path: a Python file.
         name: a callable defined (or imported) at the file's top level.
         key: config prefix for error messages: ``"reward"`` or ``"reward.functions[2]"``.
+        prompt_column: the column holding each answer's raw prompt (TRL's ``prompts``).
+        reference_column: the data column the references come from (TRL functions get it by that name too).
 
     Raises:
         RewardLoadError: the file is missing or fails to import, the name is missing or not callable, or the
-            signature cannot take ``(responses, references)``.
+            signature matches none of ours, verl's and TRL's (the message lists all three).
     """
     module = _import_file(path, f"{key}.path")
     fn = getattr(module, name, None)
@@ -134,14 +146,17 @@ def load_reward_function(path: str, name: str, *, key: str = "reward") -> UserRe
                               f"{defined or 'none'}. Set {key}.name to one of them ({DOCS})")
     if not callable(fn):
         raise RewardLoadError(f"{key}.name={name}: {name!r} in {path} is a {type(fn).__name__}, not a function")
-    return UserReward(fn, key=f"{key}.name")
+    return UserReward(fn, key=f"{key}.name", path=path, prompt_column=prompt_column,
+                      reference_column=reference_column)
 
 
-def user_reward_components(reward_cfg) -> list[RewardComponent]:
+def user_reward_components(reward_cfg, *, prompt_column: str | None = None,
+                           reference_column: str | None = None) -> list[RewardComponent]:
     """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``.
 
     Each is logged as ``reward_<label or function name>``; two components with the same name are an error.
-    Every component gets ``reward.timeout_seconds`` as its time limit per call.
+    Every component gets ``reward.timeout_seconds`` as its time limit per call. ``prompt_column`` and
+    ``reference_column``: see :func:`load_reward_function`.
     """
     timeout = getattr(reward_cfg, "timeout_seconds", None)
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -154,12 +169,14 @@ def user_reward_components(reward_cfg) -> list[RewardComponent]:
         specs.append((f"reward.functions[{i}]", f.path, f.name, f.weight, f.label))
     components, seen = [], {}
     for key, path, name, weight, label in specs:
-        fn = load_reward_function(path, name, key=key)
+        fn = load_reward_function(path, name, key=key, prompt_column=prompt_column,
+                                  reference_column=reference_column)
         label = label or name
         if label in seen:
             raise RewardLoadError(f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "
                                   f"label, e.g. reward.functions=[{{path: ..., name: {name}, label: {label}_2}}]")
         seen[label] = key
         components.append(RewardComponent(label, fn, float(weight),
-                                          timeout_seconds=None if timeout is None else float(timeout)))
+                                          timeout_seconds=None if timeout is None else float(timeout),
+                                          none_is_no_reward=fn.allows_none))
     return components

@@ -88,6 +88,10 @@ def test_structured_defaults_validate():
         (["policy.advantage_eps=0"], "policy.advantage_eps"),
         (["policy.cispo_ratio_max=0.5"], "policy.cispo_ratio_max"),
         (["policy.cispo_ratio_min=2.0"], "policy.cispo_ratio_min"),
+        (["policy.overlong_buffer=-1"], "policy.overlong_buffer"),
+        (["sampling.max_new_tokens=128", "policy.overlong_buffer=128"], "policy.overlong_buffer"),
+        (["policy.overlong_buffer=32", "policy.overlong_penalty=-0.5"], "policy.overlong_penalty"),
+        (["policy.overlong_penalty=-1.0"], "policy.overlong_penalty"),  # checked even with the punishment off
         (["inference_model.engine=sglang"], "inference_model.engine"),
         (["train_model.num_devices=0"], "train_model.num_devices"),
     ],
@@ -134,8 +138,22 @@ def test_unknown_loss_type_lists_the_valid_ones():
     ["policy.loss_type=cispo", "policy.cispo_ratio_min=0.5"], ["policy.engine_correction=sequence_mask",
                                                              "policy.engine_correction_min=0.5", "policy.tis_cap=3.0"],
     ["policy.entropy_coef=0.001", "policy.advantage_eps=1e-4"],
+    ["policy.loss_type=dapo", "policy.overlong_buffer=32", "policy.overlong_penalty=0.5", "policy.overlong_filter=true"],
+    ["sampling.max_new_tokens=128", "policy.overlong_buffer=127", "policy.overlong_penalty=0"],  # the widest buffer
 ])
 def test_new_policy_settings_compose_and_validate(overrides):
     cfg = _compose(overrides)
     validate(cfg)
     assert cfg.policy.aggregation is None  # the YAML leaves it to the loss type
+
+
+def test_overlong_settings_default_off():
+    policy = _compose().policy
+    assert (policy.overlong_buffer, policy.overlong_penalty, policy.overlong_filter) == (0, 1.0, False)
+
+
+def test_overlong_buffer_over_the_limit_says_what_to_set():
+    cfg = _compose(["sampling.max_new_tokens=100", "policy.overlong_buffer=100"])
+    with pytest.raises(ConfigError, match=r"policy\.overlong_buffer=100 must be < sampling\.max_new_tokens=100") as info:
+        validate(cfg)
+    assert "policy.overlong_buffer=20" in str(info.value)  # DAPO's fifth of the limit, as a ready override

@@ -342,3 +342,42 @@ def test_unsupported_extension(tmp_path: pathlib.Path) -> None:
     path.write_text("prompt\na\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"unsupported extension '\.csv'"):
         load_records("file", path=str(path))
+
+
+# A list of files
+
+
+def test_file_list_is_concatenated_in_order(tmp_path: pathlib.Path) -> None:
+    first = _write_jsonl(tmp_path / "a.jsonl", [{"prompt": "a1"}, {"prompt": "a2"}])
+    second = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"prompt": ["b1"]}), second)
+    assert load_records("file", path=[str(second), str(first)], required_fields=["prompt"]) == [
+        {"prompt": "b1"}, {"prompt": "a1"}, {"prompt": "a2"}]
+
+
+def test_gsm8k_path_list_of_files_and_folders(tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "gsm"
+    _write_jsonl(folder / "train.jsonl", GSM_ROWS[:1])
+    extra = _write_jsonl(tmp_path / "more.jsonl", GSM_ROWS[1:])
+    assert load_records("gsm8k", path=[str(folder), str(extra)]) == GSM_ROWS
+
+
+@pytest.mark.parametrize(("second_rows", "match"), [
+    ([{"text": "x"}], r"b\.jsonl: row 0 is missing required field 'prompt'"),
+    ([], r"b\.jsonl: data set is empty"),
+])
+def test_each_file_of_a_list_is_checked_under_its_own_name(tmp_path: pathlib.Path, second_rows: list,
+                                                           match: str) -> None:
+    first = _write_jsonl(tmp_path / "a.jsonl", [{"prompt": "a"}])
+    second = _write_jsonl(tmp_path / "b.jsonl", second_rows)
+    with pytest.raises(ValueError, match=match) as info:
+        load_records("file", path=[str(first), str(second)], required_fields=["prompt"])
+    assert "a.jsonl" not in str(info.value)
+
+
+def test_file_list_errors(tmp_path: pathlib.Path) -> None:
+    first = _write_jsonl(tmp_path / "a.jsonl", [{"prompt": "a"}])
+    with pytest.raises(data.DataFileNotFoundError, match=r"missing\.jsonl does not exist"):
+        load_records("file", path=[str(first), str(tmp_path / "missing.jsonl")])
+    with pytest.raises(ValueError, match=r"env\.path=\[\] names no file"):
+        load_records("file", path=[])
