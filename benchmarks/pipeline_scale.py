@@ -130,7 +130,8 @@ def main() -> None:
     parser.add_argument("--reference", type=float, default=1.0, help="reference seconds per batch (0: no KL)")
     parser.add_argument("--training", type=float, default=4.0, help="training seconds per batch on one rank")
     parser.add_argument("--jitter", type=float, default=0.1)
-    parser.add_argument("--steps", type=int, default=6, help="steps before the resume, and after it")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps before the resume, and after it (default 6; 4 with --quick)")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=4)
@@ -141,6 +142,8 @@ def main() -> None:
     parser.add_argument("--keep", help="keep the run folders (metrics.jsonl, trained.jsonl, logs) under this folder")
     args = parser.parse_args()
     sizes = [(1, 1), (2, 1)] if args.quick else SIZES
+    if args.steps is None:
+        args.steps = 4 if args.quick else 6
     if args.sizes:
         sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
