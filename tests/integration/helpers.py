@@ -42,3 +42,16 @@ def run_script(script: str, *overrides: str, timeout: float = 300, cwd: Path | N
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+# A reward function that fails on every other call (in each process): for the failure paths.
+FLAKY_REWARD = '''
+_calls = 0
+
+def flaky(responses, references):
+    global _calls
+    _calls += 1
+    if _calls % 2:
+        raise RuntimeError(f"flaky call {_calls}")
+    return [1.0] * len(responses)
+'''

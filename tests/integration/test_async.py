@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpo_rl.metrics import read_jsonl
-from tests.integration.helpers import ROOT, SHARED_STEP_METRICS, read_metrics, script_env
+from tests.integration.helpers import FLAKY_REWARD, ROOT, SHARED_STEP_METRICS, read_metrics, script_env
 from tests.integration.helpers import run_script as _run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -334,18 +334,6 @@ def test_reference_stage_shards_a_batch_and_scores_as_the_in_learner_reference(t
         local = make_ref_scorer(run).score(batch.clone())["ref_logprobs"]
         torch.testing.assert_close(remote, local, rtol=1e-5, atol=1e-5)
         assert float(local.abs().sum()) > 0
-
-
-FLAKY_REWARD = """
-_calls = 0
-
-def flaky(responses, references):
-    global _calls
-    _calls += 1
-    if _calls % 2:
-        raise RuntimeError(f"flaky call {_calls}")
-    return [0.0] * len(responses)
-"""
 
 
 @pytest.mark.parametrize("script", ["grpo-async.py", "grpo.py"])

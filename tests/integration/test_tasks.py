@@ -13,24 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import FLAKY_REWARD
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_RUN = ["train.steps=2", "logger.backend=none", "sampling.max_new_tokens=16", "env.prompts_per_step=2",
             "env.group_size=2"]
 
-# Raises on every other call: the batch call fails, and re-scoring one sample at a time fails on half of them,
-# so some samples of step 1 fall back and are logged, and never all of a step's samples.
-FLAKY_REWARD = '''
-_calls = 0
-
-def flaky(responses, references):
-    global _calls
-    _calls += 1
-    if _calls % 2:
-        raise RuntimeError(f"flaky call {_calls}")
-    return [1.0] * len(responses)
-'''
+# FLAKY_REWARD raises on every other call: the batch call fails, and re-scoring one sample at a time fails on half
+# of them, so some samples of step 1 fall back and are logged, and never all of a step's samples.
 
 
 def _env() -> dict[str, str]:

@@ -6,14 +6,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
-from tensordict import NonTensorStack
 
 from grpo_rl.config import ConfigError, register_configs, validate
 from grpo_rl.metrics import log_reward_failures
 from grpo_rl.rewards.base import CompositeReward, RewardComponent, RewardError
 from grpo_rl.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
+from tests.unit.helpers import file_env, score_answers, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "config"
@@ -204,28 +203,6 @@ def test_failures_are_written_to_the_run_dir(tmp_path, rewards_file):
 # The file environment
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def _file_env(tokenizer, data: Path, reward_path: Path, name: str, extra: list[str] = ()):
-    from grpo_rl.envs import make_env
-
-    cfg = _compose(["env.dataset=file", f"env.path={data}", f"reward.path={reward_path}", f"reward.name={name}",
-                    "env.prompts_per_step=2", "env.shuffle=false", *extra])
-    validate(cfg)
-    return make_env(cfg, tokenizer)
-
-
-def _step(env, responses: list[str]):
-    prompts = env.reset()
-    g = len(responses) // prompts.batch_size[0]
-    batch = prompts[torch.arange(prompts.batch_size[0]).repeat_interleave(g)]
-    batch.set("response_text", NonTensorStack(*responses))
-    return prompts, env.step(batch)["next"]
-
-
 ROWS = [{"prompt": "Say four.", "ground_truth": "4", "max_words": 1, "topic": "math"},
         {"prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Say five."}],
          "ground_truth": 5, "max_words": 3, "topic": "math"}]
@@ -235,7 +212,7 @@ ROWS = [{"prompt": "Say four.", "ground_truth": "4", "max_words": 1, "topic": "m
 def test_file_env_passes_references_and_columns(tmp_path, tokenizer, rewards_file, suffix):
     data = tmp_path / f"prompts.{suffix}"
     if suffix == "jsonl":
-        _write_jsonl(data, ROWS)
+        write_jsonl(data, ROWS)
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -243,9 +220,9 @@ def test_file_env_passes_references_and_columns(tmp_path, tokenizer, rewards_fil
         # a parquet column has one type: plain-string prompts and ground truths
         pq.write_table(pa.Table.from_pylist([{**r, "prompt": "Say it.", "ground_truth": str(r["ground_truth"])}
                                              for r in ROWS]), data)
-    env = _file_env(tokenizer, data, rewards_file, "all_columns")
+    env = file_env(tokenizer, data, rewards_file, "all_columns")
     assert env.extra_columns == ("prompt", "max_words", "topic")
-    prompts, nxt = _step(env, ["4", "x", "5", "5"])
+    prompts, nxt = score_answers(env, ["4", "x", "5", "5"])
     assert list(prompts["reference"]) == (["4", 5] if suffix == "jsonl" else ["4", "5"])
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [3.0] * 4
     if suffix == "jsonl":  # chat messages are used as is, system turn included
@@ -254,11 +231,11 @@ def test_file_env_passes_references_and_columns(tmp_path, tokenizer, rewards_fil
 
 def test_file_env_named_columns_and_no_ground_truth(tmp_path, tokenizer, rewards_file):
     rows = [{"question": "Say four in one word.", "limit": 1}, {"question": "Say five.", "limit": 2}]
-    data = _write_jsonl(tmp_path / "p.jsonl", rows)
-    env = _file_env(tokenizer, data, rewards_file, "all_columns",
+    data = write_jsonl(tmp_path / "p.jsonl", rows)
+    env = file_env(tokenizer, data, rewards_file, "all_columns",
                     ["env.prompt_column=question", "env.ground_truth_column=null", "env.extra_columns=[limit]"])
     assert env.extra_columns == ("question", "limit")  # the prompt column always comes along
-    prompts, nxt = _step(env, ["four", "four five six"])
+    prompts, nxt = score_answers(env, ["four", "four five six"])
     assert list(prompts["reference"]) == [None, None]
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [2.0, 2.0]
 
@@ -269,21 +246,21 @@ def test_file_env_named_columns_and_no_ground_truth(tmp_path, tokenizer, rewards
     (["env.extra_columns=[difficulty]"], r"no row has \['difficulty'\]"),
 ])
 def test_file_env_column_errors(tmp_path, tokenizer, rewards_file, overrides, match):
-    data = _write_jsonl(tmp_path / "p.jsonl", ROWS)
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS)
     with pytest.raises(ConfigError, match=match):
-        _file_env(tokenizer, data, rewards_file, "exact", overrides)
+        file_env(tokenizer, data, rewards_file, "exact", overrides)
 
 
 def test_required_column_missing_from_data(tmp_path, tokenizer, rewards_file):
-    data = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi", "ground_truth": "x"}])
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi", "ground_truth": "x"}])
     with pytest.raises(RewardLoadError, match=r"reward.name=by_column requires column\(s\) \['max_words'\]"):
-        _file_env(tokenizer, data, rewards_file, "by_column")
+        file_env(tokenizer, data, rewards_file, "by_column")
 
 
 def test_fallback_is_configurable(tmp_path, tokenizer, rewards_file):
-    data = _write_jsonl(tmp_path / "p.jsonl", ROWS)
-    env = _file_env(tokenizer, data, rewards_file, "raises_on_boom", ["reward.fallback=-2"])
-    _, nxt = _step(env, ["boom", "ok", "ok", "ok"])
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    env = file_env(tokenizer, data, rewards_file, "raises_on_boom", ["reward.fallback=-2"])
+    _, nxt = score_answers(env, ["boom", "ok", "ok", "ok"])
     assert nxt["reward_raises_on_boom"].squeeze(-1).tolist() == [-2.0, 1.0, 1.0, 1.0]
     assert env.last_reward_failures == {"raises_on_boom": 1}
 
@@ -296,7 +273,7 @@ def test_user_function_added_to_a_builtin_task(tmp_path, tokenizer, rewards_file
     rows = [{"key": 1, "prompt": "Answer in lowercase.", "instruction_id_list": ["change_case:english_lowercase"],
              "kwargs": [{}]}]
     env = make_ifeval_env(cfg, rows, tokenizer, seed=0, extra_components=shared_reward_components(cfg))
-    _, nxt = _step(env, ["yes", "no"] * 2)
+    _, nxt = score_answers(env, ["yes", "no"] * 2)
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [1.0] * 4  # the ifeval env passes `prompt`
 
 
@@ -309,7 +286,7 @@ def test_worked_example(tokenizer):
     assert contains_answer(["It is Ottawa.", "Toronto", "16 sides", "carbon  Dioxide!"],
                            ["Ottawa", "Ottawa", "6", "carbon dioxide"]) == [1.0, 0.0, 0.0, 1.0]
     assert brevity(["one", "one two three four"], [None, None], max_words=[2, 2]) == [1.0, 0.5]
-    env = _file_env(tokenizer, EXAMPLE_PROMPTS, EXAMPLE_REWARD, "contains_answer")
+    env = file_env(tokenizer, EXAMPLE_PROMPTS, EXAMPLE_REWARD, "contains_answer")
     assert len(env) == 10
     docs = (ROOT / "docs" / "custom_tasks.md").read_text()
     assert textwrap.dedent(EXAMPLE_REWARD.read_text().split("import re\n", 1)[1]).strip() in docs

@@ -1,33 +1,19 @@
 """Where a task's prompts come from: ``env.path`` as a list of files, and enough prompts for a step."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from grpo_rl.config import ConfigError, register_configs, validate
+from grpo_rl.config import ConfigError, validate
 from grpo_rl.envs import make_env
+from tests.unit.helpers import ROOT, compose_config, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 REWARD = ROOT / "examples" / "custom_reward.py"
 
 
-def _compose(overrides: list[str]):
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "config"), version_base=None):
-        return compose("grpo_gsm8k", overrides=list(overrides))
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def _file_cfg(path_override: str, *extra: str):
-    cfg = _compose(["env.dataset=file", path_override, f"reward.path={REWARD}", "reward.name=contains_answer",
-                    "env.shuffle=false", *extra])
+    cfg = compose_config(["env.dataset=file", path_override, f"reward.path={REWARD}",
+                          "reward.name=contains_answer", "env.shuffle=false", *extra])
     validate(cfg)
     return cfg
 
@@ -37,16 +23,16 @@ def _rows(prefix: str, n: int) -> list[dict]:
 
 
 def test_path_list_concatenates_files_in_order(tmp_path, tokenizer):
-    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
-    b = _write_jsonl(tmp_path / "b.jsonl", _rows("b", 1))
+    a = write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
+    b = write_jsonl(tmp_path / "b.jsonl", _rows("b", 1))
     env = make_env(_file_cfg(f"env.path=[{b},{a}]", "env.prompts_per_step=3"), tokenizer)
     assert len(env) == 3 and env.name == f"file:{b},{a}"
     assert list(env.reset()["reference"]) == ["b0", "a0", "a1"]
 
 
 def test_row_errors_name_the_file_of_a_list(tmp_path, tokenizer):
-    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
-    b = _write_jsonl(tmp_path / "b.jsonl", [{"prompt": "", "ground_truth": "x"}])
+    a = write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
+    b = write_jsonl(tmp_path / "b.jsonl", [{"prompt": "", "ground_truth": "x"}])
     with pytest.raises(ValueError, match=rf"env\.path={b}: row 0 column 'prompt' is ''"):
         make_env(_file_cfg(f"env.path=[{a},{b}]", "env.prompts_per_step=1"), tokenizer)
 
@@ -63,7 +49,7 @@ def test_bad_path_values(override, match):
 
 
 def test_more_prompts_per_step_than_prompts_is_an_error(tmp_path, tokenizer):
-    data = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
+    data = write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
     with pytest.raises(ConfigError) as info:
         make_env(_file_cfg(f"env.path={data}", "env.prompts_per_step=5"), tokenizer)
     message = str(info.value)
@@ -75,7 +61,7 @@ def test_more_prompts_per_step_than_prompts_is_an_error(tmp_path, tokenizer):
 
 def test_skipped_prompts_are_counted_in_the_message(tmp_path, tokenizer):
     rows = _rows("a", 2) + [{"prompt": "word " * 400, "ground_truth": "x"}]
-    data = _write_jsonl(tmp_path / "a.jsonl", rows)
+    data = write_jsonl(tmp_path / "a.jsonl", rows)
     with pytest.raises(ConfigError, match=r"more than the 2 prompts in .*\(1 more were skipped as longer than "
                                           r"env\.max_prompt_tokens=320\)"):
         make_env(_file_cfg(f"env.path={data}", "env.prompts_per_step=3"), tokenizer)
@@ -83,6 +69,6 @@ def test_skipped_prompts_are_counted_in_the_message(tmp_path, tokenizer):
 
 def test_held_out_prompts_may_be_fewer(tmp_path, tokenizer):
     """Evaluation asks for eval.num_prompts and serves each of a smaller split once."""
-    data = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
+    data = write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
     env = make_env(_file_cfg(f"env.path={data}", "env.prompts_per_step=8"), tokenizer, fewer_prompts_ok=True)
     assert env.prompts_per_step == 3 and list(env.reset()["reference"]) == ["a0", "a1", "a2"]

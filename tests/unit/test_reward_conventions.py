@@ -1,19 +1,13 @@
 """Reward functions written for verl and for TRL are recognised by their parameter names and called as ours."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from tensordict import NonTensorStack
 
-from grpo_rl.config import register_configs, validate
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
 from grpo_rl.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.helpers import ROOT, compose_config, file_env, score_answers, write_jsonl
 
 REWARDS = '''
 calls = []
@@ -60,34 +54,6 @@ def rewards_file(tmp_path: Path) -> Path:
     return path
 
 
-def _compose(overrides: list[str]):
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "config"), version_base=None):
-        return compose("grpo_gsm8k", overrides=list(overrides))
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def _file_env(tokenizer, data: Path, reward_path: Path, name: str, extra: list[str] = ()):
-    from grpo_rl.envs import make_env
-
-    cfg = _compose(["env.dataset=file", f"env.path={data}", f"reward.path={reward_path}", f"reward.name={name}",
-                    "env.prompts_per_step=2", "env.shuffle=false", "reward.fallback=-1", *extra])
-    validate(cfg)  # loads the reward file and detects the convention
-    return make_env(cfg, tokenizer)
-
-
-def _step(env, responses: list[str]):
-    prompts = env.reset()
-    g = len(responses) // prompts.batch_size[0]
-    batch = prompts[torch.arange(prompts.batch_size[0]).repeat_interleave(g)]
-    batch.set("response_text", NonTensorStack(*responses))
-    return env.step(batch)["next"]
-
-
 # verl
 
 
@@ -129,8 +95,9 @@ def test_verl_function_on_a_file_task(tmp_path, tokenizer, rewards_file):
     failed, blaming the data ("requires column(s) ['ground_truth'] ... add them to the data")."""
     rows = [{"prompt": "Say four.", "ground_truth": "4", "data_source": "toy"},
             {"prompt": "Say five.", "ground_truth": "5", "data_source": "toy"}]
-    env = _file_env(tokenizer, _write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "compute_score")
-    nxt = _step(env, ["4", "x", "5", "5"])
+    env = file_env(tokenizer, write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "compute_score",
+                   ["reward.fallback=-1"])
+    _, nxt = score_answers(env, ["4", "x", "5", "5"])
     assert nxt["reward_compute_score"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
 
 
@@ -156,7 +123,7 @@ def test_trl_conversational_prompts_get_message_completions(rewards_file):
 
 
 def test_trl_none_is_no_reward(rewards_file):
-    comps = user_reward_components(_compose([f"reward.path={rewards_file}", "reward.name=trl_none_when_unsure"]).reward)
+    comps = user_reward_components(compose_config([f"reward.path={rewards_file}", "reward.name=trl_none_when_unsure"]).reward)
     reward = CompositeReward(comps, fallback=-1.0)
     result = reward(["sure", "unsure", "sure"], [None] * 3)
     assert result.components["trl_none_when_unsure"].tolist() == [1.0, -1.0, 1.0]
@@ -181,9 +148,9 @@ def test_trl_required_columns(rewards_file):
 def test_trl_function_on_a_file_task(tmp_path, tokenizer, rewards_file):
     rows = [{"question": "Say four.", "solution": "4", "max_words": 1},
             {"question": "Say five.", "solution": "5", "max_words": 1}]
-    env = _file_env(tokenizer, _write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "trl_exact",
-                    ["env.prompt_column=question", "env.ground_truth_column=solution"])
-    nxt = _step(env, ["4", "x", "5", "5"])
+    env = file_env(tokenizer, write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "trl_exact",
+                   ["env.prompt_column=question", "env.ground_truth_column=solution", "reward.fallback=-1"])
+    _, nxt = score_answers(env, ["4", "x", "5", "5"])
     assert nxt["reward_trl_exact"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
     seen = load_reward_function(str(rewards_file), "trl_exact").fn.__globals__["trl_seen"]
     # one call per batch; the raw prompt column, not the chat-formatted text
@@ -202,6 +169,6 @@ def test_examples(tmp_path, tokenizer):
     assert trl(["a b", "a b c d"], [None, None], max_words=[2, 2]) == [1.0, 0.5]
     reward = CompositeReward([RewardComponent("brevity", trl, none_is_no_reward=True)], fallback=0.0)
     assert reward(["a b"], [None], max_words=[None]).failures == {"brevity": 1}
-    env = _file_env(tokenizer, ROOT / "examples" / "prompts.jsonl", ROOT / "examples" / "verl_style_reward.py",
-                    "compute_score")
+    env = file_env(tokenizer, ROOT / "examples" / "prompts.jsonl", ROOT / "examples" / "verl_style_reward.py",
+                   "compute_score", ["reward.fallback=-1"])
     assert len(env) == 10
