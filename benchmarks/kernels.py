@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/kernels.py profile    # torch.profiler table of one bf16 packed fwd + bwd
     .venv/bin/python benchmarks/kernels.py lm-head    # chunked LM-head log-prob vs the plain log-softmax
+    .venv/bin/python benchmarks/kernels.py truncation # the chunked LM head scored under top-k / top-p vs without
     .venv/bin/python benchmarks/kernels.py attention  # dense packed mask vs attention split per answer
     .venv/bin/python benchmarks/kernels.py compile    # eager vs torch.compile'd decoder layers, fwd + bwd
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 GROUPS, G, PROMPT, ANSWER = 2, 8, 300, 140
+ROUNDS = 5
 HIDDEN, HEADS, HEAD_DIM, VOCAB, LAYERS = 576, 9, 64, 49152, 30
 
 
@@ -91,6 +93,74 @@ def lm_head() -> None:
         print(f"chunk {chunk:5d}     {timed(lambda: chunked(chunk)):.2f} s")
 
 
+def truncation() -> None:
+    """The chunked LM head's fwd + bwd (with the entropy, as the learner asks) without truncation and under top-k,
+    top-p and both, in fp32 and under bf16 autocast, on SmolLM2's hidden states of GSM8K text (real next-token
+    distributions: how many rows top-p keeps beyond the candidates depends on them); then the kept-set search alone,
+    per chunk, on those logits and on flat ones (every row sorted whole: the worst case)."""
+    from grpo_rl.data import load_records
+    from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
+    from grpo_rl.vocab import (CHUNK_ELEMENTS, TOP_P_CANDIDATES, ChunkedTokenLogprob, TruncatedTokenLogprob,
+                               truncation_threshold)
+
+    tokens = GROUPS * G * ANSWER
+    path = resolve_model("embedded:smollm2-135m-instruct")
+    model, tok = load_causal_lm(path, torch.device("cpu")), load_tokenizer(path)
+    ids: list[int] = []
+    for rec in load_records("gsm8k", split="train"):
+        ids += tok(rec["question"] + "\n" + rec["answer"] + "\n")["input_ids"]
+        if len(ids) >= tokens + 1:
+            break
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=torch.tensor([ids[:tokens]])).last_hidden_state[0]  # [T, H]
+    weight = model.get_output_embeddings().weight.detach().clone().requires_grad_()
+    hidden.requires_grad_()
+    targets = torch.tensor(ids[1 : tokens + 1])
+    vocab = weight.shape[0]
+    chunk = CHUNK_ELEMENTS // vocab
+
+    def run(top_p, top_k, bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if top_p < 1.0 or top_k > 0:
+                logprob = TruncatedTokenLogprob.apply(hidden, weight, targets, 1.0, True, chunk, False, top_p, top_k)[0]
+            else:
+                logprob = ChunkedTokenLogprob.apply(hidden, weight, targets, 1.0, True, chunk)[0]
+        logprob.sum().backward()
+
+    print(f"{tokens} tokens of GSM8K text, vocabulary {vocab}, chunks of {chunk}; fwd + bwd, seconds "
+          f"(median of {ROUNDS} rounds, the cases alternated within each)")
+    cases = [("none", 1.0, 0), ("top_k=50", 1.0, 50), ("top_p=0.9", 0.9, 0), ("top_p=0.9 top_k=50", 0.9, 50)]
+    arms = [(bf16, *case) for bf16 in (False, True) for case in cases]
+    for arm in arms:
+        run(*arm[2:], arm[0])  # warm-up
+    times: dict[tuple, list[float]] = {arm: [] for arm in arms}
+    for _ in range(ROUNDS):
+        for bf16, name, top_p, top_k in arms:
+            t0 = time.perf_counter()
+            run(top_p, top_k, bf16)
+            times[(bf16, name, top_p, top_k)].append(time.perf_counter() - t0)
+    for bf16, name, top_p, top_k in arms:
+        t = sorted(times[(bf16, name, top_p, top_k)])[ROUNDS // 2]
+        base = sorted(times[(bf16, "none", 1.0, 0)])[ROUNDS // 2]
+        print(f"{'bf16' if bf16 else 'fp32'} {name:20s} {t:6.2f}  ({t / base:.2f}x)")
+    with torch.no_grad():
+        z = (hidden[:chunk] @ weight.t()).float()
+    kept = (z >= truncation_threshold(z, 0.9, 0).unsqueeze(-1)).sum(-1)
+    small, large = TOP_P_CANDIDATES
+    print(f"top_p=0.9 keeps {kept.float().median():.0f} tokens (median), {int(kept.max())} at most; rows beyond "
+          f"{small} candidates {float((kept >= small).float().mean()):.1%}, beyond {large} "
+          f"{float((kept >= large).float().mean()):.1%}")
+    flat = torch.randn(chunk, vocab, generator=torch.Generator().manual_seed(0))
+    for label, logits in (("GSM8K", z), ("flat", flat)):
+        for name, top_p, top_k in cases[1:]:
+            t = timed(lambda: truncation_threshold(logits, top_p, top_k), 5)
+            print(f"kept set only, {label:5s} {name:20s} {t * 1e3:7.1f} ms per chunk of {chunk} "
+                  f"({t * tokens / chunk:.2f} s per {tokens} tokens)")
+    full = timed(lambda: z.sort(dim=-1), 3)
+    print(f"a full sort of a chunk, for comparison: {full * 1e3:.1f} ms "
+          f"({full * tokens / chunk:.2f} s per {tokens} tokens)")
+
+
 def attention() -> None:
     dt, s = torch.bfloat16, PROMPT + G * ANSWER
 
@@ -148,7 +218,7 @@ def compiled() -> None:
 def main() -> None:
     global GROUPS, G, PROMPT, ANSWER
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["profile", "lm-head", "attention", "compile"])
+    parser.add_argument("what", choices=["profile", "lm-head", "truncation", "attention", "compile"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--groups", type=int, default=GROUPS)
     parser.add_argument("--group-size", type=int, default=G)
@@ -157,7 +227,8 @@ def main() -> None:
     args = parser.parse_args()
     GROUPS, G, PROMPT, ANSWER = args.groups, args.group_size, args.prompt, args.answer
     torch.set_num_threads(args.threads)
-    {"profile": profile, "lm-head": lm_head, "attention": attention, "compile": compiled}[args.what]()
+    {"profile": profile, "lm-head": lm_head, "truncation": truncation, "attention": attention,
+     "compile": compiled}[args.what]()
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from grpo_rl.advantages import group_advantages
-from grpo_rl.envs.base import PromptEnv
+from grpo_rl.envs.base import PromptEnv, group_answers, rewards_per_answer
 from grpo_rl.loss import kl_penalised_rewards
+from grpo_rl.multiturn import ToolMessages, ToolUse, pack_episodes, run_episodes
 from grpo_rl.overlong import overlong_reward
 from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
 
@@ -50,12 +51,17 @@ class Collector:
         engine: the rollout engine.
         tokenizer: decodes sampled tokens.
         group_size: ``G``.
-        max_new_tokens, temperature, top_p: sampling.
+        max_new_tokens, temperature, top_p, top_k: sampling.
         seed: base seed; the request for prompt ``i`` of step ``s`` is seeded from ``(seed, s, i)``.
+        tools: with tools and ``max_turns > 1``, each answer is a multi-turn episode in which the model may call them
+            (:mod:`grpo_rl.multiturn`); the reward scores its last turn.
+        max_turns: model turns per episode, at most.
+        max_total_tokens: the engine's context length (prompt and every turn), for multi-turn episodes.
     """
 
     def __init__(self, env: PromptEnv, engine: RolloutEngine, tokenizer, *, group_size: int, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0):
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                 tools: ToolUse | None = None, max_turns: int = 1, max_total_tokens: int = 1 << 30):
         self.env = env
         self.engine = engine
         self.tokenizer = tokenizer
@@ -63,7 +69,12 @@ class Collector:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
         self.seed = seed
+        self.tools = tools if max_turns > 1 else None
+        self.max_turns = max_turns
+        self.max_total_tokens = max_total_tokens
+        self.tool_messages = ToolMessages(tokenizer) if self.tools is not None else None
 
     def collect(self, step: int, policy_version: int) -> tuple[TensorDict, CollectStats]:
         t0 = time.perf_counter()
@@ -71,26 +82,30 @@ class Collector:
         n = self.group_size
         # One seed per (run seed, step): resuming at step s reproduces its samples exactly.
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step)))
-        batch = self.engine.generate(list(prompts["prompt_tokens"]), n, SamplingSpec(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, seed=seed))
+        sampling = SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                                top_k=self.top_k, seed=seed)
+        prompt_tokens = list(prompts["prompt_tokens"])
+        if self.tools is None:
+            batch = self.engine.generate(prompt_tokens, n, sampling)
+            answers = [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])]
+        else:  # the reward scores each episode's last turn
+            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            episodes = run_episodes(self.engine, prompt_tokens, n, sampling, tools=self.tools,
+                                    messages=self.tool_messages, decode=decode, max_turns=self.max_turns,
+                                    max_total_tokens=self.max_total_tokens)
+            batch = pack_episodes(prompt_tokens, episodes, n, pad_id=self.tokenizer.pad_token_id or 0)
+            answers = [e.answer_ids for e in episodes]
         t1 = time.perf_counter()
-        texts = self.tokenizer.batch_decode(
-            [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])],
-            skip_special_tokens=True,
-        )
+        texts = self.tokenizer.batch_decode(answers, skip_special_tokens=True)
         rows = batch["group_id"].tolist()
         batch.set("response_text", NonTensorStack(*texts))
+        prompts.set("response_text", group_answers(batch.get("response_text"), n, batch["group_id"]))  # [P, G]
         for key in ("prompt", "reference", "extra"):
             values = list(prompts[key])
             batch.set(key, NonTensorStack(*[values[g] for g in rows]))
         batch.set("prompt_index", prompts["prompt_index"][batch["group_id"]])
-        batch = self.env.step(batch)
-        nxt = batch.get("next")
-        batch.set("reward", nxt["reward"].squeeze(-1))
-        for key in nxt.keys():
-            if key.startswith("reward_"):
-                batch.set(key, nxt[key].squeeze(-1))
-        del batch["next"]
+        for key, val in rewards_per_answer(self.env.step(prompts).get("next"), batch["group_id"]).items():  # [N]
+            batch.set(key, val)
         batch.set("policy_version", torch.full((batch.batch_size[0],), policy_version, dtype=torch.long))
         t2 = time.perf_counter()
         stats = CollectStats(

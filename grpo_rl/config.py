@@ -6,6 +6,7 @@ that types cannot (ranges, choices, combinations) and raises :class:`ConfigError
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from hydra.core.config_store import ConfigStore
 from grpo_rl.errors import ConfigError
 
 __all__ = ["ConfigError", "GRPOConfig", "register_configs", "resolve_loss_type", "validate", "validate_async"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,14 +121,53 @@ class RewardModelConfig(RoleDevices):
 
 
 @dataclass
+class ToolConfig:
+    name: str = "calculator"
+    """A built-in tool (calculator: arithmetic, evaluated safely), or the name of a function in ``path``."""
+    path: Optional[str] = None
+    """A Python file defining the tool function (its docstring's first line describes it to the model, its
+    parameters are the call's arguments); null: a built-in tool."""
+
+
+@dataclass
+class ArithmeticConfig:
+    """env.dataset=arithmetic: generated problems such as 'What is 47 + 38?' (grpo_rl/envs/arithmetic.py), scored
+    as GSM8K; train and test come from seeds of their own and share no question."""
+
+    operations: list[str] = field(default_factory=lambda: ["add"])
+    """Any of add, sub (the larger operand first: no negative results), mul."""
+    digits: int = 3
+    """Digits of every operand of add and sub, and of the first factor of mul (1 to 9)."""
+    mul_digits: int = 1
+    """Digits of the second factor of mul (1 to 9)."""
+    train_size: int = 5000
+    """Distinct training problems."""
+    test_size: int = 500
+    """Distinct held-out problems (evaluation uses the first eval.num_prompts of them)."""
+    seed: int = 0
+    """Seed of the problems, apart from the run's seed so that runs with different seeds see the same data."""
+
+
+@dataclass
 class EnvConfig:
     dataset: str = "gsm8k"
-    """gsm8k | ifeval | file."""
+    """gsm8k | ifeval | arithmetic (generated problems, env.arithmetic) | file (a user's prompts: local files in
+    env.path, or a hub data set in env.hub_dataset)."""
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    """env.dataset=arithmetic: which problems, and how many."""
     split: str = "train"
     path: Any = None
     """Local data folder or file, or a list of files (``env.path=[a.jsonl,b.parquet]``: rows concatenated in order);
-    default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub. Required with dataset=file. (Typed Any
-    because OmegaConf 2.3 has no str-or-list type; :func:`validate` checks it.)"""
+    default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub. With dataset=file, this or env.hub_dataset is
+    required. (Typed Any because OmegaConf 2.3 has no str-or-list type; :func:`validate` checks it.)"""
+    hub_dataset: Optional[str] = None
+    """env.dataset=file: a Hugging Face data set by name (``org/name``) instead of env.path, read with
+    ``datasets.load_dataset(hub_dataset, hub_config, split=env.split)``; its rows are then checked and used as a
+    local file's (env.prompt_column, env.ground_truth_column, env.extra_columns). It is loaded before any engine
+    starts; offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set) or with the hub unreachable only the local datasets
+    cache is tried, and a data set not in it is an error naming the fixes."""
+    hub_config: Optional[str] = None
+    """The configuration (subset) of env.hub_dataset, e.g. ``main`` for openai/gsm8k; null: the data set's default."""
     template: str = "hash"
     """Prompt/answer format: hash (reasoning, then '#### N') | tags (<think>...</think><answer>N</answer>)."""
     system_prompt: Optional[str] = None
@@ -145,6 +187,15 @@ class EnvConfig:
     """env.dataset=file: the column passed to the reward as ``references``; null passes None for every row."""
     extra_columns: Optional[list[str]] = None
     """env.dataset=file: columns passed to the reward as keyword lists; null: every column but the ground truth."""
+    tools: list[ToolConfig] = field(default_factory=list)
+    """Tools the model may call (grpo_rl/multiturn.py): ``[{name: calculator}, {path: my_tools.py, name: lookup}]``.
+    The system prompt gets their descriptions and the call format (``<tool_call>{"name": ..., "arguments": {...}}
+    </tool_call>``); each call's result comes back as a ``tool`` message. Needs max_turns > 1."""
+    max_turns: int = 1
+    """Model turns per episode, at most; 1: one answer per prompt (no tools). A turn ends at a tool call's end or
+    the model's end of turn; each turn samples up to sampling.max_new_tokens."""
+    tool_reply_chars: int = 500
+    """Longest tool reply passed back to the model (longer ones are cut, and say so)."""
 
 
 IFEVAL_COMPONENTS = ("prompt_strict", "prompt_loose", "inst_strict", "inst_loose")
@@ -200,6 +251,10 @@ class SamplingConfig:
     max_new_tokens: int = 160
     temperature: float = 1.0
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of top tokens holding this much probability; 1: off. The learner
+    scores the answers under the same truncation (grpo_rl/vocab.py), so the importance ratio is not biased by it."""
+    top_k: int = 0
+    """Keep only the k most probable tokens before top_p; 0: off (vLLM's -1/0). Scored as top_p is."""
 
 
 @dataclass
@@ -237,6 +292,14 @@ class PolicyConfig:
     """Added to the group's reward std before dividing by it (TRL: 1e-4; see grpo_rl/advantages.py)."""
     filter_zero_variance_groups: bool = False
     """Drop groups whose answers all got the same reward (they carry no gradient)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (grpo_rl/dynamic_sampling.py): draw more batches of prompts until the step has
+    env.prompts_per_step groups whose task rewards vary, at most dynamic_sampling_max_rounds batches beyond the first;
+    implies filter_zero_variance_groups. Logged: sampling_rounds, dynamic_sampling_groups,
+    dynamic_sampling_dropped_groups, dynamic_sampling_short; reward_mean stays the mean over every answer sampled.
+    (loss_type=dapo chooses DAPO's loss aggregation only, as in TRL; set this for its sampling.)"""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra batches a step may draw with dynamic_sampling (verl's max_num_gen_batches - 1); 0: only the first."""
     tis_cap: Optional[float] = 2.0
     """Upper bound of the importance weight between learner and engine log-probs (pi_old / mu); null disables the
     correction."""
@@ -277,9 +340,20 @@ class OptimizerConfig:
 @dataclass
 class TrainConfig:
     steps: int = 30
-    """Steps in the run: one batch each, trained for ``epochs`` optimizer steps."""
-    epochs: int = 1
-    """Passes over each batch (each pass is one optimizer step's worth of micro-batches)."""
+    """Steps in the run: one batch of env.prompts_per_step prompts each, trained for ``updates_per_batch`` optimizer
+    steps. Replaced by the count train.prompt_epochs gives when that is set."""
+    prompt_epochs: Optional[float] = None
+    """Passes over the training prompts, instead of train.steps (fractions allowed): the run takes
+    ceil(prompt_epochs x prompts / env.prompts_per_step) steps, the prompts counted once the data is loaded and
+    over-long ones skipped, before any engine starts (the start-up log prints the count). When set it wins over
+    train.steps, which always has a value; null: train.steps."""
+    updates_per_batch: int = 1
+    """Optimizer steps on each batch, each a pass over all of it (TRL's num_iterations, verl's ppo_epochs); more than
+    one reuses the batch off-policy, the clipped ratio keeping the updates close to the policy that sampled it."""
+    epochs: Optional[int] = None
+    """Deprecated name of train.updates_per_batch (passes over each batch, not over the prompts: that is
+    train.prompt_epochs). When set, validation copies it into updates_per_batch with a warning and clears it; an
+    updates_per_batch set to another value than 1 and different from it is an error."""
     micro_batch_tokens: int = 4096
     """Token budget of one micro-batch (prompt + response tokens, padded); gradients accumulate across them."""
     share_prompt: bool = True
@@ -322,7 +396,8 @@ class EvalConfig:
     num_prompts: int = 32
     """Held-out prompts per evaluation: the first N of the split in file order, the same ones every time."""
     split: Optional[str] = None
-    """Held-out split; default: test for GSM8K; IFEval has only its 541 prompts, which are used as they are."""
+    """Held-out split; default: test for GSM8K and arithmetic; IFEval has only its 541 prompts, which are used as
+    they are."""
     pass_k: int = 4
     """k of pass@k over sampled answers (0: greedy accuracy only)."""
     num_samples: Optional[int] = None
@@ -332,7 +407,7 @@ class EvalConfig:
     max_new_tokens: Optional[int] = None
     """Default: sampling.max_new_tokens."""
     success_component: Optional[str] = None
-    """Reward component that marks an answer solved (value >= 1): default correct (GSM8K), prompt_strict
+    """Reward component that marks an answer solved (value >= 1): default correct (GSM8K, arithmetic), prompt_strict
     (IFEval); null with env.dataset=file: the total reward >= 1."""
 
 
@@ -345,7 +420,8 @@ class PipelineConfig:
     max_staleness: int = 2
     """A sample generated by policy version v is trained on only while learner_version - v <= max_staleness;
     older samples are dropped and counted (metric dropped_samples). Versions count optimizer steps and the gate
-    applies when the batch is taken, before its first epoch: with train.epochs=E a step advances the version by E."""
+    applies when the batch is taken, before its first update: with train.updates_per_batch=E a step advances the
+    version by E."""
     push_every: int = 1
     """Push the learner's weights to the engine(s) every k optimizer steps."""
     buffer_capacity: int = 2
@@ -441,8 +517,10 @@ def _finite(key: str, value: float) -> None:
         raise ConfigError(f"{key}={value} must be a finite number")
 
 
-def validate(cfg: Any) -> None:
-    """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix."""
+def validate(cfg: Any, rewards: Sequence[Any] = ()) -> None:
+    """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix.
+    ``rewards``: reward functions given as Python objects (:class:`~grpo_rl.rewards.custom.RewardFunction`), checked
+    with the configured ones."""
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "transformers"))
     for role in ("train_model", "ref_model", "inference_model"):
@@ -455,21 +533,25 @@ def validate(cfg: Any) -> None:
     if cfg.train_model.sharding == "fsdp" and cfg.model.lora.enabled:
         raise ConfigError("train_model.sharding=fsdp with model.lora.enabled=true: a LoRA learner is small enough for "
                           "one device; use train_model.sharding=none")
-    _choice("env.dataset", cfg.env.dataset, ("gsm8k", "ifeval", "file"))
+    _choice("env.dataset", cfg.env.dataset, ("gsm8k", "ifeval", "arithmetic", "file"))
+    _validate_arithmetic(cfg)
     _choice("env.template", cfg.env.template, ("hash", "tags"))
     _choice("env.too_long_prompts", cfg.env.too_long_prompts, ("skip", "error"))
     _choice("policy.kl_estimator", cfg.policy.kl_estimator, ("k1", "k2", "k3"))
     resolve_loss_type(cfg.policy.loss_type, cfg.policy.aggregation)
     _choice("logger.backend", cfg.logger.backend, ("wandb", "none"))
-    if cfg.env.dataset == "file" and not cfg.env.path:
-        raise ConfigError("env.dataset=file needs env.path=/path/to/prompts.jsonl (or .parquet)")
+    _validate_hub_dataset(cfg.env)
+    if cfg.env.dataset == "file" and not cfg.env.path and not cfg.env.hub_dataset:
+        raise ConfigError("env.dataset=file needs env.path=/path/to/prompts.jsonl (or .parquet), or "
+                          "env.hub_dataset=<org/name> for a Hugging Face data set")
     _validate_env_path(cfg.env.path)
     if cfg.env.group_size < 2:
         raise ConfigError(f"env.group_size={cfg.env.group_size}: GRPO needs at least 2 answers per prompt")
     for key in ("env.prompts_per_step", "env.max_prompt_tokens", "sampling.max_new_tokens", "train.steps",
-                "train.epochs", "train.micro_batch_tokens", "optimizer.lr", "inference_model.max_model_len"):
+                "train.micro_batch_tokens", "optimizer.lr", "inference_model.max_model_len"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))
+    _validate_train_length(cfg.train)
     for key in ("policy.kl_coef", "policy.clip_eps_low", "policy.clip_eps_high", "optimizer.weight_decay",
                 "optimizer.warmup_steps", "train.checkpoint_frequency", "optimizer.max_grad_norm"):
         group, name = key.split(".")
@@ -480,6 +562,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"sampling.temperature={cfg.sampling.temperature} must be > 0")
     if not 0.0 < cfg.sampling.top_p <= 1.0:
         raise ConfigError(f"sampling.top_p={cfg.sampling.top_p} must be in (0, 1]")
+    if cfg.sampling.top_k < 0:
+        raise ConfigError(f"sampling.top_k={cfg.sampling.top_k} must be >= 0 (0: off)")
     if cfg.env.max_prompt_tokens + cfg.sampling.max_new_tokens > cfg.inference_model.max_model_len:
         raise ConfigError(
             f"env.max_prompt_tokens ({cfg.env.max_prompt_tokens}) + sampling.max_new_tokens "
@@ -512,7 +596,11 @@ def validate(cfg: Any) -> None:
     if not 0.0 < im.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"inference_model.gpu_memory_utilization={im.gpu_memory_utilization} must be in (0, 1] "
                           "(the fraction of GPU memory for the engine's weights and KV cache)")
-    _validate_rewards(cfg)
+    _validate_tools(cfg)
+    if cfg.policy.dynamic_sampling_max_rounds < 0:
+        raise ConfigError(f"policy.dynamic_sampling_max_rounds={cfg.policy.dynamic_sampling_max_rounds} must be >= 0 "
+                          "(extra batches a step may draw; 0: only the first)")
+    _validate_rewards(cfg, rewards)
     _validate_lifecycle(cfg)
     _validate_pipeline(cfg)
 
@@ -618,12 +706,83 @@ def _validate_pipeline(cfg: Any) -> None:
 
 def validate_async(cfg: Any) -> None:
     """What only the asynchronous loop needs on top of :func:`validate` (the synchronous one ignores ``pipeline``)."""
-    p, epochs = cfg.pipeline, cfg.train.epochs
-    if epochs > 1 and p.max_staleness < epochs:
+    p, updates = cfg.pipeline, cfg.train.updates_per_batch
+    if updates > 1 and p.max_staleness < updates:
         raise ConfigError(
-            f"pipeline.max_staleness={p.max_staleness} < train.epochs={epochs}: every step advances the policy "
-            f"version by train.epochs, so a batch that waited one step in the buffer is already {epochs} versions "
-            f"old and nearly every sample would be dropped; raise max_staleness to at least {epochs}")
+            f"pipeline.max_staleness={p.max_staleness} < train.updates_per_batch={updates}: every step advances the "
+            f"policy version by train.updates_per_batch, so a batch that waited one step in the buffer is already "
+            f"{updates} versions old and nearly every sample would be dropped; raise max_staleness to at least "
+            f"{updates}")
+
+
+def _validate_train_length(train: Any) -> None:
+    """``train.updates_per_batch`` (taking the deprecated ``train.epochs``) and ``train.prompt_epochs``.
+
+    ``train.epochs`` is copied into ``updates_per_batch`` and cleared, so the rest of the code, the saved config and
+    a resumed run see one key; an ``updates_per_batch`` other than its default 1 that differs is a conflict."""
+    old = train.epochs
+    if old is not None:
+        _positive("train.epochs", old)
+        if train.updates_per_batch not in (1, old):
+            raise ConfigError(f"train.epochs={old} and train.updates_per_batch={train.updates_per_batch}: "
+                              "train.epochs is the deprecated name of train.updates_per_batch; drop train.epochs")
+        log.warning("train.epochs is deprecated: it counts optimizer steps per batch, now train.updates_per_batch=%d "
+                    "(passes over the prompt set are train.prompt_epochs)", old)
+        train.updates_per_batch, train.epochs = old, None
+    _positive("train.updates_per_batch", train.updates_per_batch)
+    epochs = train.prompt_epochs
+    if epochs is not None and not (math.isfinite(epochs) and epochs > 0):
+        raise ConfigError(f"train.prompt_epochs={epochs:g} must be > 0 (passes over the training prompts, fractions "
+                          "allowed), or null to run train.steps steps")
+
+
+def _validate_arithmetic(cfg: Any) -> None:
+    """``env.arithmetic``: known operations, digit counts and sizes; with env.dataset=arithmetic, splits that exist
+    and sizes the operations can fill with distinct problems."""
+    a = cfg.env.arithmetic
+    ops = list(a.operations)
+    if not ops:
+        raise ConfigError("env.arithmetic.operations is empty; list one or more of add, sub, mul")
+    for op in ops:
+        _choice("env.arithmetic.operations", op, ("add", "sub", "mul"))
+    if len(set(ops)) != len(ops):
+        raise ConfigError(f"env.arithmetic.operations={ops} repeats an operation; list each once")
+    for key in ("digits", "mul_digits"):
+        if not 1 <= getattr(a, key) <= 9:
+            raise ConfigError(f"env.arithmetic.{key}={getattr(a, key)} must be in [1, 9]")
+    _positive("env.arithmetic.train_size", a.train_size)
+    _positive("env.arithmetic.test_size", a.test_size)
+    if cfg.env.dataset != "arithmetic":
+        return
+    for key, split in (("env.split", cfg.env.split), ("eval.split", cfg.eval.split)):
+        if split is not None:
+            _choice(key, split, ("train", "test"))
+    from grpo_rl.envs.arithmetic import ArithmeticSpec, problem_count
+
+    count = problem_count(ArithmeticSpec.from_config(a))
+    if a.train_size + a.test_size > count:
+        raise ConfigError(f"env.arithmetic.train_size={a.train_size} + env.arithmetic.test_size={a.test_size} exceed "
+                          f"the {count} distinct problems of operations={ops} with digits={a.digits}"
+                          f"{f', mul_digits={a.mul_digits}' if 'mul' in ops else ''}; lower the sizes or raise "
+                          "env.arithmetic.digits")
+
+
+def _validate_hub_dataset(env: Any) -> None:
+    """``env.hub_dataset`` and ``env.hub_config``: a hub data set in place of ``env.path``, for env.dataset=file."""
+    name, config = env.hub_dataset, env.hub_config
+    if name is None:
+        if config is not None:
+            raise ConfigError(f"env.hub_config={config} names a configuration of env.hub_dataset, which is not set; "
+                              "set env.hub_dataset=<org/name> or env.hub_config=null")
+        return
+    if not str(name).strip():
+        raise ConfigError("env.hub_dataset is empty; set it to a data set name such as org/name, or null")
+    if env.dataset != "file":
+        raise ConfigError(f"env.hub_dataset={name} is read with env.dataset=file (gsm8k and ifeval load their own "
+                          f"data), but env.dataset={env.dataset}; set env.dataset=file, or env.hub_dataset=null")
+    if env.path:
+        raise ConfigError(f"env.hub_dataset={name} and env.path={env.path} both name the prompts; keep one "
+                          "(env.path=null to read the hub data set)")
 
 
 def _validate_env_path(path: Any) -> None:
@@ -669,7 +828,26 @@ def _validate_lifecycle(cfg: Any) -> None:
         raise ConfigError(f"train.max_time_minutes={limit} must be > 0, or null for no time limit")
 
 
-def _validate_rewards(cfg: Any) -> None:
+def _validate_tools(cfg: Any) -> None:
+    """Multi-turn settings; a user's tool files are loaded here so a bad one fails before any model starts."""
+    env = cfg.env
+    if env.max_turns < 1:
+        raise ConfigError(f"env.max_turns={env.max_turns} must be >= 1 (1: one answer per prompt, no tools)")
+    _positive("env.tool_reply_chars", env.tool_reply_chars)
+    if env.tools and env.max_turns < 2:
+        raise ConfigError(f"env.tools has {len(env.tools)} tool(s) but env.max_turns={env.max_turns}: a tool's "
+                          "result needs a turn after the call; set env.max_turns to 2 or more (e.g. 4)")
+    if env.max_turns > 1 and not env.tools:
+        raise ConfigError(f"env.max_turns={env.max_turns} without env.tools: a turn ends only at a tool call, so "
+                          "there would be nothing to continue; add env.tools=[{name: calculator}] or set "
+                          "env.max_turns=1")
+    if env.tools:
+        from grpo_rl.tools.configured import configured_tools
+
+        configured_tools(env.tools)  # imports the files once (cached) and checks each signature
+
+
+def _validate_rewards(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     """Task reward settings; user reward files are loaded here so a bad path fails before any model starts."""
     weights = dict(cfg.reward.ifeval_weights)
     unknown = sorted(set(weights) - set(IFEVAL_COMPONENTS))
@@ -699,13 +877,13 @@ def _validate_rewards(cfg: Any) -> None:
                               "reward.functions=[{path: /abs/rewards.py, name: my_reward, weight: 1.0}]")
         if not math.isfinite(fn.weight):
             raise ConfigError(f"reward.functions[{i}].weight={fn.weight} must be a finite number")
-    if cfg.env.dataset == "file" and not (cfg.reward.path or cfg.reward.functions or cfg.reward.model_path):
+    if cfg.env.dataset == "file" and not (cfg.reward.path or cfg.reward.functions or cfg.reward.model_path or rewards):
         raise ConfigError("env.dataset=file needs a reward: set reward.path=/path/to/rewards.py reward.name=<function> "
                           "(see docs/custom_tasks.md), reward.functions=[...], or reward.model_path=<reward model folder>")
-    if cfg.reward.path or cfg.reward.functions:
+    if cfg.reward.path or cfg.reward.functions or rewards:
         from grpo_rl.rewards.custom import user_reward_components  # torch-heavy: only when a reward file is set
 
-        user_reward_components(cfg.reward)  # imports the files once (cached) and checks each signature
+        user_reward_components(cfg.reward, functions=rewards)  # imports the files once (cached), checks signatures
     rm = cfg.reward_model
     _choice("reward_model.dtype", rm.dtype, ("float32", "bfloat16"))
     _positive("reward_model.batch_size", rm.batch_size)

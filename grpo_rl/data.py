@@ -1,7 +1,8 @@
 """Loading prompt data sets from the Hugging Face hub or from local files.
 
 Three sources: ``"gsm8k"`` (``openai/gsm8k``, config ``main``), ``"ifeval"``
-(``google/IFEval``) and ``"file"`` (a local ``.jsonl``, ``.json`` or ``.parquet``).
+(``google/IFEval``) and ``"file"`` (a local ``.jsonl``, ``.json`` or ``.parquet``), whose rows may
+instead come from any hub data set by name (:func:`load_hub_records`, ``env.hub_dataset``).
 For the two named data sets the order is: an explicit ``path``, then the local copies under
 :func:`data_dir` (no network wait, the same records every run), then the hub (skipped when
 ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set, so offline runs and tests never wait on a
@@ -17,11 +18,14 @@ most common way a training run dies before its first step.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import pathlib
+import socket
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +34,7 @@ from grpo_rl.errors import DataError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataError", "DataFileNotFoundError", "data_dir", "load_records"]
+__all__ = ["DataError", "DataFileNotFoundError", "data_dir", "load_hub_records", "load_records"]
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -94,6 +98,87 @@ def _hub_offline() -> bool:
         os.environ.get(var, "").strip().lower() in _TRUTHY
         for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     )
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """The hub's host when a connection to it fails within ``timeout`` seconds, else None.
+
+    ``datasets`` retries an unreachable hub for about 25 s before it falls back to its cache; this probe lets a run
+    without network go straight to the cache. Behind a proxy (``HTTPS_PROXY`` and the like) a direct connection
+    says nothing, so the probe is skipped and ``datasets`` decides.
+    """
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = url.hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, url.port or (80 if url.scheme == "http" else 443)), timeout=timeout).close()
+    except OSError:
+        return host
+    return None
+
+
+@contextlib.contextmanager
+def _datasets_offline(offline: bool):
+    """Make ``datasets`` and ``huggingface_hub`` read only their caches while ``offline``, whatever the environment
+    variables were when they were imported (they read them once, at import)."""
+    if not offline:
+        yield
+        return
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def load_hub_records(name: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
+    """The rows of a Hugging Face data set (``env.hub_dataset``), read with
+    ``datasets.load_dataset(name, config, split=split)``.
+
+    Offline (``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` set) or with the hub unreachable, only the local datasets
+    cache is read, without waiting on the network: a data set loaded once before still loads.
+
+    Raises:
+        DataFileNotFoundError: the data set cannot be loaded; one line naming it, why, and the fixes (go online, or
+            save it to a local file and pass ``env.path``).
+    """
+    import datasets  # heavy; only imported when a hub data set is asked for
+
+    where = f"env.hub_dataset={name}" + (f" (env.hub_config={config})" if config else "") + f" split {split!r}"
+    save = (f"or, where the hub is reachable, save it with datasets.load_dataset({name!r}, {config!r}, "
+            f"split={split!r}).to_json('prompts.jsonl') and pass env.path=prompts.jsonl instead of env.hub_dataset")
+    if _hub_offline():
+        offline = ("HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set",
+                   "set HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 to download it (scripts/env.sh sets both to 1 unless "
+                   "they are set)")
+    else:
+        host = _hub_unreachable()
+        offline = (f"the hub ({host}) is unreachable", "check the network (and HF_ENDPOINT)") if host else None
+    try:
+        with _datasets_offline(offline is not None):
+            hub = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # missing cache, no network, no such data set, config or split: all end the run here
+        if offline is not None:
+            raise DataFileNotFoundError(f"cannot load {where}: {offline[0]} and the local datasets cache could not "
+                                        f"serve it ({_first_line(e)}); to fix, {offline[1]}, {save}") from e
+        raise DataFileNotFoundError(f"cannot load {where} from the hub ({_first_line(e)}); check env.hub_dataset, "
+                                    f"env.hub_config and env.split, {save}") from e
+    records = hub.to_list()
+    if not records:
+        raise DataError(f"{where} is empty (no rows); choose another env.split or data set")
+    log.info("  data:      file: %d records from hub:%s%s[%s]", len(records), name, f"/{config}" if config else "",
+             split)
+    return records
 
 
 def _read_bytes(path: pathlib.Path) -> bytes:

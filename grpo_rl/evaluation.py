@@ -37,8 +37,8 @@ from grpo_rl.collector import Collector
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SUCCESS = {"gsm8k": "correct", "ifeval": "prompt_strict"}
-DEFAULT_SPLIT = {"gsm8k": "test", "ifeval": "train"}
+DEFAULT_SUCCESS = {"gsm8k": "correct", "ifeval": "prompt_strict", "arithmetic": "correct"}
+DEFAULT_SPLIT = {"gsm8k": "test", "ifeval": "train", "arithmetic": "test"}
 _EVAL_SEED_OFFSET = 1_000_000  # keeps the pass@k sample seeds apart from the training collector's
 
 
@@ -89,18 +89,21 @@ class Evaluator:
     """
 
     def __init__(self, env, engine, tokenizer, *, pass_k: int, num_samples: int | None, temperature: float,
-                 max_new_tokens: int, success_component: str | None, seed: int = 0, every: int = 0):
+                 max_new_tokens: int, success_component: str | None, seed: int = 0, every: int = 0,
+                 max_turns: int = 1, max_total_tokens: int = 1 << 30):
         self.env = env
         self.pass_k = pass_k
         self.num_samples = num_samples or pass_k
         self.success_component = success_component
         self.every = every
+        # Episodes as in training: with the environment's tools, over up to max_turns turns.
+        episodes = dict(tools=getattr(env, "tool_use", None), max_turns=max_turns, max_total_tokens=max_total_tokens)
         self.greedy = Collector(env, engine, tokenizer, group_size=1, max_new_tokens=max_new_tokens, temperature=0.0,
-                                seed=seed + _EVAL_SEED_OFFSET)
+                                seed=seed + _EVAL_SEED_OFFSET, **episodes)
         self.sampled = None
         if pass_k > 0:
             self.sampled = Collector(env, engine, tokenizer, group_size=self.num_samples, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, seed=seed + _EVAL_SEED_OFFSET)
+                                     temperature=temperature, seed=seed + _EVAL_SEED_OFFSET, **episodes)
         self.last_answers: list[dict] = []
 
     def _rewind(self) -> None:
@@ -157,7 +160,8 @@ def make_eval_env(run, *, every: int | None = None):
     from grpo_rl.envs import make_env
 
     split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
-    return make_env(eval_config(cfg), run.tokenizer, split=split, devices=run.devices, fewer_prompts_ok=True)
+    return make_env(eval_config(cfg), run.tokenizer, split=split, devices=run.devices, fewer_prompts_ok=True,
+                    rewards=run.rewards)
 
 
 def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evaluator | None:
@@ -179,7 +183,8 @@ def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evalua
     return Evaluator(env, engine, run.tokenizer, pass_k=cfg.eval.pass_k, num_samples=cfg.eval.num_samples,
                      temperature=cfg.eval.temperature,
                      max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
-                     success_component=success, seed=cfg.seed, every=every)
+                     success_component=success, seed=cfg.seed, every=every, max_turns=cfg.env.max_turns,
+                     max_total_tokens=cfg.inference_model.max_model_len)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
+from fractions import Fraction
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from grpo_rl.collector import Collector, assign_advantages
 from grpo_rl.config import ConfigError, resolve_loss_type, validate, validate_async
-from grpo_rl.devices import DeviceAllocation, allocate_devices
+from grpo_rl.devices import allocate_devices
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
 from grpo_rl.lifecycle import check_run_folder
@@ -21,6 +23,7 @@ from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import check_model_folder, load_causal_lm, load_tokenizer, resolve_model
 from grpo_rl.precision import cpu_flags
 from grpo_rl.reference import RefScorer
+from grpo_rl.rewards.custom import RewardFunction
 from grpo_rl.run_context import RunContext, plan_placement, resolve_run_precision
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
+def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[RewardFunction] = ()) -> RunContext:
     """Validate the config and the run folder, allocate devices, resolve the model and the precisions, and log
     what the run is; everything here fails fast, before any engine or Ray starts.
 
@@ -40,9 +43,11 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
         cfg: the run config.
         run_dir: the run folder.
         mode: ``sync`` (sota/grpo.py) or ``async`` (sota/grpo-async.py); some settings suit one loop only.
+        rewards: reward functions given as Python objects, checked now and added wherever an environment is built.
     """
     started = time.monotonic()
-    validate(cfg)
+    rewards = tuple(rewards)
+    validate(cfg, rewards)
     if mode == "async":
         validate_async(cfg)
     # A LoRA run's reference is its own model with the adapters off: no device of its own.
@@ -70,7 +75,8 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync") -> RunContext:
     precision = resolve_run_precision(cfg, devices)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
-                     precision=precision, placement=placement, mode=mode, started=started)
+                     precision=precision, placement=placement, mode=mode, started=started,
+                     rewards=rewards)
     torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
     log.info("%s", describe_run(run, mode))
     return run
@@ -85,8 +91,10 @@ def describe_run(run: RunContext, mode: str) -> str:
     cpu = f" | CPU: {cpu_flags()}, {os.cpu_count()} cores" if not run.devices.on_gpu else ""
     mode_ = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     wandb = {"wandb": f"wandb {mode_}", "none": "no wandb"}
+    steps = (f"{cfg.train.steps} steps" if cfg.train.prompt_epochs is None else
+             f"{cfg.train.prompt_epochs:g} passes over the prompts (train.prompt_epochs) in steps")
     lines = [
-        f"GRPO ({loop}): {cfg.train.steps} steps of {cfg.env.prompts_per_step} {cfg.env.dataset} prompts x "
+        f"GRPO ({loop}): {steps} of {cfg.env.prompts_per_step} {cfg.env.dataset} prompts x "
         f"{cfg.env.group_size} answers, up to {cfg.sampling.max_new_tokens} new tokens{limit}",
         f"  model:     {model}",
         f"  devices:   {run.devices.describe()}{cpu}",
@@ -131,7 +139,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
 
         return SimulatedLearner(model, run.devices.train[0], seconds=cfg.simulate.training_seconds,
                                 jitter=cfg.simulate.jitter, batch_rows=cfg.env.prompts_per_step * cfg.env.group_size,
-                                epochs=cfg.train.epochs)
+                                epochs=cfg.train.updates_per_batch)
     if shard is not None:
         shard(model)
     if cfg.model.lora.enabled:
@@ -150,12 +158,13 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         aggregation=aggregation, max_tokens=cfg.sampling.max_new_tokens, tis_cap=policy.tis_cap,
         engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
         entropy_coef=policy.entropy_coef, temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
     )
     return Learner(
         model, run.devices.train[0], loss, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
         betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
         warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
-        micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.epochs,
+        micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.updates_per_batch,
         bf16_autocast=run.precision.train.bf16, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
         share_prompt=cfg.train.share_prompt,
     )
@@ -189,12 +198,43 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
                      bf16_autocast=run.precision.ref.bf16, share_prompt=run.cfg.train.share_prompt)
 
 
+def make_train_env(run: RunContext):
+    """The training environment: ``cfg.env``'s task with the run's reward functions, on the run's devices. Built
+    once by the driver before any engine starts; with ``train.prompt_epochs`` set it then fixes ``cfg.train.steps``
+    (:func:`resolve_prompt_epochs`), which everything after it reads (stopping, evaluation, actors' copies)."""
+    env = make_env(run.cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
+    resolve_prompt_epochs(run.cfg, len(env))
+    return env
+
+
+def resolve_prompt_epochs(cfg, num_prompts: int) -> int:
+    """Set ``cfg.train.steps`` to ``ceil(train.prompt_epochs * num_prompts / env.prompts_per_step)`` when
+    ``train.prompt_epochs`` is set (it wins over ``train.steps``), log the count and return the run's steps.
+
+    ``num_prompts``: the training prompts after loading and skipping over-long ones (``len(env)``). The product is
+    taken on the decimal value of ``prompt_epochs`` (0.1 is 1/10, not the float just above it), so a whole number
+    of steps is not rounded up to the next one.
+    """
+    epochs = cfg.train.prompt_epochs
+    if epochs is None:
+        return cfg.train.steps
+    per_step = cfg.env.prompts_per_step
+    steps = max(1, math.ceil(Fraction(repr(float(epochs))) * num_prompts / per_step))
+    cfg.train.steps = steps
+    log.info("train.steps = %d (train.prompt_epochs=%g over %d prompts, %d per step)", steps, epochs, num_prompts,
+             per_step)
+    return steps
+
+
 def make_collector(run: RunContext, engine, env=None) -> Collector:
     cfg = run.cfg
-    env = env if env is not None else make_env(cfg, run.tokenizer, devices=run.devices)
+    # An actor's own copy of the environment: its cfg already holds the driver's train.steps (make_train_env).
+    env = env if env is not None else make_env(cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
     return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
                      max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-                     top_p=cfg.sampling.top_p, seed=cfg.seed)
+                     top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, seed=cfg.seed,
+                     tools=getattr(env, "tool_use", None), max_turns=cfg.env.max_turns,
+                     max_total_tokens=cfg.inference_model.max_model_len)
 
 
 def score_batch(run: RunContext, batch, ref: RefScorer | None):
@@ -205,7 +245,8 @@ def score_batch(run: RunContext, batch, ref: RefScorer | None):
     return assign_advantages(
         batch, scale_by_std=policy.scale_advantages_by_std, advantage_eps=policy.advantage_eps,
         kl_in_reward_coef=policy.kl_coef if policy.kl_in_reward else 0.0, kl_estimator=policy.kl_estimator,
-        filter_zero_variance=policy.filter_zero_variance_groups, overlong_buffer=policy.overlong_buffer,
+        filter_zero_variance=policy.filter_zero_variance_groups or policy.dynamic_sampling,
+        overlong_buffer=policy.overlong_buffer,
         overlong_penalty=policy.overlong_penalty, max_tokens=run.cfg.sampling.max_new_tokens,
         filter_overlong=policy.overlong_filter,
     )

@@ -1,6 +1,6 @@
 """The learner: micro-batched GRPO updates with gradient accumulation.
 
-One :meth:`Learner.train_step` trains on one batch: ``train.epochs`` optimizer steps over all of it (one by
+One :meth:`Learner.train_step` trains on one batch: ``train.updates_per_batch`` optimizer steps over all of it (one by
 default), and the policy version counts optimizer steps. The batch is cut into
 micro-batches under a token budget (rows x padded length), each trimmed to its own longest prompt and answer.
 Each micro-batch's loss is scaled by its share of the batch's tokens (``token_mean``) or rows (the per-sequence
@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 MODEL_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
+def loss_mask(batch: TensorDict) -> torch.Tensor:
+    """``[N, Lr]``: the answer tokens the loss covers: the model's own (``loss_mask``, multi-turn episodes, where
+    tool and template tokens are context only, :mod:`grpo_rl.multiturn`), else every answer token."""
+    return batch["loss_mask"] if "loss_mask" in batch.keys() else batch["response_mask"]
+
+
 @dataclass
 class LossSettings:
     """The scalars the loss takes, resolved once from the ``policy`` config group (``loss_type`` is the objective,
@@ -57,6 +63,11 @@ class LossSettings:
     engine_correction_min: float | None = None
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """The engine's sampling truncation: the policy's log-probs (current and old) are those of the truncated
+    distribution it sampled from (:mod:`grpo_rl.vocab`); tokens outside the policy's own truncated set get weight 0
+    in the loss (``truncation_masked_fraction``)."""
 
 
 class Learner:
@@ -131,7 +142,8 @@ class Learner:
     def _logprobs(self, mb: TensorDict, with_entropy: bool, entropy_grad: bool = False):
         with self._autocast():
             return sequence_logprobs(self.model, mb, temperature=self.loss.temperature, with_entropy=with_entropy,
-                                     entropy_grad=entropy_grad, share_prompt=self.share_prompt)
+                                     entropy_grad=entropy_grad, share_prompt=self.share_prompt,
+                                     top_p=self.loss.top_p, top_k=self.loss.top_k)
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """Run ``epochs`` optimizer steps on ``batch``; return the last one's diagnostics (token- or row-weighted
@@ -143,7 +155,7 @@ class Learner:
         batch = batch.to(self.device)
         split = group_micro_batches if self.share_prompt else micro_batches
         chunks = split(batch, self.micro_batch_tokens)
-        total_tokens, total_rows = float(batch["response_mask"].sum()), float(batch.batch_size[0])
+        total_tokens, total_rows = float(loss_mask(batch).sum()), float(batch.batch_size[0])
         counts: list[float] = []
         if self.data_parallel is not None:  # each micro-batch's share is of the batch over all ranks
             dp = self.data_parallel
@@ -156,9 +168,11 @@ class Learner:
         if self.epochs > 1:
             with torch.no_grad():
                 for mb, padding in passes:
-                    old_logprobs = self._logprobs(mb, with_entropy=False).logprobs
+                    old = self._logprobs(mb, with_entropy=False)
                     if not padding:
-                        mb.set("old_logprobs", old_logprobs)
+                        mb.set("old_logprobs", old.logprobs)
+                        if old.outside is not None:  # a stand-in old log-prob masks the token as well
+                            mb.set("old_outside", old.outside)
         total_tokens = max(total_tokens, 1.0)
         metrics: dict[str, float] = {}
         for _ in range(self.epochs):
@@ -180,16 +194,19 @@ class Learner:
         for mb, padding in passes:
             share = (
                 0.0 if padding
-                else float(mb["response_mask"].sum()) / total_tokens if self.loss.aggregation == "token_mean"
+                else float(loss_mask(mb).sum()) / total_tokens if self.loss.aggregation == "token_mean"
                 else mb.batch_size[0] / total_rows
             )
             out = self._logprobs(mb, with_entropy=True, entropy_grad=self.loss.entropy_coef > 0)
             old = mb["old_logprobs"] if "old_logprobs" in mb.keys() else out.logprobs.detach()
+            outside = out.outside
+            if outside is not None and "old_outside" in mb.keys():
+                outside = outside | mb["old_outside"]
             result = grpo_loss(
                 out.logprobs,
                 old,
                 mb["advantage"],
-                mb["response_mask"],
+                loss_mask(mb),
                 ref_logprobs=mb.get("ref_logprobs", None),
                 behavior_logprobs=mb["behavior_logprobs"],
                 loss_type=self.loss.loss_type,
@@ -207,6 +224,7 @@ class Learner:
                 entropy=out.entropy,
                 entropy_coef=self.loss.entropy_coef,
                 scale=share,
+                outside=outside,
             )
             if not torch.isfinite(result.loss):
                 finite = False

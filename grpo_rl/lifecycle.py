@@ -41,8 +41,9 @@ from grpo_rl.metrics import RunLogger, console_line, log_reward_failures, read_j
 log = logging.getLogger(__name__)
 
 # Keys that may change between a run and its resumption without changing what is computed.
-_RESUMABLE_CHANGES = ("resume", "output_dir", "train.steps", "train.max_time_minutes", "train.checkpoint_frequency",
-                      "train.keep_checkpoints", "train.export_checkpoints", "logger.", "eval.", "model.cache_dir")
+_RESUMABLE_CHANGES = ("resume", "output_dir", "train.steps", "train.prompt_epochs", "train.max_time_minutes",
+                      "train.checkpoint_frequency", "train.keep_checkpoints", "train.export_checkpoints", "logger.",
+                      "eval.", "model.cache_dir")
 
 
 def hydra_run_dir(cfg) -> Path:
@@ -147,6 +148,8 @@ def config_changes(saved_yaml: str, cfg) -> list[str]:
     """``key: old -> new`` for every setting that differs from the saved config and matters for resuming."""
     old = _flatten(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
     new = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    if "train.updates_per_batch" not in old and "train.epochs" in old:  # saved before train.epochs was renamed
+        old["train.updates_per_batch"], old["train.epochs"] = old["train.epochs"], None
     changes = []
     for key in sorted(set(old) | set(new)):
         if key.startswith(_RESUMABLE_CHANGES) or key in _RESUMABLE_CHANGES:

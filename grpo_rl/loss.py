@@ -21,6 +21,10 @@ later work found to matter, each selectable by an explicit argument:
   engine/learner numeric mismatch and, in the asynchronous loop, policy lag.
 * An optional entropy bonus, ``-entropy_coef`` times the aggregated token entropy (needs an entropy computed
   with gradient).
+* Under sampling truncation (top-k / top-p) the policy's log-probs are those of the truncated distribution
+  (:mod:`grpo_rl.vocab`); a sampled token outside the policy's own truncated set has no finite log-prob, so its
+  policy and KL terms get weight 0 (``outside``), keeping its place in the denominators as a masked engine weight
+  does, and the fraction is reported as ``truncation_masked_fraction``.
 
 Departures from the paper and from TRL:
 
@@ -32,6 +36,10 @@ Departures from the paper and from TRL:
   ``exp`` would reach ~1e38 and overflow float32 near a difference of 88.7, turning the whole step non-finite
   (and skipped). Clamped, such a token adds the constant ``e^20 - 21`` and no gradient, so one pathological
   token can neither make the step non-finite nor dominate the KL gradient.
+* The KL term is GRPO's plain k3 per token. TRL 1.16 by default (``use_bias_correction_kl=True``) multiplies each
+  token's k3 by the ratio ``pi / pi_old``, which carries a gradient: the losses agree on-policy, the KL gradients
+  do not (adding ``kl_coef * aggregate(k3 * (ratio - 1))`` here reproduces TRL's to 1e-9;
+  ``benchmarks/trl_objectives.py``).
 """
 from __future__ import annotations
 
@@ -71,6 +79,7 @@ class GRPOLossOutput:
     engine_weight_p50: torch.Tensor
     engine_weight_p95: torch.Tensor
     kl_engine: torch.Tensor  # k3 estimate of KL(engine || learner's old policy) on the engine's samples, per token
+    truncation_masked_fraction: torch.Tensor  # fraction of tokens outside the policy's truncated set (weight 0)
     entropy: torch.Tensor | None = None
 
     def diagnostics(self) -> dict[str, float]:
@@ -153,6 +162,7 @@ def grpo_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     scale: float = 1.0,
+    outside: torch.Tensor | None = None,
 ) -> GRPOLossOutput:
     """Policy-gradient loss (clipped surrogate by default) with an optional KL penalty and entropy bonus.
 
@@ -179,6 +189,9 @@ def grpo_loss(
             in which case it must carry a gradient.
         entropy_coef: weight of the entropy bonus ``-entropy_coef * aggregate(entropy)`` (0 disables it).
         scale: multiplies the loss terms, e.g. a micro-batch's share of the gradient-accumulation step.
+        outside: bool ``[B, T]``, tokens outside the policy's truncated sampling set (their log-probs are
+            stand-ins, :mod:`grpo_rl.vocab`): weight 0 in the policy and KL terms, the engine weights and the
+            ratio diagnostics; still counted in the aggregation's denominators. None: no truncation.
 
     Returns:
         :class:`GRPOLossOutput`.
@@ -189,16 +202,20 @@ def grpo_loss(
             f"{tuple(mask.shape)} must have the same [B, T] shape"
         )
     mask_f = mask.to(logprobs.dtype)  # [B, T]
+    # The tokens whose log-probs are real: all of the mask unless some lie outside the truncated set.
+    keep_f = mask_f if outside is None else mask_f * (~outside.bool()).to(mask_f.dtype)  # [B, T]
     adv_BT = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
     adv_BT = adv_BT.to(logprobs.dtype)
 
-    term = policy_term(logprobs, old_logprobs, adv_BT, mask_f, objective=loss_type, clip_eps_low=clip_eps_low,
+    term = policy_term(logprobs, old_logprobs, adv_BT, keep_f, objective=loss_type, clip_eps_low=clip_eps_low,
                        clip_eps_high=clip_eps_high, cispo_ratio_max=cispo_ratio_max, cispo_ratio_min=cispo_ratio_min)
     pg_loss_BT = term.loss_BT  # [B, T]
+    if outside is not None:
+        pg_loss_BT = pg_loss_BT * keep_f
 
     engine = None
     if behavior_logprobs is not None and tis_cap is not None:
-        engine = engine_weights(old_logprobs, behavior_logprobs, mask_f, mode=engine_correction, cap=tis_cap,
+        engine = engine_weights(old_logprobs, behavior_logprobs, keep_f, mode=engine_correction, cap=tis_cap,
                                 min_weight=engine_correction_min)
         pg_loss_BT = pg_loss_BT * engine.weight_BT
 
@@ -208,13 +225,15 @@ def grpo_loss(
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs (enable the reference model or set kl_coef=0)")
         kl_BT = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator)  # [B, T]
+        if outside is not None:
+            kl_BT = kl_BT * keep_f
         loss_kl = kl_coef * aggregate(kl_BT, mask_f, aggregation, max_tokens) * scale
-        kl_ref = (kl_BT.detach() * mask_f).sum() / mask_f.sum().clamp(min=1.0)
+        kl_ref = (kl_BT.detach() * keep_f).sum() / keep_f.sum().clamp(min=1.0)
     else:
         loss_kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
         if ref_logprobs is not None:
             kl_BT = kl_estimate(logprobs.detach(), ref_logprobs, kl_estimator)
-            kl_ref = (kl_BT * mask_f).sum() / mask_f.sum().clamp(min=1.0)
+            kl_ref = (kl_BT * keep_f).sum() / keep_f.sum().clamp(min=1.0)
         else:
             kl_ref = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
 
@@ -232,21 +251,23 @@ def grpo_loss(
 
     with torch.no_grad():
         n_tok = mask_f.sum().clamp(min=1.0)
+        n_keep = keep_f.sum().clamp(min=1.0)
         ratio = term.ratio_BT  # [B, T]
-        clip_fraction = (term.clipped_BT.to(mask_f.dtype) * mask_f).sum() / n_tok
+        clip_fraction = (term.clipped_BT.to(mask_f.dtype) * keep_f).sum() / n_tok
         log_ratio = logprobs - old_logprobs.detach()  # [B, T]: per token, whatever the objective
-        kl_approx = (((torch.exp(log_ratio) - 1.0) - log_ratio) * mask_f).sum() / n_tok
-        ratio_mean = (ratio * mask_f).sum() / n_tok
-        w = (ratio * engine.weight_BT if engine is not None else ratio) * mask_f
-        ess = w.sum().pow(2) / (w.pow(2).sum().clamp(min=1e-12) * n_tok)
+        kl_approx = (((torch.exp(log_ratio) - 1.0) - log_ratio) * keep_f).sum() / n_keep
+        ratio_mean = (ratio * keep_f).sum() / n_keep
+        w = (ratio * engine.weight_BT if engine is not None else ratio) * keep_f
+        ess = w.sum().pow(2) / (w.pow(2).sum().clamp(min=1e-12) * n_keep)
         zero = torch.zeros((), dtype=mask_f.dtype, device=mask_f.device)
-        tis_fraction = (engine.outside_BT.to(mask_f.dtype) * mask_f).sum() / n_tok if engine is not None else zero
-        masked_fraction = (engine.masked_BT.to(mask_f.dtype) * mask_f).sum() / n_tok if engine is not None else zero
+        tis_fraction = (engine.outside_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
+        masked_fraction = (engine.masked_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
+        truncation_masked = (mask_f - keep_f).sum() / n_tok
         if behavior_logprobs is not None:
             # Reported even with the correction off: how far the engine drifts is worth watching either way.
             raw = engine.raw if engine is not None else torch.exp(old_logprobs - behavior_logprobs)
-            p5, p50, p95 = weight_quantiles(raw, mask_f)
-            kl_engine = (kl_estimate(behavior_logprobs, old_logprobs, "k3") * mask_f).sum() / n_tok
+            p5, p50, p95 = weight_quantiles(raw, keep_f)
+            kl_engine = (kl_estimate(behavior_logprobs, old_logprobs, "k3") * keep_f).sum() / n_keep
         else:
             p5 = p50 = p95 = torch.ones((), dtype=mask_f.dtype, device=mask_f.device)
             kl_engine = zero
@@ -268,6 +289,7 @@ def grpo_loss(
         engine_weight_p50=p50,
         engine_weight_p95=p95,
         kl_engine=kl_engine,
+        truncation_masked_fraction=truncation_masked,
         entropy=ent,
     )
 

@@ -281,6 +281,10 @@ def batch_metrics(batch: TensorDict) -> dict[str, float]:
     out["response_length_mean"] = float(lengths.mean())
     out["response_length_max"] = float(lengths.max())
     out["truncated_fraction"] = float(batch["truncated"].float().mean())
+    if "turns" in batch.keys():  # multi-turn episodes
+        from grpo_rl.multiturn import tool_metrics
+
+        out.update(tool_metrics(batch))
     return out
 
 

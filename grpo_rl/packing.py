@@ -181,7 +181,7 @@ def trim_padding(mb: TensorDict) -> TensorDict:
     out = mb.clone(recurse=False)
     for key in ("prompt_ids", "prompt_mask"):
         out.set(key, mb[key][:, -lp:])
-    for key in ("response_ids", "response_mask", "behavior_logprobs", "ref_logprobs", "old_logprobs"):
+    for key in ("response_ids", "response_mask", "loss_mask", "behavior_logprobs", "ref_logprobs", "old_logprobs"):
         if key in mb.keys():
             out.set(key, mb[key][:, :lr])
     return out

@@ -3,6 +3,9 @@
 It adds ``ref_logprobs`` ``[N, Lr]`` to the batch (:mod:`grpo_rl.collector` lists every stage's keys), for the KL
 penalty of the loss or of the reward. A LoRA run's reference is the learner's own model with its adapters off
 (:class:`grpo_rl.lora.AdapterDisabledRefScorer`).
+
+The reference log-probs are untruncated even when the engine samples with top-k / top-p (the policy's are truncated):
+the reference's own truncated set could exclude a sampled token; :mod:`grpo_rl.vocab` explains the KL that results.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from grpo_rl.distributed.learner_group import LearnerGroup
 from grpo_rl.distributed.pipeline import AsyncRollouts
 from grpo_rl.distributed.ray_setup import start_ray, stop_ray
 from grpo_rl.distributed.reference_actors import ReferenceActors
+from grpo_rl.dynamic_sampling import DynamicSampling
 from grpo_rl.factories import make_collector, make_local_learner, make_ref_scorer
 from grpo_rl.rollout_source import InProcessRollouts
 from grpo_rl.run_context import RunContext
@@ -61,9 +62,15 @@ def make_rollout_source(run: RunContext, env, *, engine=None, reference=None):
     of its own actors becomes its stage between the buffer and the learner, so the three roles overlap.
     """
     if engine is not None:
-        return InProcessRollouts(make_collector(run, engine, env)), reference
-    stage = reference if isinstance(reference, ReferenceActors) else None
-    return AsyncRollouts(run, env, reference=stage), (None if stage is not None else reference)
+        source = InProcessRollouts(make_collector(run, engine, env))
+    else:
+        stage = reference if isinstance(reference, ReferenceActors) else None
+        source, reference = AsyncRollouts(run, env, reference=stage), (None if stage is not None else reference)
+    policy = run.cfg.policy
+    if policy.dynamic_sampling:  # DAPO: more batches until the step has env.prompts_per_step varied groups
+        source = DynamicSampling(source, groups=run.cfg.env.prompts_per_step, pad_id=run.tokenizer.pad_token_id or 0,
+                                 max_extra_rounds=policy.dynamic_sampling_max_rounds)
+    return source, reference
 
 
 def make_weight_sync(run: RunContext, *, engine=None, rollouts: AsyncRollouts | None = None):

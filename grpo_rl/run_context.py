@@ -212,6 +212,9 @@ class RunContext:
     mode: str = "sync"
     started: float = field(default_factory=time.monotonic)
     """When the run started (``time.monotonic``): ``train.max_time_minutes`` counts from here."""
+    rewards: tuple = ()
+    """Reward functions given as Python objects (:class:`~grpo_rl.rewards.custom.RewardFunction`, the Python API's
+    ``rewards``), added to the configured ones wherever an environment is built; actors get them pickled."""
 
     @property
     def uses_ref(self) -> bool:
@@ -225,7 +228,8 @@ class RunContext:
         placement = getattr(self.placement, role)
         return ActorSpec(cfg=OmegaConf.to_container(self.cfg, resolve=True), run_dir=str(self.run_dir),
                          model_path=self.model_path, role=role, index=index,
-                         device=actor_device(placement.devices[index]), threads=placement.threads, mode=self.mode)
+                         device=actor_device(placement.devices[index]), threads=placement.threads, mode=self.mode,
+                         rewards=self.rewards)
 
 
 def actor_device(device: torch.device) -> torch.device:
@@ -235,7 +239,8 @@ def actor_device(device: torch.device) -> torch.device:
 
 @dataclass(frozen=True)
 class ActorSpec:
-    """One actor's slice of the run context: plain values, so that Ray can ship it to another machine."""
+    """One actor's slice of the run context: plain values, so that Ray can ship it to another machine (the reward
+    functions of the Python API are pickled by value, as Ray pickles any function)."""
 
     cfg: dict
     run_dir: str
@@ -245,6 +250,7 @@ class ActorSpec:
     device: torch.device
     threads: int
     mode: str
+    rewards: tuple = ()
 
     def enter(self) -> RunContext:
         """Set this process's threads and return its :class:`RunContext`, with every role on the actor's device.
@@ -267,4 +273,4 @@ class ActorSpec:
                               driver_threads=self.threads)
         return RunContext(cfg=cfg, run_dir=Path(self.run_dir), devices=devices, model_path=self.model_path,
                           tokenizer=load_tokenizer(self.model_path), precision=resolve_run_precision(cfg, devices),
-                          placement=placement, mode=self.mode)
+                          placement=placement, mode=self.mode, rewards=self.rewards)

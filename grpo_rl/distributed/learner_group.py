@@ -175,8 +175,8 @@ class LearnerGroup:
             raise RoleFailed(f"a learner rank failed during {what} (its log is above): {e}") from e
 
     def train_step(self, batch) -> dict[str, float]:
-        """``train.epochs`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the ranks by
-        whole groups."""
+        """``train.updates_per_batch`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the
+        ranks by whole groups."""
         shards = shard_batch(batch, len(self.ranks))
         results = self._get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)], "a training step")
         metrics = combine_rank_metrics(results)

@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 
-from tensordict import TensorDict
 
 from grpo_rl.buffer import TakeResult
 from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker

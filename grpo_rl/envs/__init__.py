@@ -1,23 +1,26 @@
-"""Environments: a prompt data set, a chat template and a reward, behind torchrl's reset/step contract.
+"""Environments: a prompt data set, a chat template and a reward, as torchrl environments (:mod:`.base`).
 
-``env.dataset`` picks the task: ``gsm8k`` (:mod:`.gsm8k`), ``ifeval`` (:mod:`.ifeval`) or ``file`` (a user's
-prompts, :mod:`.custom`). Any task's own reward can be extended with the user's reward functions
+``env.dataset`` picks the task: ``gsm8k`` (:mod:`.gsm8k`), ``ifeval`` (:mod:`.ifeval`), ``arithmetic``
+(generated problems scored as GSM8K, :mod:`.arithmetic`) or ``file`` (a user's prompts, :mod:`.custom`). Any task's own reward can be extended with the user's reward functions
 (``reward.path``/``reward.name``, ``reward.functions``) and a reward model (``reward.model_path``); all
 components are summed with their weights and logged one by one.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from grpo_rl.data import load_records
-from grpo_rl.envs.base import PromptEnv, PromptTooLongError
+from grpo_rl.envs.base import PromptEnv, PromptTooLongError, group_answers, rewards_per_answer
 from grpo_rl.errors import ConfigError
 from grpo_rl.rewards.base import RewardComponent
-from grpo_rl.rewards.custom import UserReward, user_reward_components
+from grpo_rl.rewards.custom import RewardFunction, UserReward, user_reward_components
 
 # The column holding each row's raw prompt, per task, for a reward model.
-_PROMPT_COLUMN = {"gsm8k": "question", "ifeval": "prompt"}
+_PROMPT_COLUMN = {"gsm8k": "question", "ifeval": "prompt", "arithmetic": "question"}
 
 
-def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_prompts_ok: bool = False) -> PromptEnv:
+def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_prompts_ok: bool = False,
+             rewards: Sequence[RewardFunction] = ()) -> PromptEnv:
     """Build the environment that ``cfg.env.dataset`` names.
 
     Args:
@@ -28,31 +31,43 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
             ``reward_model`` device. Default: allocated from ``cfg`` (only when a reward model is configured).
         fewer_prompts_ok: serve every prompt per step when the data has fewer than ``env.prompts_per_step``
             (held-out evaluation); by default that is an error, since a step would repeat prompts.
+        rewards: reward functions given as Python objects (the Python API's ``rewards``), added to the configured
+            ones.
+
+    With ``env.tools``, the system prompt gets the tools' descriptions and the call format, and the environment's
+    ``tool_use`` (:class:`~grpo_rl.multiturn.ToolUse`, else None) answers the calls of multi-turn episodes.
 
     Raises:
         ConfigError: ``env.prompts_per_step`` exceeds the prompts left after skipping over-long ones (unless
             ``fewer_prompts_ok``), or a reward function needs a column the data lacks.
     """
     split = split or cfg.env.split
+    tool_use = None
+    if cfg.env.tools:
+        cfg, tool_use = _with_tools(cfg)
     dataset = cfg.env.dataset
-    extra = shared_reward_components(cfg, devices)
+    extra = shared_reward_components(cfg, devices, rewards)
     if dataset == "gsm8k":
         from grpo_rl.envs.gsm8k import make_gsm8k_env
 
-        env = make_gsm8k_env(cfg, load_records("gsm8k", split=split, path=cfg.env.path), tokenizer, seed=cfg.seed)
-        env.reward.components.extend(extra)
-        env.reward.fallback = cfg.reward.fallback
+        env = make_gsm8k_env(cfg, load_records("gsm8k", split=split, path=cfg.env.path), tokenizer, seed=cfg.seed,
+                             extra_components=extra)
     elif dataset == "ifeval":
         from grpo_rl.envs.ifeval import make_ifeval_env
 
         env = make_ifeval_env(cfg, load_records("ifeval", split=split, path=cfg.env.path), tokenizer,
                               seed=cfg.seed, extra_components=extra)
+    elif dataset == "arithmetic":
+        from grpo_rl.envs.arithmetic import make_arithmetic_env
+
+        env = make_arithmetic_env(cfg, tokenizer, split=split, extra_components=extra)
     elif dataset == "file":
         from grpo_rl.envs.custom import load_file_records, make_file_env
 
-        env = make_file_env(cfg, load_file_records(cfg.env), tokenizer, seed=cfg.seed, components=extra)
+        env = make_file_env(cfg, load_file_records(cfg.env, split), tokenizer, seed=cfg.seed, components=extra)
     else:
-        raise ValueError(f"env.dataset={dataset!r} is not supported; choose gsm8k, ifeval or file")
+        raise ValueError(f"env.dataset={dataset!r} is not supported; choose gsm8k, ifeval, arithmetic or file")
+    env.tool_use = tool_use
     for comp in env.reward.components:
         if isinstance(comp.fn, UserReward):
             comp.fn.check_columns(env.extra_columns)
@@ -72,11 +87,36 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
     return env
 
 
-def shared_reward_components(cfg, devices=None) -> list[RewardComponent]:
-    """The components any task can add: the user's reward functions and a reward model."""
+def _with_tools(cfg):
+    """``cfg`` with the tools' system prompt (after the task's own, or ``env.system_prompt``), and the tools."""
+    import copy
+
+    from grpo_rl.multiturn import ToolUse
+    from grpo_rl.tools.configured import configured_tools
+    from grpo_rl.tools.format import tool_system_prompt
+
+    tools = configured_tools(cfg.env.tools)
+    base = cfg.env.system_prompt
+    if base is None and cfg.env.dataset in ("gsm8k", "arithmetic"):
+        from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS
+
+        base = SYSTEM_PROMPTS[cfg.env.template]
+    elif base is None and cfg.env.dataset == "ifeval" and cfg.reward.ifeval_answer_tags:
+        from grpo_rl.envs.ifeval import ANSWER_TAGS_SYSTEM_PROMPT
+
+        base = ANSWER_TAGS_SYSTEM_PROMPT
+    cfg = copy.deepcopy(cfg)
+    cfg.env.system_prompt = "\n\n".join(p for p in (base, tool_system_prompt(list(tools.values()))) if p)
+    return cfg, ToolUse(tools, max_chars=cfg.env.tool_reply_chars)
+
+
+def shared_reward_components(cfg, devices=None, rewards: Sequence[RewardFunction] = ()) -> list[RewardComponent]:
+    """The components any task can add: the user's reward functions (files, then ``rewards``) and a reward
+    model."""
     prompt_column = cfg.env.prompt_column if cfg.env.dataset == "file" else _PROMPT_COLUMN.get(cfg.env.dataset)
     reference_column = cfg.env.ground_truth_column if cfg.env.dataset == "file" else None
-    components = user_reward_components(cfg.reward, prompt_column=prompt_column, reference_column=reference_column)
+    components = user_reward_components(cfg.reward, prompt_column=prompt_column, reference_column=reference_column,
+                                        functions=rewards)
     if cfg.reward.model_path:
         from grpo_rl.rewards.reward_model import RewardModelScorer
 
@@ -91,4 +131,5 @@ def shared_reward_components(cfg, devices=None) -> list[RewardComponent]:
     return components
 
 
-__all__ = ["PromptEnv", "PromptTooLongError", "make_env", "shared_reward_components"]
+__all__ = ["PromptEnv", "PromptTooLongError", "group_answers", "make_env", "rewards_per_answer",
+           "shared_reward_components"]

@@ -1,7 +1,9 @@
-"""A user's own task: prompts from local jsonl/json/parquet files, scored by the user's reward functions.
+"""A user's own task: prompts from local jsonl/json/parquet files or a Hugging Face data set, scored by the user's
+reward functions.
 
 ``env.path`` is one file or a list of files, whose rows are concatenated in order; each file is checked on its
-own, and errors name it.
+own, and errors name it. ``env.hub_dataset`` (with ``env.hub_config``) names a hub data set instead, whose
+``env.split`` rows are checked and used exactly as a file's.
 
 Each row needs a prompt column (``env.prompt_column``, default ``prompt``): a string sent as the user turn, or
 a list of ``{"role", "content"}`` chat messages sent as is. ``env.ground_truth_column`` (default
@@ -15,7 +17,7 @@ from functools import partial
 from typing import Any, Sequence
 
 from grpo_rl.config import ConfigError
-from grpo_rl.data import load_records
+from grpo_rl.data import load_hub_records, load_records
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.errors import DataError
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
@@ -53,9 +55,14 @@ def file_paths(path: Any) -> list[str]:
     return [path] if isinstance(path, str) else [str(p) for p in path]
 
 
-def load_file_records(env) -> list[dict]:
+def load_file_records(env, split: str | None = None) -> list[dict]:
     """The rows of ``env.path``'s files concatenated in order, each file's rows checked (prompt and ground-truth
-    columns present, prompt a non-empty string or message list) with errors naming that file."""
+    columns present, prompt a non-empty string or message list) with errors naming that file; or, with
+    ``env.hub_dataset`` set, the rows of that hub data set's ``split`` (default ``env.split``), checked the same way."""
+    if env.hub_dataset:
+        rows = load_hub_records(env.hub_dataset, env.hub_config, split or env.split)
+        _check_rows(rows, env.prompt_column, env.ground_truth_column, f"env.hub_dataset={env.hub_dataset}")
+        return rows
     records: list[dict] = []
     for path in file_paths(env.path):
         rows = load_records("file", path=path)
@@ -108,5 +115,5 @@ def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
         shuffle=env.shuffle,
         too_long=env.too_long_prompts,
         extra_columns=columns,
-        name="file:" + ",".join(file_paths(env.path)),
+        name=f"hub:{env.hub_dataset}" if env.hub_dataset else "file:" + ",".join(file_paths(env.path)),
     )

@@ -13,6 +13,7 @@ format component varies within groups and is what a small model learns first.
 from __future__ import annotations
 
 from functools import partial
+from typing import Sequence
 
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
@@ -56,12 +57,18 @@ def gsm8k_reward(template: str, correctness_weight: float, format_weight: float,
     return CompositeReward(components)
 
 
-def make_gsm8k_env(cfg, records: list[dict], tokenizer, *, seed: int) -> PromptEnv:
-    """Build the GSM8K environment from the ``env`` and ``reward`` config groups."""
+def make_gsm8k_env(cfg, records: list[dict], tokenizer, *, seed: int,
+                   extra_components: Sequence[RewardComponent] = ()) -> PromptEnv:
+    """Build the GSM8K environment from the ``env`` and ``reward`` config groups; ``extra_components`` (user
+    functions, a reward model) are added to GSM8K's own, before the environment builds its reward specs."""
+    reward = gsm8k_reward(cfg.env.template, cfg.reward.correctness_weight, cfg.reward.format_weight,
+                          cfg.reward.last_number_fallback)
+    reward.components.extend(extra_components)
+    reward.fallback = cfg.reward.fallback
     return PromptEnv(
         records,
         tokenizer,
-        gsm8k_reward(cfg.env.template, cfg.reward.correctness_weight, cfg.reward.format_weight, cfg.reward.last_number_fallback),
+        reward,
         format_messages=partial(gsm8k_messages, template=cfg.env.template, system_prompt=cfg.env.system_prompt),
         reference_of=lambda row: reference_answer(row["answer"]),
         prompts_per_step=cfg.env.prompts_per_step,

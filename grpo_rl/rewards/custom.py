@@ -21,25 +21,19 @@ See docs/custom_tasks.md.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from grpo_rl.errors import ConfigError
 from grpo_rl.rewards.base import RewardComponent
 from grpo_rl.rewards.conventions import ConventionError, adapt_reward
+from grpo_rl.user_files import import_user_file
 
 __all__ = ["RewardLoadError", "UserReward", "load_reward_function", "user_reward_components"]
 
 DOCS = "see docs/custom_tasks.md"
-_MODULES: dict[tuple[str, float], ModuleType] = {}
-
-
 class RewardLoadError(ConfigError):
     """A configured reward function cannot be loaded or has the wrong signature."""
 
@@ -96,32 +90,6 @@ class UserReward:
         return out.tolist() if hasattr(out, "tolist") else out  # numpy arrays and tensors -> plain floats
 
 
-def _import_file(path: str, key: str) -> ModuleType:
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        what = "is a directory" if file.is_dir() else "does not exist"
-        raise RewardLoadError(f"{key}={path}: {file} {what}; set {key} to the Python file that defines your reward "
-                              f"function (an absolute path, or relative to where you run the script; {DOCS})")
-    if file.suffix != ".py":
-        raise RewardLoadError(f"{key}={path}: expected a Python source file (.py)")
-    cache_key = (str(file), file.stat().st_mtime)
-    if cache_key in _MODULES:
-        return _MODULES[cache_key]
-    module_name = f"grpo_rl_user_reward_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    module = importlib.util.module_from_spec(spec)
-    # Registered while it runs so that dataclasses and pickling inside the file can find their module.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:  # a top-level sys.exit() must not end the run without a word
-        sys.modules.pop(module_name, None)
-        what = "called sys.exit()" if isinstance(e, SystemExit) else f"raised {type(e).__name__}: {e}"
-        raise RewardLoadError(f"{key}={path}: importing the file {what}; fix the file's top-level code") from e
-    _MODULES[cache_key] = module
-    return module
-
-
 def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_column: str | None = None,
                          reference_column: str | None = None) -> UserReward:
     """Import ``path`` and return its function ``name``, signature-checked and adapted to our convention.
@@ -137,7 +105,7 @@ def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_co
         RewardLoadError: the file is missing or fails to import, the name is missing or not callable, or the
             signature matches none of ours, verl's and TRL's (the message lists all three).
     """
-    module = _import_file(path, f"{key}.path")
+    module = import_user_file(path, f"{key}.path", error=RewardLoadError, docs=DOCS)
     fn = getattr(module, name, None)
     if fn is None:
         defined = sorted(n for n, v in vars(module).items()
@@ -150,9 +118,25 @@ def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_co
                       reference_column=reference_column)
 
 
-def user_reward_components(reward_cfg, *, prompt_column: str | None = None,
-                           reference_column: str | None = None) -> list[RewardComponent]:
-    """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``.
+@dataclass(frozen=True)
+class RewardFunction:
+    """A reward function given as a Python object rather than a file (the Python API's ``rewards``).
+
+    Attributes:
+        fn: the callable, in any accepted convention (ours, verl's or TRL's).
+        weight: its weight in the summed reward.
+        label: logged as ``reward_<label>``; default: the function's name.
+    """
+
+    fn: Callable
+    weight: float = 1.0
+    label: str | None = None
+
+
+def user_reward_components(reward_cfg, *, prompt_column: str | None = None, reference_column: str | None = None,
+                           functions: Sequence[RewardFunction] = ()) -> list[RewardComponent]:
+    """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``, then
+    ``functions`` (Python objects, named ``rewards[i]`` in errors).
 
     Each is logged as ``reward_<label or function name>``; two components with the same name are an error.
     Every component gets ``reward.timeout_seconds`` as its time limit per call. ``prompt_column`` and
@@ -167,10 +151,16 @@ def user_reward_components(reward_cfg, *, prompt_column: str | None = None,
         specs.append(("reward", reward_cfg.path, reward_cfg.name, 1.0, None))
     for i, f in enumerate(reward_cfg.functions):
         specs.append((f"reward.functions[{i}]", f.path, f.name, f.weight, f.label))
+    for i, f in enumerate(functions):
+        specs.append((f"rewards[{i}]", None, f, f.weight, f.label))
     components, seen = [], {}
     for key, path, name, weight, label in specs:
-        fn = load_reward_function(path, name, key=key, prompt_column=prompt_column,
-                                  reference_column=reference_column)
+        if path is None:  # a Python object
+            fn = UserReward(name.fn, key=key, prompt_column=prompt_column, reference_column=reference_column)
+            name = fn.__name__
+        else:
+            fn = load_reward_function(path, name, key=key, prompt_column=prompt_column,
+                                      reference_column=reference_column)
         label = label or name
         if label in seen:
             raise RewardLoadError(f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "

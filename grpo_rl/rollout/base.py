@@ -41,8 +41,12 @@ class SamplingSpec:
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """Keep the ``top_k`` most probable tokens (before ``top_p``); 0: off."""
     seed: int | None = None
     """Base seed of this call; prompt ``i`` uses ``seed + i * n`` and its answers the following seeds."""
+    stop: tuple[str, ...] = ()
+    """Strings that end an answer, kept in it with the tokens that made them (a tool call's closing tag)."""
 
 
 class RolloutEngine(Protocol):

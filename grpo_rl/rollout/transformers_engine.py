@@ -1,8 +1,9 @@
 """transformers rollout engine: the fallback when vLLM is not installed, and a reference for tests.
 
 It samples with ``model.generate`` on left-padded prompts and reads the sampled tokens' log-probs from the
-processed scores (temperature and top-p applied), as vLLM's ``processed_logprobs`` does. It holds its own copy
-of the model, so ``update_weights`` copies tensors; there is no KV-cache reuse across a group's answers.
+processed scores (temperature, top-k and top-p applied, in that order), as vLLM's ``processed_logprobs`` does.
+It holds its own copy of the model, so ``update_weights`` copies tensors; there is no KV-cache reuse across a
+group's answers.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class TransformersEngine:
         self.model = load_causal_lm(model_path, device, dtype, trainable=False)
         self.model.config.use_cache = True
         tok = load_tokenizer(model_path)
+        self.tokenizer = tok
         self.pad_id = tok.pad_token_id
         self.eos_ids = {tok.eos_token_id} | set(
             self.model.generation_config.eos_token_id
@@ -65,10 +67,12 @@ class TransformersEngine:
             do_sample=sampling.temperature > 0,  # temperature 0 means greedy, as in vLLM
             temperature=sampling.temperature if sampling.temperature > 0 else None,
             top_p=sampling.top_p if sampling.temperature > 0 else None,
-            top_k=0 if sampling.temperature > 0 else None,
+            top_k=sampling.top_k if sampling.temperature > 0 else None,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids),
+            stop_strings=list(sampling.stop) or None,
+            tokenizer=self.tokenizer if sampling.stop else None,
             output_scores=True,
             return_dict_in_generate=True,
         )
@@ -77,14 +81,19 @@ class TransformersEngine:
         token_lp = torch.log_softmax(scores, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [c*n, T]
         for row in range(new.shape[0]):
             toks = new[row].tolist()
-            length = len(toks)
+            length, stopped = len(toks), False
             for t, tok in enumerate(toks):
-                if tok in self.eos_ids:
-                    length = t + 1  # the stop token is part of the answer, as in vLLM
+                if tok in self.eos_ids or (sampling.stop and self._ends_with_stop(toks[: t + 1], sampling.stop)):
+                    length, stopped = t + 1, True  # the stop token (or string) is part of the answer, as in vLLM
                     break
             responses.append(toks[:length])
             logprobs.append(token_lp[row, :length].tolist())
-            truncated.append(not any(t in self.eos_ids for t in toks[:length]))
+            truncated.append(not stopped)
+
+    def _ends_with_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
+        """Whether the text of ``ids`` contains a stop string that its last token completed."""
+        text = self.tokenizer.decode(ids)
+        return any(s in text and s not in self.tokenizer.decode(ids[:-1]) for s in stop)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         state = {name: t.detach() for name, t in named_tensors}

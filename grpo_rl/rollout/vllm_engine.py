@@ -19,8 +19,9 @@ old weights would otherwise be reused for shared prompt prefixes. Each reload ma
 cache was not in the weights (it is a buffer; vLLM keeps its own, the correct result): :mod:`grpo_rl.quiet`
 drops that line with the other known start-up noise.
 
-Log-probs are ``processed_logprobs``: log-softmax of the temperature-scaled logits the sampler drew from,
-which is what the learner recomputes (``logits / temperature``).
+Log-probs are ``processed_logprobs``: log-softmax of the logits the sampler drew from, temperature-scaled and
+then truncated by top-k and top-p (tokens outside get -inf, the kept ones are renormalised), which is what the
+learner recomputes (``logits / temperature`` under the same truncation, :mod:`grpo_rl.vocab`).
 """
 from __future__ import annotations
 
@@ -104,7 +105,10 @@ class VLLMEngine:
                 max_tokens=sampling.max_new_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
+                top_k=sampling.top_k,
                 logprobs=0,  # the sampled token's own log-prob at every step
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,  # the stop string's tokens were sampled: they stay
                 seed=None if sampling.seed is None else sampling.seed + i * n,
             )
             for i in range(len(prompts))
@@ -118,7 +122,7 @@ class VLLMEngine:
                 ids = list(completion.token_ids)
                 responses.append(ids)
                 logprobs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
-                truncated.append(completion.finish_reason == "length")
+                truncated.append(completion.finish_reason == "length")  # "stop": an end token or stop string
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -219,8 +219,8 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     from grpo_rl.models import load_tokenizer
 
     run_dir, tag, steps = tmp_path / "killed", f"grpo-test-{uuid.uuid4().hex}", 7
-    # a learner slower than the collector (2 epochs) keeps the buffer full; nothing is too stale to train on
-    settings = {"train.checkpoint_frequency": 1, "train.epochs": 2, "pipeline.max_staleness": 100,
+    # a learner slower than the collector (2 updates per batch) keeps the buffer full; nothing is too stale to train on
+    settings = {"train.checkpoint_frequency": 1, "train.updates_per_batch": 2, "pipeline.max_staleness": 100,
                 "pipeline.buffer_capacity": 2}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "sota" / "grpo-async.py"),

@@ -56,6 +56,14 @@ def test_non_utf8_data_is_reported_with_file_and_line_before_the_engine(weightle
     _fails_cleanly(result, f"{data}:2", "UTF-8")  # file:line
 
 
+def test_an_uncached_hub_dataset_offline_is_reported_before_the_engine(weightless_model_dir, tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(responses, references):\n    return [0.0 for _ in responses]\n")
+    result = run_script("grpo-async.py", *tiny_overrides(weightless_model_dir, tmp_path / "run"), "env.dataset=file",
+                        "env.hub_dataset=grpo-rl-tests/not-cached", f"reward.path={reward}", "reward.name=score")
+    _fails_cleanly(result, "env.hub_dataset=grpo-rl-tests/not-cached", "HF_HUB_OFFLINE=0", "env.path=prompts.jsonl")
+
+
 def test_a_truncated_weights_file_is_named(tiny_model_dir, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

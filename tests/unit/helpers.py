@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from hydra import compose, initialize_config_dir
-from tensordict import NonTensorStack
+from tensordict import TensorDict
 
 from grpo_rl.config import register_configs, validate
 
@@ -39,9 +38,10 @@ def file_env(tokenizer, data: Path, reward_path: Path, name: str, extra=()):
 
 def score_answers(env, responses: list[str]):
     """Reset ``env`` and score ``responses`` (the same number for each prompt, in order); returns
-    ``(prompts, next)``."""
+    ``(prompts, next)``, ``next`` holding the rewards one row per answer (``[N, 1]``)."""
+    from grpo_rl.envs import group_answers, rewards_per_answer
+
     prompts = env.reset()
     g = len(responses) // prompts.batch_size[0]
-    batch = prompts[torch.arange(prompts.batch_size[0]).repeat_interleave(g)]
-    batch.set("response_text", NonTensorStack(*responses))
-    return prompts, env.step(batch)["next"]
+    nxt = env.step(prompts.clone(False).set("response_text", group_answers(responses, g)))["next"]
+    return prompts, TensorDict({k: v.unsqueeze(-1) for k, v in rewards_per_answer(nxt).items()}, [len(responses)])

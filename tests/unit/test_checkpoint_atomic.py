@@ -220,3 +220,16 @@ def test_resuming_with_changed_settings_is_reported():
     assert config_changes(OmegaConf.to_yaml(saved), now) == []
     now.optimizer.lr = 1e-3
     assert config_changes(OmegaConf.to_yaml(saved), now) == ["optimizer.lr: 2e-05 -> 0.001"]
+
+
+def test_a_checkpoint_saved_with_train_epochs_resumes_as_updates_per_batch():
+    from grpo_rl.lifecycle import config_changes
+
+    saved = OmegaConf.to_container(OmegaConf.structured(GRPOConfig))
+    del saved["train"]["updates_per_batch"], saved["train"]["prompt_epochs"]
+    saved["train"]["epochs"] = 2  # the config.yaml of a checkpoint written before the rename
+    now = OmegaConf.structured(GRPOConfig)
+    now.train.updates_per_batch, now.train.prompt_epochs = 2, 3.0  # prompt_epochs only sets the run's length
+    assert config_changes(OmegaConf.to_yaml(OmegaConf.create(saved)), now) == []
+    now.train.updates_per_batch = 1
+    assert config_changes(OmegaConf.to_yaml(OmegaConf.create(saved)), now) == ["train.updates_per_batch: 2 -> 1"]

@@ -28,7 +28,7 @@ def test_gsm8k_config_composes_and_validates():
     assert cfg.optimizer.lr == pytest.approx(2e-5)
     assert isinstance(cfg.optimizer.lr, float)
     # keys the YAML leaves out come from the schema's defaults
-    assert cfg.train.epochs == 1
+    assert cfg.train.updates_per_batch == 1 and cfg.train.epochs is None and cfg.train.prompt_epochs is None
     assert cfg.ref_model.share_with_train is False
 
 
@@ -157,3 +157,31 @@ def test_overlong_buffer_over_the_limit_says_what_to_set():
     with pytest.raises(ConfigError, match=r"policy\.overlong_buffer=100 must be < sampling\.max_new_tokens=100") as info:
         validate(cfg)
     assert "policy.overlong_buffer=20" in str(info.value)  # DAPO's fifth of the limit, as a ready override
+
+
+def test_train_epochs_is_the_old_name_of_updates_per_batch(caplog):
+    cfg = _compose(["train.epochs=3"])
+    with caplog.at_level("WARNING", logger="grpo_rl.config"):
+        validate(cfg)
+    assert (cfg.train.updates_per_batch, cfg.train.epochs) == (3, None)  # one key from here on
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "train.updates_per_batch=3" in warnings[0]
+    caplog.clear()
+    validate(cfg)  # validated again (a resumed config, an actor's copy): no second warning
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    validate(_compose(["train.epochs=2", "train.updates_per_batch=2"]))  # the same value under both names
+
+
+def test_train_epochs_conflicting_with_updates_per_batch_is_an_error():
+    with pytest.raises(ConfigError, match=r"train\.epochs=3 and train\.updates_per_batch=2: .*drop train\.epochs"):
+        validate(_compose(["train.epochs=3", "train.updates_per_batch=2"]))
+    for override, key in (("train.updates_per_batch=0", "train.updates_per_batch"), ("train.epochs=0", "train.epochs")):
+        with pytest.raises(ConfigError, match=rf"{key}=0 must be > 0"):
+            validate(_compose([override]))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_prompt_epochs_must_be_positive(value):
+    with pytest.raises(ConfigError, match=r"train\.prompt_epochs=\S+ must be > 0"):
+        validate(_compose([f"train.prompt_epochs={value}"]))
+    validate(_compose(["train.prompt_epochs=0.5"]))

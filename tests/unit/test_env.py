@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tensordict import NonTensorStack, TensorDict
+from tensordict import TensorDict
 
 from grpo_rl.config import GRPOConfig
 from grpo_rl.data import data_dir
-from grpo_rl.envs.base import PromptEnv, PromptTooLongError
+from grpo_rl.envs.base import PromptEnv, PromptTooLongError, group_answers
 from grpo_rl.rewards.base import CompositeReward, RewardComponent
 
 RECORDS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "topic": f"t{i}"} for i in range(10)]
@@ -41,18 +41,8 @@ def stream(env: PromptEnv, resets: int) -> list[int]:
 
 
 def answers_td(prompts: TensorDict, responses: list[str], group_size: int) -> TensorDict:
-    """What the collector hands to ``step``: ``G`` answers per prompt, consecutive, with their prompt's fields."""
-    group_id = torch.arange(len(responses)) // group_size
-    refs, extras = list(prompts["reference"]), list(prompts["extra"])
-    return TensorDict(
-        {
-            "response_text": NonTensorStack(*responses),
-            "reference": NonTensorStack(*[refs[g] for g in group_id.tolist()]),
-            "extra": NonTensorStack(*[extras[g] for g in group_id.tolist()]),
-            "group_id": group_id,
-        },
-        batch_size=[len(responses)],
-    )
+    """What the collector hands to ``step``: the reset's prompts with their ``G`` answers each, ``[P, G]``."""
+    return prompts.clone(False).set("response_text", group_answers(responses, group_size))
 
 
 def test_reset_contract(tokenizer):
@@ -76,11 +66,11 @@ def test_step_contract(tokenizer):
     env = make_env(tokenizer, shuffle=False, prompts_per_step=2)
     prompts = env.reset()  # references "0", "2"
     td = env.step(answers_td(prompts, ["0", "1", " 2 ", "x"], group_size=2))
-    assert td.batch_size == torch.Size([4])
-    assert td["next", "reward"].shape == (4, 1)
-    assert td["next", "reward"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
-    assert td["next", "reward_exact"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
-    assert td["next", "done"].shape == (4, 1) and td["next", "done"].all()
+    assert td.batch_size == torch.Size([2])  # the prompts; the answers are the action's second dimension
+    assert td["next", "reward"].shape == (2, 2, 1)
+    assert td["next", "reward"].flatten().tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert td["next", "reward_exact"].flatten().tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert td["next", "done"].shape == (2, 1) and td["next", "done"].all()
     assert env.last_reward_failures == {}
 
 
@@ -96,8 +86,8 @@ def test_extra_columns_reach_the_reward(tokenizer):
     prompts = env.reset()  # rows 2, 3
     assert [e["topic"] for e in prompts["extra"]] == ["t2", "t3"]
     td = env.step(answers_td(prompts, ["4", "5", "6", "6"], group_size=2))
-    assert td["next", "reward_bonus"].squeeze(-1).tolist() == [0.0, 0.0, 0.5, 0.5]
-    assert td["next", "reward"].squeeze(-1).tolist() == [1.0, 0.0, 2 * 0.5 + 1.0, 2 * 0.5 + 1.0]
+    assert td["next", "reward_bonus"].flatten().tolist() == [0.0, 0.0, 0.5, 0.5]
+    assert td["next", "reward"].flatten().tolist() == [1.0, 0.0, 2 * 0.5 + 1.0, 2 * 0.5 + 1.0]
 
 
 def test_order_is_deterministic_for_a_seed(tokenizer):
@@ -192,10 +182,10 @@ def test_gsm8k_env_on_real_data(tokenizer):
     responses = [f"So the answer is this.\n#### {refs[0]}", "I am not sure.",
                  f"Adding up gives {refs[1]}.", "It is\n#### 123456789"]
     td = env.step(answers_td(prompts, responses, group_size=2))
-    correct = td["next", "reward_correct"].squeeze(-1).tolist()
-    fmt = td["next", "reward_format"].squeeze(-1).tolist()
+    correct = td["next", "reward_correct"].flatten().tolist()
+    fmt = td["next", "reward_format"].flatten().tolist()
     assert correct == [1.0, 0.0, 1.0, 0.0]  # the third is found by the last-number fallback
     assert fmt == [1.0, 0.0, 0.0, 1.0]
-    total = td["next", "reward"].squeeze(-1).tolist()
+    total = td["next", "reward"].flatten().tolist()
     assert total == pytest.approx([c * cfg.reward.correctness_weight + f * cfg.reward.format_weight
                                    for c, f in zip(correct, fmt)])

@@ -1,11 +1,17 @@
-"""Where a task's prompts come from: ``env.path`` as a list of files, and enough prompts for a step."""
+"""Where a task's prompts come from: ``env.path`` as a list of files, a hub data set (``env.hub_dataset``), enough
+prompts for a step, and the run's length in passes over them (``train.prompt_epochs``)."""
 from __future__ import annotations
 
+import logging
+import time
+from types import SimpleNamespace
 
 import pytest
 
+from grpo_rl import data
 from grpo_rl.config import ConfigError, validate
 from grpo_rl.envs import make_env
+from grpo_rl.errors import DataError
 from tests.unit.helpers import ROOT, compose_config, write_jsonl
 
 REWARD = ROOT / "examples" / "custom_reward.py"
@@ -72,3 +78,108 @@ def test_held_out_prompts_may_be_fewer(tmp_path, tokenizer):
     data = write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
     env = make_env(_file_cfg(f"env.path={data}", "env.prompts_per_step=8"), tokenizer, fewer_prompts_ok=True)
     assert env.prompts_per_step == 3 and list(env.reset()["reference"]) == ["a0", "a1", "a2"]
+
+
+@pytest.mark.parametrize(("epochs", "steps"), [("2", 20), ("0.1", 1), ("1.05", 11)])
+def test_prompt_epochs_set_the_steps_from_the_prompts_left_after_loading(tmp_path, tokenizer, caplog, epochs, steps):
+    from grpo_rl.factories import make_train_env
+
+    rows = _rows("a", 30) + [{"prompt": "word " * 400, "ground_truth": "x"}]  # 31 rows, one skipped as too long
+    cfg = _file_cfg(f"env.path={write_jsonl(tmp_path / 'a.jsonl', rows)}", "env.prompts_per_step=3",
+                    f"train.prompt_epochs={epochs}", "train.steps=7")
+    with caplog.at_level(logging.INFO, logger="grpo_rl.factories"):
+        env = make_train_env(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, devices=None, rewards=()))
+    assert len(env) == 30 and cfg.train.steps == steps  # ceil(epochs * 30 / 3); 0.1 is one step, not two
+    assert f"train.steps = {steps} (train.prompt_epochs={float(epochs):g} over 30 prompts, 3 per step)" in caplog.text
+
+
+def test_without_prompt_epochs_the_steps_stay(tmp_path, tokenizer):
+    from grpo_rl.factories import make_train_env
+
+    cfg = _file_cfg(f"env.path={write_jsonl(tmp_path / 'a.jsonl', _rows('a', 4))}", "env.prompts_per_step=2",
+                    "train.steps=7")
+    make_train_env(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, devices=None, rewards=()))
+    assert cfg.train.steps == 7
+
+
+HUB_ROWS = [{"question": f"Say b{i}.", "answer": f"b{i}", "level": i} for i in range(3)]
+HUB_COLUMNS = ("env.prompt_column=question", "env.ground_truth_column=answer", "env.prompts_per_step=3")
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """``datasets.load_dataset`` replaced by one that serves HUB_ROWS; the calls it got, with whether the hub was
+    off for them."""
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def load_dataset(name, config=None, split=None, **kwargs):
+        calls.append((name, config, split, datasets.config.HF_HUB_OFFLINE))
+        return datasets.Dataset.from_list(HUB_ROWS)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_a_hub_dataset_gives_the_prompts_of_the_same_rows_in_a_local_file(tmp_path, tokenizer, hub_calls):
+    hub = make_env(_file_cfg("env.hub_dataset=org/tasks", "env.hub_config=easy", "env.split=test", *HUB_COLUMNS),
+                   tokenizer)
+    # offline (as every test runs) the cache is still asked, with the hub switched off for the call
+    assert hub_calls == [("org/tasks", "easy", "test", True)]
+    local = make_env(_file_cfg(f"env.path={write_jsonl(tmp_path / 'rows.jsonl', HUB_ROWS)}", *HUB_COLUMNS), tokenizer)
+    assert hub.name == "hub:org/tasks" and len(hub) == len(local) == 3
+    a, b = hub.reset(), local.reset()
+    for key in ("prompt", "prompt_tokens", "reference", "extra"):
+        assert list(a[key]) == list(b[key]), key
+    assert list(a["reference"]) == ["b0", "b1", "b2"] and a["extra"][2]["level"] == 2
+
+
+def test_hub_rows_are_checked_as_a_files_rows(tokenizer, hub_calls):
+    with pytest.raises(ConfigError, match=r"env\.hub_dataset=org/tasks: row 0 has no column env\.prompt_column="
+                                          r"'prompt' \(columns: \['answer', 'level', 'question'\]\)"):
+        make_env(_file_cfg("env.hub_dataset=org/tasks", "env.ground_truth_column=answer"), tokenizer)
+
+
+def test_eval_split_reads_that_split_of_the_hub_dataset(tokenizer, hub_calls):
+    make_env(_file_cfg("env.hub_dataset=org/tasks", *HUB_COLUMNS), tokenizer, split="validation")
+    assert hub_calls[-1][:3] == ("org/tasks", None, "validation")
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (("env.hub_dataset=org/tasks", "env.path=a.jsonl"), r"env\.hub_dataset=org/tasks and env\.path=a\.jsonl both"),
+    (("env.hub_config=main",), r"env\.hub_config=main names a configuration of env\.hub_dataset, which is not set"),
+])
+def test_hub_dataset_settings_that_contradict(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        _file_cfg(*overrides)
+
+
+def test_hub_dataset_is_for_the_file_task():
+    with pytest.raises(ConfigError, match=r"env\.hub_dataset=org/tasks is read with env\.dataset=file"):
+        validate(compose_config(["env.hub_dataset=org/tasks"]))
+
+
+def test_an_uncached_hub_dataset_offline_fails_at_once_in_one_line(tokenizer):
+    """HF_HUB_OFFLINE is set (as in every test): the local cache is tried, not the network; the data are loaded
+    when the environment is built, which the scripts do before any engine or Ray starts."""
+    cfg = _file_cfg("env.hub_dataset=grpo-rl-tests/not-cached", "env.hub_config=main")  # validation loads nothing
+    started = time.monotonic()
+    with pytest.raises(DataError) as info:
+        make_env(cfg, tokenizer)
+    message = str(info.value)
+    assert time.monotonic() - started < 15  # the network path retries for about 25 s
+    assert "\n" not in message
+    for fragment in ("env.hub_dataset=grpo-rl-tests/not-cached (env.hub_config=main) split 'train'",
+                     "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set", "HF_HUB_OFFLINE=0",
+                     "pass env.path=prompts.jsonl instead of env.hub_dataset"):
+        assert fragment in message
+
+
+def test_an_unreachable_hub_reads_only_the_cache(tokenizer, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
+    monkeypatch.setattr(data, "_hub_unreachable", lambda timeout=3.0: "hub.invalid")
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"the hub \(hub\.invalid\) is unreachable and the local datasets cache"):
+        make_env(_file_cfg("env.hub_dataset=grpo-rl-tests/not-cached"), tokenizer)
+    assert time.monotonic() - started < 15

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from tensordict import NonTensorStack
+from tensordict import TensorDict
 
 from grpo_rl.config import ConfigError, register_configs, validate
 from grpo_rl.data import data_dir
@@ -117,12 +117,15 @@ def _records(n: int = 3) -> list[dict]:
 
 
 def _step(env, responses_per_prompt: list[list[str]]):
-    """What the collector does: reset, repeat each prompt's fields G times, attach answers, step."""
+    """What the collector does: reset, attach each prompt's G answers (``[P, G]``), step; the rewards come back
+    one row per answer."""
+    from grpo_rl.envs import group_answers, rewards_per_answer
+
     prompts = env.reset()
     g = len(responses_per_prompt[0])
-    batch = prompts[torch.arange(len(responses_per_prompt)).repeat_interleave(g)]
-    batch.set("response_text", NonTensorStack(*[r for group in responses_per_prompt for r in group]))
-    return prompts, env.step(batch)["next"]
+    answers = group_answers([r for group in responses_per_prompt for r in group], g)
+    nxt = rewards_per_answer(env.step(prompts.clone(False).set("response_text", answers))["next"])
+    return prompts, TensorDict({k: v.unsqueeze(-1) for k, v in nxt.items()}, [len(responses_per_prompt) * g])
 
 
 def test_env_references_and_rewards(tokenizer):

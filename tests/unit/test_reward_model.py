@@ -8,7 +8,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from tensordict import NonTensorStack
 
 from grpo_rl.config import ConfigError, GRPOConfig, register_configs, validate
 from grpo_rl.devices import allocate_devices
@@ -102,10 +101,10 @@ def test_file_env_with_a_reward_model_alone(tmp_path, tokenizer, reward_model_di
                     "env.prompts_per_step=2", f"reward.model_path={reward_model_dir}", "reward.model_weight=2"])
     validate(cfg)
     env = make_env(cfg, tokenizer)
+    from grpo_rl.envs import group_answers, rewards_per_answer
+
     prompts = env.reset()
-    batch = prompts[torch.tensor([0, 0, 1, 1])]
-    batch.set("response_text", NonTensorStack(*RESPONSES))
-    nxt = env.step(batch)["next"]
+    nxt = rewards_per_answer(env.step(prompts.set("response_text", group_answers(RESPONSES, 2)))["next"])  # [4]
     expected = torch.tensor(RewardModelScorer(str(reward_model_dir), CPU, prompt_column="question")(
         RESPONSES, [None] * 4, question=[PROMPTS[1]] * 2 + [PROMPTS[2]] * 2))
     torch.testing.assert_close(nxt["reward_model"].squeeze(-1), expected)

@@ -114,11 +114,11 @@ def _cfg(**pipeline):
     return cfg
 
 
-def test_async_config_rejects_a_bound_below_the_epochs():
+def test_async_config_rejects_a_bound_below_the_updates_per_batch():
     cfg = _cfg(max_staleness=2)
-    cfg.train.epochs = 3
+    cfg.train.updates_per_batch = 3
     validate(cfg)  # the synchronous loop ignores the pipeline group
-    with pytest.raises(ConfigError, match="train.epochs=3"):
+    with pytest.raises(ConfigError, match="train.updates_per_batch=3"):
         validate_async(cfg)
     cfg.pipeline.max_staleness = 3
     validate_async(cfg)

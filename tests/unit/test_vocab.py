@@ -43,7 +43,7 @@ def test_tied_head_accumulates_into_the_shared_weight():
     head = torch.nn.Linear(16, 101, bias=False)
     with torch.no_grad():
         head.weight.copy_(weight)
-    lp, ent = token_logprobs(hidden, head, targets, with_entropy=False)
+    lp, ent, _ = token_logprobs(hidden, head, targets, with_entropy=False)
     assert ent is None
     lp.sum().backward()
     ref_lp, _ = _plain(hidden, weight, targets, 1.0)
@@ -86,7 +86,7 @@ def test_entropy_gradient_matches_the_plain_form(temperature):
 def test_plain_head_entropy_has_a_gradient_only_when_asked():
     hidden, weight, targets = _inputs()
     head = torch.nn.Linear(16, 101, bias=True)  # a bias takes the plain path
-    _, detached = token_logprobs(hidden, head, targets, with_entropy=True)
-    _, live = token_logprobs(hidden, head, targets, with_entropy=True, entropy_grad=True)
+    _, detached, _ = token_logprobs(hidden, head, targets, with_entropy=True)
+    _, live, _ = token_logprobs(hidden, head, targets, with_entropy=True, entropy_grad=True)
     assert not detached.requires_grad and live.requires_grad
     torch.testing.assert_close(live.detach(), detached)

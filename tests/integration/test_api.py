@@ -1,0 +1,96 @@
+"""The Python API (grpo_rl.Trainer): the notebook example end to end on the tiny model, both loops with reward
+functions given as objects, and its user errors before any engine starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.integration.helpers import ROOT, read_metrics, script_env, tiny_overrides
+
+pytestmark = [pytest.mark.integration]
+
+
+def run_python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_notebook_example_trains_the_tiny_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=2) if not o.startswith("env.")]
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook_api.py"), *overrides,
+                           "env.prompts_per_step=2", "env.group_size=4"],
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in read_metrics(out) if "reward_mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert {"reward_correct_mean", "reward_brevity_mean"} <= set(rows[0])
+    assert rows[-1]["policy_version"] == 2
+    assert (out / "final_model" / "model.safetensors").exists()
+    assert (out / "checkpoints" / "step_00000002").is_dir()
+    assert len((out / "prompts.jsonl").read_text().splitlines()) == 64
+    assert "step   2  reward" in proc.stdout  # the example's own table, from RunResult.metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_reward_objects_reach_both_loops(mode, tiny_model_dir, tmp_path):
+    """A closure (picklable only by value) scores in the driver's collector and in the collector actors."""
+    out = tmp_path / mode
+    code = """
+        import json, sys
+        from grpo_rl import Trainer
+
+        def make_reward(target):
+            def length_near(completions, **kwargs):  # TRL's convention
+                return [-abs(len(c) - target) / target for c in completions]
+            return length_near
+
+        result = Trainer(prompts=["Say hi.", "Name a colour.", "Count to three."],
+                         rewards={"near": (make_reward(20), 1.0)}, overrides=sys.argv[2:], mode=sys.argv[1]).train()
+        print("RESULT", json.dumps({"steps": result.steps, "final": result.final_reward}))
+    """
+    proc = run_python(code, mode, *tiny_overrides(tiny_model_dir, out, steps=2), "eval.every=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in read_metrics(out) if "reward_mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["reward_near_mean"] < 0 for r in rows)  # the closure scored every answer (a length is never exact)
+    assert all(r["reward_failures"] == 0 for r in rows)
+    assert '"steps": 2' in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ('rewards=lambda: 0', "rewards[0]=<lambda> has signature"),
+        ('rewards=lambda responses, references, size: 0', "requires column(s) ['size']"),
+        ('rewards=[42]', "rewards[0] is a int"),
+        ('overrides=["optimizer.lrr=1e-5"]', "optimizer.lrr"),
+        ('prompts=[]', "prompts is empty"),
+        ('prompts=[1, 2]', "prompts[0] is a int"),
+    ],
+)
+def test_user_errors_are_one_line_before_any_engine(kwargs, expected, tmp_path):
+    code = f"""
+        import sys
+        from grpo_rl import Trainer
+        from grpo_rl.errors import UserError
+
+        args = dict(prompts=["a", "b", "c", "d"], rewards=lambda responses, references: [0.0] * len(responses),
+                    overrides=["logger.backend=none"], run_dir={str(tmp_path)!r})
+        args.update(dict({kwargs}))
+        try:
+            Trainer(**args).train()
+        except UserError as e:
+            print("USER ERROR", e)
+        print("engine imported:", "vllm" in sys.modules)
+    """
+    proc = run_python(code, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("USER ERROR")), proc.stdout[-2000:])
+    assert expected in line, line
+    assert "engine imported: False" in proc.stdout
