@@ -85,7 +85,8 @@ def main() -> None:
 
     print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores", flush=True)
     base = args.out_dir or Path(f"/tmp/objectives_curve_{int(time.time())}")
-    common = [f"train.steps={args.steps}", "logger.backend=none", "eval.every=0", *args.overrides]
+    common = [f"train.steps={args.steps}", "train.max_time_minutes=null", "logger.backend=none", "eval.every=0",
+              *args.overrides]
     results = []
     for name in args.arms.split(","):
         print(f"{name}: load average {os.getloadavg()[0]:.2f} before the run", flush=True)
