@@ -135,8 +135,9 @@ class ArithmeticConfig:
     as GSM8K; train and test come from seeds of their own and share no question."""
 
     operations: list[str] = field(default_factory=lambda: ["add"])
-    """Any of add, sub (the larger operand first: no negative results), mul."""
-    digits: int = 3
+    """Any of add, sub (the larger operand first: no negative results), mul. The default, 2-digit addition, is
+    where SmolLM2-135M-Instruct starts at 13% greedy accuracy (benchmarks/arithmetic_probe.py)."""
+    digits: int = 2
     """Digits of every operand of add and sub, and of the first factor of mul (1 to 9)."""
     mul_digits: int = 1
     """Digits of the second factor of mul (1 to 9)."""

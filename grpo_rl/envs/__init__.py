@@ -1,9 +1,10 @@
 """Environments: a prompt data set, a chat template and a reward, as torchrl environments (:mod:`.base`).
 
 ``env.dataset`` picks the task: ``gsm8k`` (:mod:`.gsm8k`), ``ifeval`` (:mod:`.ifeval`), ``arithmetic``
-(generated problems scored as GSM8K, :mod:`.arithmetic`) or ``file`` (a user's prompts, :mod:`.custom`). Any task's own reward can be extended with the user's reward functions
-(``reward.path``/``reward.name``, ``reward.functions``) and a reward model (``reward.model_path``); all
-components are summed with their weights and logged one by one.
+(generated problems scored as GSM8K, :mod:`.arithmetic`) or ``file`` (a user's prompts, :mod:`.custom`). Any
+task's own reward can be extended with the user's reward functions (``reward.path``/``reward.name``,
+``reward.functions``) and a reward model (``reward.model_path``); all components are summed with their weights and
+logged one by one.
 """
 from __future__ import annotations
 
