@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._bench_common import wilson  # noqa: E402
+
 DEFAULT_SPECS = ("add:2", "sub:2", "add,sub:2", "mul:2x1", "add:3")
 
 
@@ -39,16 +40,6 @@ def parse_spec(text: str) -> dict:
     ops, _, digits = text.partition(":")
     first, _, second = digits.partition("x")
     return {"operations": ops.split(","), "digits": int(first), "mul_digits": int(second or 1)}
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a binomial proportion."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def main() -> None:

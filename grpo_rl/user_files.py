@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from grpo_rl.errors import ConfigError
 
@@ -47,3 +49,22 @@ def import_user_file(path: str, key: str, *, what: str = "reward function", erro
         raise error(f"{key}={path}: importing the file {happened}; fix the file's top-level code") from e
     _MODULES[cache_key] = module
     return module
+
+
+def user_function(path: str, name: str, key: str, *, what: str = "reward function",
+                  error: type[ConfigError] = ConfigError, docs: str = "see docs/custom_tasks.md") -> Any:
+    """The object ``name`` defined (or imported) at the top level of the file ``path``, which the settings
+    ``{key}.path`` and ``{key}.name`` give; the caller checks that it is the function it needs.
+
+    Raises:
+        ``error``: the file cannot be imported (:func:`import_user_file`), or it defines no ``name`` (the message
+            lists the functions it does define).
+    """
+    module = import_user_file(path, f"{key}.path", what=what, error=error, docs=docs)
+    fn = getattr(module, name, None)
+    if fn is None:
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
+        raise error(f"{key}.name={name}: {path} defines no {name!r}; functions it defines: {defined or 'none'}. "
+                    f"Set {key}.name to one of them ({docs})")
+    return fn

@@ -72,6 +72,26 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float
     return z / temperature if temperature != 1.0 else z
 
 
+def _logit_grad(p: torch.Tensor, z: torch.Tensor, g: torch.Tensor, grad_entropy: torch.Tensor | None,
+                targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The gradient w.r.t. one chunk's raw logits, overwriting ``p`` (the softmax of ``z``, ``[c, V]``).
+
+    ``d logprob / d z = onehot(y) - p``, scaled by ``g``; with ``grad_entropy``, ``d H / d z = -p (z - E_p[z])`` is
+    added; then through ``z = logits / temperature``. A truncated ``p`` (0 off the kept set) gives the truncated
+    distribution's gradient.
+    """
+    if grad_entropy is not None:
+        ge = grad_entropy.float().unsqueeze(-1)  # [c, 1]
+        mean_z = (p * z).sum(-1, keepdim=True)  # [c, 1]
+        gz = p.mul_(-(g.unsqueeze(-1) + ge * (z - mean_z)))  # [c, V]
+    else:
+        gz = p.mul_(-g.unsqueeze(-1))  # [c, V]
+    gz.scatter_add_(-1, targets.unsqueeze(-1), g.unsqueeze(-1))
+    if temperature != 1.0:
+        gz.div_(temperature)
+    return gz
+
+
 class ChunkedTokenLogprob(torch.autograd.Function):
     """``(hidden [T, H], weight [V, H], targets [T])`` -> ``(logprob [T], entropy [T])``, chunked over ``T``.
 
@@ -115,18 +135,9 @@ class ChunkedTokenLogprob(torch.autograd.Function):
                 z = _chunk_logits(h, w, temperature)  # [c, V]
                 g = grad_logprob[s : s + chunk].float()  # [c]
                 # d logprob / d z = onehot(y) - softmax(z); then through z = logits / temperature.
-                if ctx.entropy_grad:
-                    p = (z - logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]
-                    ge = grad_entropy[s : s + chunk].float().unsqueeze(-1)  # [c, 1]
-                    mean_z = (p * z).sum(-1, keepdim=True)  # [c, 1]
-                    # d H / d z = -p (z - E_p[z]), added to the log-prob's -p g.
-                    gz = p.mul_(-(g.unsqueeze(-1) + ge * (z - mean_z)))  # [c, V]
-                else:
-                    gz = (z - logz[s : s + chunk].unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # [c, V]
-                gz.scatter_add_(-1, targets[s : s + chunk].unsqueeze(-1), g.unsqueeze(-1))
-                if temperature != 1.0:
-                    gz.div_(temperature)
-                gz = gz.to(dtype)
+                p = (z - logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]
+                ge = grad_entropy[s : s + chunk] if ctx.entropy_grad else None
+                gz = _logit_grad(p, z, g, ge, targets[s : s + chunk], temperature).to(dtype)
                 if grad_hidden is not None:
                     grad_hidden[s : s + chunk] = (gz @ w).to(hidden.dtype)
                 if grad_weight is not None:
@@ -273,16 +284,8 @@ class TruncatedTokenLogprob(torch.autograd.Function):
                 g = grad_logprob[s : s + chunk].float()  # [c]
                 p = z.masked_fill(z < threshold[s : s + chunk].unsqueeze(-1), float("-inf"))
                 p = p.sub_(logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]: softmax over the kept set, 0 elsewhere
-                if ctx.entropy_grad:
-                    ge = grad_entropy[s : s + chunk].float().unsqueeze(-1)  # [c, 1]
-                    mean_z = (p * z).sum(-1, keepdim=True)  # [c, 1]
-                    gz = p.mul_(-(g.unsqueeze(-1) + ge * (z - mean_z)))  # [c, V]; 0 off the kept set
-                else:
-                    gz = p.mul_(-g.unsqueeze(-1))  # [c, V]
-                gz.scatter_add_(-1, targets[s : s + chunk].unsqueeze(-1), g.unsqueeze(-1))
-                if temperature != 1.0:
-                    gz.div_(temperature)
-                gz = gz.to(dtype)
+                ge = grad_entropy[s : s + chunk] if ctx.entropy_grad else None
+                gz = _logit_grad(p, z, g, ge, targets[s : s + chunk], temperature).to(dtype)  # 0 off the kept set
                 if grad_hidden is not None:
                     grad_hidden[s : s + chunk] = (gz @ w).to(hidden.dtype)
                 if grad_weight is not None:

@@ -45,7 +45,7 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
     split = split or cfg.env.split
     tool_use = None
     if cfg.env.tools:
-        cfg, tool_use = _with_tools(cfg)
+        cfg, tool_use = _with_tools(cfg, tokenizer)
     dataset = cfg.env.dataset
     extra = shared_reward_components(cfg, devices, rewards)
     if dataset == "gsm8k":
@@ -88,11 +88,21 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
     return env
 
 
-def _with_tools(cfg):
-    """``cfg`` with the tools' system prompt (after the task's own, or ``env.system_prompt``), and the tools."""
+def _with_tools(cfg, tokenizer):
+    """``cfg`` with the tools' system prompt (after the task's own, or ``env.system_prompt``), and the tools.
+
+    Raises:
+        ConfigError: the tokenizer's chat template cannot render a tool message (checked here, before any engine).
+    """
     import copy
 
-    from grpo_rl.multiturn import ToolUse
+    from grpo_rl.multiturn import ToolMessages, ToolUse
+
+    try:
+        ToolMessages(tokenizer)
+    except ValueError as e:
+        raise ConfigError(f"env.tools: {e} (model.name={cfg.model.name}); use a model whose chat template has a tool "
+                          "role, or train without env.tools") from e
     from grpo_rl.tools.configured import configured_tools
     from grpo_rl.tools.format import tool_system_prompt
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 from grpo_rl.errors import ConfigError
 from grpo_rl.rewards.base import RewardComponent
 from grpo_rl.rewards.conventions import ConventionError, adapt_reward
-from grpo_rl.user_files import import_user_file
+from grpo_rl.user_files import user_function
 
 __all__ = ["RewardLoadError", "UserReward", "load_reward_function", "user_reward_components"]
 
@@ -105,13 +105,7 @@ def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_co
         RewardLoadError: the file is missing or fails to import, the name is missing or not callable, or the
             signature matches none of ours, verl's and TRL's (the message lists all three).
     """
-    module = import_user_file(path, f"{key}.path", error=RewardLoadError, docs=DOCS)
-    fn = getattr(module, name, None)
-    if fn is None:
-        defined = sorted(n for n, v in vars(module).items()
-                         if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
-        raise RewardLoadError(f"{key}.name={name}: {path} defines no {name!r}; functions it defines: "
-                              f"{defined or 'none'}. Set {key}.name to one of them ({DOCS})")
+    fn = user_function(path, name, key, error=RewardLoadError, docs=DOCS)
     if not callable(fn):
         raise RewardLoadError(f"{key}.name={name}: {name!r} in {path} is a {type(fn).__name__}, not a function")
     return UserReward(fn, key=f"{key}.name", path=path, prompt_column=prompt_column,

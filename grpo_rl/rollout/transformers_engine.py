@@ -82,8 +82,10 @@ class TransformersEngine:
         for row in range(new.shape[0]):
             toks = new[row].tolist()
             length, stopped = len(toks), False
+            # Decode prefixes only for a row whose text holds a stop string at all (one decode for the others).
+            check_stop = bool(sampling.stop) and any(x in self.tokenizer.decode(toks) for x in sampling.stop)
             for t, tok in enumerate(toks):
-                if tok in self.eos_ids or (sampling.stop and self._ends_with_stop(toks[: t + 1], sampling.stop)):
+                if tok in self.eos_ids or (check_stop and self._ends_with_stop(toks[: t + 1], sampling.stop)):
                     length, stopped = t + 1, True  # the stop token (or string) is part of the answer, as in vLLM
                     break
             responses.append(toks[:length])

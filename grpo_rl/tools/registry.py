@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 from grpo_rl.errors import ConfigError
 from grpo_rl.tools.calculator import CalculatorError, evaluate, format_number
-from grpo_rl.user_files import import_user_file
+from grpo_rl.user_files import user_function
 
 __all__ = ["BUILTIN_TOOLS", "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "Tool", "ToolError", "call_tool", "load_tool",
            "tool_from_function"]
@@ -155,13 +155,7 @@ def load_tool(path: str, name: str, *, key: str = "env.tools") -> Tool:
         ConfigError: the file is missing, not ``.py`` or fails to import; ``name`` is missing or not callable;
             or see :func:`tool_from_function`.
     """
-    module = import_user_file(path, f"{key}.path", what="tool function")
-    fn = getattr(module, name, None)
-    if fn is None:
-        defined = sorted(n for n, v in vars(module).items()
-                         if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
-        raise ConfigError(f"{key}.name={name}: {path} defines no {name!r}; functions it defines: "
-                          f"{defined or 'none'}. Set {key}.name to one of them")
+    fn = user_function(path, name, key, what="tool function", docs="see docs/custom_tasks.md")
     if not callable(fn):
         raise ConfigError(f"{key}.name={name}: {name!r} in {path} is not a function (it is of type "
                           f"{type(fn).__name__}); set {key}.name to a function's name")

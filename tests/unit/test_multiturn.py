@@ -149,3 +149,20 @@ def test_collector_runs_episodes_and_scores_the_last_turn(tokenizer, tmp_path):
     assert batch["turns"].tolist() == [2, 1, 1, 1]
     assert list(batch["response_text"]) == ["The answer is 42", "#### 5", "The answer is 4", "#### 4"]
     assert batch["reward"].tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_a_template_without_tool_messages_is_a_config_error_when_the_env_is_built(tokenizer, tmp_path):
+    import copy
+
+    import pytest
+
+    from grpo_rl.errors import ConfigError
+
+    no_tools = copy.deepcopy(tokenizer)  # a template that silently drops tool messages
+    no_tools.chat_template = ("{% for m in messages %}{% if m['role'] != 'tool' %}<|im_start|>{{ m['role'] }}\n"
+                              "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Q", "ground_truth": "1"}, {"prompt": "R", "ground_truth": "2"}])
+    (tmp_path / "r.py").write_text("def f(responses, references):\n    return [0.0] * len(responses)\n")
+    with pytest.raises(ConfigError, match=r"env\.tools: .*chat template"):
+        file_env(no_tools, data, tmp_path / "r.py", "f", extra=["env.tools=[{name: calculator}]", "env.max_turns=2"])
