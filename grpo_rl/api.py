@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from grpo_rl.errors import RoleFailed
 from grpo_rl.rewards.custom import RewardFunction
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -200,8 +201,12 @@ def _train_async(cfg, run_dir: Path, rewards: tuple):
             batch, metrics = train_on_batch(run, learner, ref, rollout.batch)
             step, push_seconds = state.step + 1, 0.0
             evaluate = state.should_stop() is None and due_for_evaluation(cfg.eval.every, step, cfg.train.steps)
+            push_failed = None  # the step is trained: it is logged and checkpointed before the failure ends the run
             if learner.version - pushed >= cfg.pipeline.push_every or (evaluate and learner.version != pushed):
-                push_seconds, pushed = weight_sync.push(learner.weights_for_push(), learner.version), learner.version
+                try:
+                    push_seconds, pushed = weight_sync.push(learner.weights_for_push(), learner.version), learner.version
+                except RoleFailed as e:
+                    push_failed, evaluate = e, False
             t2 = time.perf_counter()
 
             step_seconds = t2 - t0
@@ -216,6 +221,8 @@ def _train_async(cfg, run_dir: Path, rewards: tuple):
             state.record_step(learner, source, run.tokenizer, metrics, batch, rollout.failure_examples,
                               console_suffix=f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
                               f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
+            if push_failed is not None:
+                raise push_failed
     return state
 
 

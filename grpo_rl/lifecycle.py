@@ -325,8 +325,10 @@ class RunState:
             return
         fingerprint, env_state, rng = self._boundary
         if _learner_fingerprint(learner) != fingerprint:
+            since = (f"continues from {self.last_checkpoint}" if self.last_checkpoint is not None
+                     else "starts over (no checkpoint was written: see train.checkpoint_frequency)")
             log.warning("stopped in the middle of step %d after the learner had been updated: no checkpoint "
-                        "written; resume=auto continues from %s", self.step + 1, self.last_checkpoint)
+                        "written; resume=auto %s", self.step + 1, since)
             return
         saved_step = checkpoint_step(self.last_checkpoint) if self.last_checkpoint is not None else None
         if saved_step != self.step:

@@ -148,16 +148,44 @@ class ObjectStoreWeightSync:
         self._inflight: list = []
 
     def push(self, weights, version: int) -> float:
-        import ray
-
         t0 = time.perf_counter()
-        try:  # surfaces a failure of the previous push; these calls return at once
-            ray.get(self._inflight, timeout=self.timeout)
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            raise RoleFailed(f"a collector did not take the weights of the previous push: {e}") from e
+        # Surfaces a failure of the previous push; these calls return at once.
+        wait_for_collectors(self._inflight, "taking the weights of the previous push", self.timeout)
         packet = weights if isinstance(weights, WeightPacket) else pack_weights(weights, version)
         self._inflight = [c.set_weights.remote(packet) for c in self.collectors]
         return time.perf_counter() - t0
 
     def close(self) -> None:
         self._inflight = []
+
+
+def wait_for_collectors(calls: list, what: str, timeout: float | None) -> list:
+    """``ray.get`` of one call per collector replica (call ``i`` to replica ``i``) within ``timeout`` seconds.
+
+    Raises:
+        RoleFailed: on one line, naming the replica that died or failed while doing ``what`` (its own log, above,
+            has the details), or that a collector did not answer in time.
+    """
+    import ray
+
+    try:
+        return ray.get(calls, timeout=timeout)
+    except ray.exceptions.GetTimeoutError as e:
+        raise RoleFailed(f"a collector did not finish {what} within pipeline.timeout_seconds={timeout:g}") from e
+    except ray.exceptions.RayError as e:
+        replica = next((i for i, call in enumerate(calls) if _failed(call)), None)
+        who = "a collector" if replica is None else f"collector replica {replica}"
+        how = "died" if isinstance(e, ray.exceptions.RayActorError) else "failed"
+        raise RoleFailed(f"{who} {how} while {what}: {type(e).__name__}; its log is above") from e
+
+
+def _failed(call) -> bool:
+    import ray
+
+    if not ray.wait([call], timeout=0)[0]:
+        return False
+    try:
+        ray.get(call)
+    except ray.exceptions.RayError:
+        return True
+    return False

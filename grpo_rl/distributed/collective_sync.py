@@ -16,8 +16,7 @@ import torch
 
 from grpo_rl.distributed.collective import WeightBroadcast
 from grpo_rl.distributed.ray_setup import free_port
-from grpo_rl.errors import RoleFailed
-from grpo_rl.weight_sync import WeightPacket, unpack_weights
+from grpo_rl.weight_sync import WeightPacket, unpack_weights, wait_for_collectors
 
 
 class CollectiveWeightSync:
@@ -39,14 +38,7 @@ class CollectiveWeightSync:
         self._wait(joins, "joining the weight broadcast")
 
     def _wait(self, calls: list, what: str) -> list:
-        import ray
-
-        try:
-            return ray.get(calls, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError as e:
-            raise RoleFailed(f"a collector did not finish {what} within pipeline.timeout_seconds={self.timeout:g}") from e
-        except ray.exceptions.RayError as e:
-            raise RoleFailed(f"a collector failed while {what} (its log is above): {e}") from e
+        return wait_for_collectors(calls, what, self.timeout)
 
     def push(self, weights, version: int) -> float:
         t0 = time.perf_counter()

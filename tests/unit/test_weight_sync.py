@@ -1,6 +1,8 @@
 """Weight transport through the Ray object store: aliases, dtypes, versions, and the push protocol."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -73,6 +75,27 @@ def test_object_store_push_reaches_every_collector(ray_local):
     sync.push([("w", w)], 3)  # waits for the previous push: its errors would surface here
     for c in collectors:
         assert ray_local.get(c.received.remote())[:2] == [(1, 4.0), (2, 8.0)]
+
+
+@ray_tests
+def test_a_collector_that_dies_taking_weights_is_named_on_one_line(ray_local):
+    from grpo_rl.errors import RoleFailed
+
+    @ray_local.remote(max_restarts=0)
+    class FakeCollector:
+        def __init__(self, dies: bool):
+            self.dies = dies
+
+        def set_weights(self, packet):
+            if self.dies:
+                os._exit(1)
+
+    sync = ObjectStoreWeightSync([FakeCollector.remote(False), FakeCollector.remote(True)], timeout=30)
+    sync.push([("w", torch.zeros(2))], 1)
+    with pytest.raises(RoleFailed) as failed:
+        sync.push([("w", torch.ones(2))], 2)
+    message = str(failed.value)
+    assert message.startswith("collector replica 1 died while taking the weights") and "\n" not in message, message
 
 
 def test_in_place_sync_reloads_the_engine_and_accepts_a_packet(ray_local):
