@@ -95,6 +95,8 @@ class Collector:
                                     max_total_tokens=self.max_total_tokens)
             batch = pack_episodes(prompt_tokens, episodes, n, pad_id=self.tokenizer.pad_token_id or 0)
             answers = [e.answer_ids for e in episodes]
+            # The whole episode as the model saw it (calls, tool messages, answer): what samples.jsonl shows.
+            batch.set("episode_text", NonTensorStack(*[self.tokenizer.decode(e.ids) for e in episodes]))
         t1 = time.perf_counter()
         texts = self.tokenizer.batch_decode(answers, skip_special_tokens=True)
         rows = batch["group_id"].tolist()

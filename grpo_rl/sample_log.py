@@ -65,6 +65,8 @@ def sample_record(step: int, batch: TensorDict, i: int, reward_keys: list[str]) 
     keys = batch.keys()
     row: dict[str, Any] = {"step": step, "prompt": batch["prompt"][i], "response": batch["response_text"][i],
                            "reward": float(batch["reward"][i])}
+    if "episode_text" in keys:  # a multi-turn episode: "response" is its last turn, the text the reward scored
+        row["episode"] = batch["episode_text"][i]
     row.update({k: float(batch[k][i]) for k in reward_keys})
     if "group_id" in keys:
         row["group"] = int(batch["group_id"][i])

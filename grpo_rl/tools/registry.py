@@ -105,7 +105,8 @@ def _describe_parameter(param: inspect.Parameter, documented: str | None) -> str
 def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: str = "tools",
                        where: str = "") -> Tool:
     """A :class:`Tool` from a function: its description from the docstring's first line, its parameters from the
-    signature.
+    signature, and the arguments of the system prompt's example call from an ``example`` attribute, if it has one
+    (``calculator.example = {"expression": "12*7"}``).
 
     Args:
         fn: the function (or any callable).
@@ -114,8 +115,8 @@ def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: 
         where: `` in <file>`` for error messages.
 
     Raises:
-        ConfigError: no docstring, an unreadable signature, or a parameter that cannot be passed by name
-            (``*args``, ``**kwargs``, positional-only).
+        ConfigError: no docstring, an unreadable signature, a parameter that cannot be passed by name
+            (``*args``, ``**kwargs``, positional-only), or an ``example`` that is not a dict of its parameters.
     """
     name = name or getattr(fn, "__name__", type(fn).__name__)
     try:
@@ -140,7 +141,12 @@ def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: 
                           "the tool does (the model reads it as the tool's description)")
     documented = _args_section(doc)
     parameters = {p.name: _describe_parameter(p, documented.get(p.name)) for p in signature.parameters.values()}
-    return Tool(name=name, description=first, parameters=parameters, fn=fn)
+    example = getattr(fn, "example", None)
+    if example is not None and (not isinstance(example, Mapping) or not set(example) <= set(parameters)):
+        raise ConfigError(f"{key}.name={name}: {name}.example{where} must be a dict of its arguments for the system "
+                          f"prompt's example call (of {', '.join(parameters) or 'no arguments'}), not {example!r}")
+    return Tool(name=name, description=first, parameters=parameters, fn=fn,
+                example=dict(example) if example is not None else None)
 
 
 def load_tool(path: str, name: str, *, key: str = "env.tools") -> Tool:

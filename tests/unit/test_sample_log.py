@@ -138,3 +138,14 @@ def test_wandb_settings_come_from_the_config(tmp_path, monkeypatch):
     assert inits[0]["name"] == "baseline" and inits[0]["tags"] == ["a", "b"] and type(inits[0]["tags"]) is list
     assert step == 1 and record["samples"]["columns"][-3:] == ["group", "reference", "advantage"]
     assert json.dumps(record["samples"]["data"])  # plain values only
+
+
+def test_a_multi_turn_sample_shows_the_whole_episode():
+    from grpo_rl.sample_log import sample_record
+
+    batch = _batch(groups=1, group_size=2)
+    assert "episode" not in sample_record(3, batch, 0, ["reward_correct"])
+    episodes = ['<tool_call>{"name": "calculator"}</tool_call><|im_start|>tool\n4<|im_end|>\n#### 4', "#### 5"]
+    batch.set("episode_text", NonTensorStack(*episodes))
+    row = sample_record(3, batch, 0, ["reward_correct"])
+    assert row["episode"] == episodes[0] and row["response"] == "g0a0"

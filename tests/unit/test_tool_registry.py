@@ -106,6 +106,22 @@ def test_a_tool_from_a_python_function():
     assert tool_from_function(shout, name="loud").name == "loud"
 
 
+def test_a_tool_example_shows_in_the_system_prompt_and_is_checked():
+    from grpo_rl.tools.format import format_tool_call, tool_system_prompt
+
+    def shout(text: str) -> str:
+        """Upper-case a text."""
+        return text.upper()
+
+    assert format_tool_call("shout", {"text": "..."}) in tool_system_prompt([tool_from_function(shout)])
+    shout.example = {"text": "hello"}
+    assert format_tool_call("shout", {"text": "hello"}) in tool_system_prompt([tool_from_function(shout)])
+    shout.example = {"words": "hello"}
+    with pytest.raises(ConfigError, match=r"env\.tools\[0\]\.name=shout: shout\.example must be a dict of its "
+                                          r"arguments .* \(of text\), not \{'words': 'hello'\}"):
+        tool_from_function(shout, key="env.tools[0]")
+
+
 @pytest.mark.parametrize("name, pattern", [
     ("no_doc", r"env\.tools\[2\]\.name=no_doc: 'no_doc' in .*my_tools\.py has no docstring; add one"),
     ("star_args", r"env\.tools\[2\]\.name=star_args: star_args\(\*values\) in .* takes \*values; "
