@@ -108,6 +108,11 @@ def test_rollout_with_an_engine_policy(env, tokenizer):
     torch.testing.assert_close(step["next", "reward"].squeeze(-1), direct_rewards(env, step, groups))
     for comp in env.reward.components:
         assert step["next", f"reward_{comp.name}"].shape == (2, 4, 1)
+    # Several steps: every step is one episode per prompt, and the auto-reset draws the stream's next prompts.
+    steps = env.rollout(3, policy, break_when_any_done=False)
+    assert steps.batch_size == torch.Size([2, 3]) and steps["next", "reward"].shape == (2, 3, 4, 1)
+    drawn = steps["prompt_index"].t().tolist()  # [step][prompt]
+    assert all(len(set(d)) == 2 for d in drawn) and drawn[1] != drawn[0]
 
 
 def test_rollout_with_the_transformers_engine(tmp_path, tokenizer, tiny_model_dir):
