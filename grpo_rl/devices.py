@@ -13,6 +13,7 @@ rollout engine (``inference_model``). Each asks for ``num_devices`` or an explic
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -51,6 +52,38 @@ def available_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def available_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """The cores this process may run on: its CPU affinity (a container's or ``taskset``'s cpuset, where
+    ``os.cpu_count()`` counts every core of the host), capped by a cgroup CPU quota (``docker --cpus=2``: cgroup v2
+    ``cpu.max``, or v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), rounded up; at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores)
+
+
+def _cgroup_cpu_quota(root: str) -> float | None:
+    """CPUs' worth of time per period the cgroup grants, or None (no limit, or no cgroup files)."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:  # v2: "<quota> <period>" or "max <period>"
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
 def allocate_devices(
     cfg, *, need_ref: bool = True, need_reward_model: bool | None = None, num_gpus: int | None = None,
     num_cpus: int | None = None,
@@ -63,13 +96,13 @@ def allocate_devices(
         need_ref: whether a reference model is used (KL on); if not, the ref role takes no device.
         need_reward_model: whether a reward model is used (default: ``cfg.reward.model_path`` is set).
         num_gpus: GPUs on this machine (default: detected).
-        num_cpus: CPU cores on this machine (default: detected).
+        num_cpus: CPU cores this process may use (default: :func:`available_cpus`).
 
     Raises:
         ConfigError: the request cannot be met; the message names the key and the fix.
     """
     num_gpus = available_gpus() if num_gpus is None else num_gpus
-    num_cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
+    num_cpus = available_cpus() if num_cpus is None else num_cpus
     if need_reward_model is None:
         need_reward_model = bool(getattr(getattr(cfg, "reward", None), "model_path", None))
     roles = [r for r in ROLES if (need_ref or r != "ref_model") and (need_reward_model or r != "reward_model")]

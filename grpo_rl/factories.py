@@ -15,7 +15,7 @@ import torch
 
 from grpo_rl.collector import Collector, assign_advantages
 from grpo_rl.config import ConfigError, resolve_loss_type, validate, validate_async
-from grpo_rl.devices import allocate_devices
+from grpo_rl.devices import allocate_devices, available_cpus
 from grpo_rl.envs import make_env
 from grpo_rl.learner import Learner, LossSettings
 from grpo_rl.lifecycle import check_run_folder
@@ -88,7 +88,7 @@ def describe_run(run: RunContext, mode: str) -> str:
     loop = "synchronous, sota/grpo.py" if mode == "sync" else "asynchronous, sota/grpo-async.py"
     limit = f", stops after {cfg.train.max_time_minutes:g} min" if cfg.train.max_time_minutes else ""
     model = cfg.model.name if cfg.model.name == run.model_path else f"{cfg.model.name} ({run.model_path})"
-    cpu = f" | CPU: {cpu_flags()}, {os.cpu_count()} cores" if not run.devices.on_gpu else ""
+    cpu = f" | CPU: {cpu_flags()}, {available_cpus()} cores" if not run.devices.on_gpu else ""
     mode_ = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     wandb = {"wandb": f"wandb {mode_}", "none": "no wandb"}
     steps = (f"{cfg.train.steps} steps" if cfg.train.prompt_epochs is None else

@@ -144,8 +144,11 @@ class Placement:
 
 
 def cpu_cores() -> int:
-    """Cores torch may use: ``OMP_NUM_THREADS`` if set, else every core of the machine."""
-    return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    """Cores torch may use: ``OMP_NUM_THREADS`` if set, else the cores this process may run on
+    (:func:`~grpo_rl.devices.available_cpus`)."""
+    from grpo_rl.devices import available_cpus
+
+    return int(os.environ.get("OMP_NUM_THREADS") or available_cpus())
 
 
 def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | None = None) -> Placement:

@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from grpo_rl.devices import available_cpus
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +38,7 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
         ray.init(address=ray_cfg.address, **common)
         log.info("joined Ray cluster at %s: %s", ray_cfg.address, ray.cluster_resources())
         return False
-    num_cpus = max(ray_cfg.num_cpus or os.cpu_count() or 1, min_cpus)
+    num_cpus = max(ray_cfg.num_cpus or available_cpus(), min_cpus)
     gpu_ids = sorted({d.index for d in actor_gpus if d.type == "cuda"})
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpu_ids:  # the Ray processes started now inherit it; this process keeps its own view

@@ -121,3 +121,27 @@ def test_no_reference_takes_no_gpu():
     alloc = allocate_devices(cfg, need_ref=False, num_gpus=4)  # 6 asked with the reference, 4 without
     assert _ids(alloc.train) == [0, 1]
     assert _ids(alloc.inference) == [2, 3]
+
+
+def test_available_cpus_follows_affinity_and_the_cgroup_quota(tmp_path, monkeypatch):
+    import os
+
+    from grpo_rl.devices import available_cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    assert available_cpus(str(tmp_path)) == 6  # no cgroup files: the affinity
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert available_cpus(str(tmp_path)) == 6  # v2, no limit
+    (tmp_path / "cpu.max").write_text("250000 100000\n")  # docker --cpus=2.5
+    assert available_cpus(str(tmp_path)) == 3
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert available_cpus(str(tmp_path)) == 1
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")  # v1
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert available_cpus(str(tmp_path)) == 2
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # v1, no limit
+    assert available_cpus(str(tmp_path)) == 6
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})  # taskset -c 3
+    assert available_cpus(str(tmp_path)) == 1
