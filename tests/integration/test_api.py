@@ -13,7 +13,7 @@ from tests.integration.helpers import ROOT, read_metrics, script_env, tiny_overr
 pytestmark = [pytest.mark.integration]
 
 
-def run_python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_python(code: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT, env=script_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -24,7 +24,7 @@ def test_the_notebook_example_trains_the_tiny_model(tiny_model_dir, tmp_path):
     overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=2) if not o.startswith("env.")]
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook_api.py"), *overrides,
                            "env.prompts_per_step=2", "env.group_size=4"],
-                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     assert [r["step"] for r in rows] == [1, 2]

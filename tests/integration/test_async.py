@@ -64,7 +64,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
         tiny_overrides(tiny_model_dir, tmp_path, **{"pipeline.max_staleness": 0, "pipeline.buffer_capacity": 1,
                                                      "pipeline.weight_transport": transport,
-                                                     "pipeline.timeout_seconds": 120})))
+                                                     "pipeline.timeout_seconds": 300})))
     run = make_run(cfg, tmp_path, mode="async")
     with contextlib.ExitStack() as cleanup:
         start_roles(run, cleanup)

@@ -90,7 +90,7 @@ def test_a_collector_that_dies_taking_weights_is_named_on_one_line(ray_local):
             if self.dies:
                 os._exit(1)
 
-    sync = ObjectStoreWeightSync([FakeCollector.remote(False), FakeCollector.remote(True)], timeout=30)
+    sync = ObjectStoreWeightSync([FakeCollector.remote(False), FakeCollector.remote(True)], timeout=300)
     sync.push([("w", torch.zeros(2))], 1)
     with pytest.raises(RoleFailed) as failed:
         sync.push([("w", torch.ones(2))], 2)
