@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from grpo_rl.devices import DeviceAllocation
+from grpo_rl.devices import DeviceAllocation, available_cpus
 from grpo_rl.precision import Precision, resolve_precision
 
 # Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings.
@@ -146,8 +146,6 @@ class Placement:
 def cpu_cores() -> int:
     """Cores torch may use: ``OMP_NUM_THREADS`` if set, else the cores this process may run on
     (:func:`~grpo_rl.devices.available_cpus`)."""
-    from grpo_rl.devices import available_cpus
-
     return int(os.environ.get("OMP_NUM_THREADS") or available_cpus())
 
 
