@@ -9,6 +9,7 @@ Builds every component through the same ``make_*`` factories as ``sota/grpo.py``
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -16,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+if "--torch-first" in sys.argv:  # measure the OpenMP runtime's own defaults: torch loads before grpo_rl sets ours
+    importlib.import_module("torch")
+from grpo_rl import OPENMP_DEFAULTS  # importing grpo_rl sets our OpenMP defaults, unless torch is already loaded
 from _bench_common import REWARD_WEIGHTS, ROOT, WORKLOAD, brevity, emit, peak_rss_gib, set_threads, wait_for_command
 
 
@@ -74,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", required=True, help="JSON list of the prompts each step must see, in order")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch-first", action="store_true", help="load torch before grpo_rl (see the imports)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     set_threads(args.threads)
@@ -99,6 +104,7 @@ def main() -> None:
     collector = make_collector(run, engine, env=env)
     expected = [p["prompt_index"] for p in json.loads(Path(args.prompts).read_text())]
     emit("ready", startup_s=time.perf_counter() - t_start, torch_threads=torch.get_num_threads(),
+         openmp={k: os.environ.get(k) for k in OPENMP_DEFAULTS},
          config={k: v for k, v in (o.split("=", 1) for o in args.overrides)})
 
     step = 0

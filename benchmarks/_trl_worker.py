@@ -1,6 +1,7 @@
 """TRL's side of ``trl_compare.py``: ``trl.GRPOTrainer`` on the same workload, one optimizer step per 'step' command.
 
     benchmarks/.venv-trl/bin/python benchmarks/_trl_worker.py --prompts P.json --model DIR --threads 2 [--bf16]
+        [--group-size G --max-new-tokens N --prompts-per-step P]   # scaling.py; default: WORKLOAD's values
 
 ``use_cpu=True``, no vLLM (transformers ``generate``), a reference model (``beta=0.04``), one optimizer step per
 generation batch of 4 prompts x 4 completions, the same reward functions and weights as our side. A callback
@@ -29,6 +30,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="Trainer bf16 (autocast, fp32 master weights)")
     parser.add_argument("--steps", type=int, required=True, help="total optimizer steps, warm-up included")
+    parser.add_argument("--group-size", type=int, default=WORKLOAD["group_size"])
+    parser.add_argument("--max-new-tokens", type=int, default=WORKLOAD["max_new_tokens"])
+    parser.add_argument("--prompts-per-step", type=int, default=WORKLOAD["prompts_per_step"])
     args = parser.parse_args()
     set_threads(args.threads)
     t_start = time.perf_counter()
@@ -43,7 +47,9 @@ def main() -> None:
     rows = json.loads(Path(args.prompts).read_text())
     dataset = datasets.Dataset.from_list(
         [{"prompt": r["messages"], "answer": r["reference"], "prompt_index": r["prompt_index"]} for r in rows])
-    w = WORKLOAD
+    # The workload, with the sizes scaling.py varies (the defaults are WORKLOAD's own values).
+    w = dict(WORKLOAD, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+             prompts_per_step=args.prompts_per_step)
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_compare_trl_"),
         use_cpu=True, bf16=args.bf16, fp16=False, seed=w["seed"],

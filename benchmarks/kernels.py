@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/kernels.py truncation # the chunked LM head scored under top-k / top-p vs without
     .venv/bin/python benchmarks/kernels.py attention  # dense packed mask vs attention split per answer
     .venv/bin/python benchmarks/kernels.py compile    # eager vs torch.compile'd decoder layers, fwd + bwd
+    .venv/bin/python benchmarks/kernels.py compile --dtype float32 --groups 4 --group-size 4 --prompt 150 --answer 60
 
 Shape (the old default step, or set with ``--groups/--group-size/--prompt/--answer``): 2 groups, prompt 300 tokens
 + 8 answers x 140 tokens, SmolLM2-135M shapes (hidden 576, 9 heads of 64, vocabulary 49152), bf16 autocast,
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 GROUPS, G, PROMPT, ANSWER = 2, 8, 300, 140
 ROUNDS = 5
+AUTOCAST = True  # bf16 autocast (--dtype bfloat16) or plain fp32 (--dtype float32) in the packed step
 HIDDEN, HEADS, HEAD_DIM, VOCAB, LAYERS = 576, 9, 64, 49152, 30
 
 
@@ -44,10 +46,11 @@ def _packed_step():
     prompt = torch.randint(100, 40000, (GROUPS, PROMPT)).repeat_interleave(G, 0)
     batch = TensorDict({"prompt_ids": prompt, "prompt_mask": torch.ones(b, PROMPT, dtype=torch.long),
                         "response_ids": torch.randint(100, 40000, (b, ANSWER)),
-                        "response_mask": torch.ones(b, ANSWER, dtype=torch.long)}, [b])
+                        "response_mask": torch.ones(b, ANSWER, dtype=torch.long),
+                        "group_id": torch.arange(GROUPS).repeat_interleave(G)}, [b])
 
     def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
             out = packed_sequence_logprobs(model, batch, with_entropy=True)
         out.logprobs.sum().backward()
 
@@ -216,7 +219,7 @@ def compiled() -> None:
 
 
 def main() -> None:
-    global GROUPS, G, PROMPT, ANSWER
+    global GROUPS, G, PROMPT, ANSWER, AUTOCAST
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["profile", "lm-head", "truncation", "attention", "compile"])
     parser.add_argument("--threads", type=int, default=2)
@@ -224,8 +227,11 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=G)
     parser.add_argument("--prompt", type=int, default=PROMPT)
     parser.add_argument("--answer", type=int, default=ANSWER)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="the packed step (profile, compile): bf16 autocast or plain fp32")
     args = parser.parse_args()
     GROUPS, G, PROMPT, ANSWER = args.groups, args.group_size, args.prompt, args.answer
+    AUTOCAST = args.dtype == "bfloat16"
     torch.set_num_threads(args.threads)
     {"profile": profile, "lm-head": lm_head, "truncation": truncation, "attention": attention,
      "compile": compiled}[args.what]()

@@ -19,7 +19,9 @@ Each ``--round`` starts its arms as separate worker processes (``_ours_worker.py
 ``_trl_worker.py`` in TRL's) and alternates them step by step, in ABBA order, so that a change in machine
 load hits every arm alike; only one arm computes at any moment. Arms: ``ours:fp32`` (fp32, shared-prompt
 packing), ``ours:fp32-unpacked`` (fp32, every answer with its own prompt copy: the code before packing),
-``ours:best`` (packing + bf16 autocast with fp32 master weights + a bf16 vLLM engine), ``trl:fp32``, ``trl:bf16`` (Trainer
+``ours:best`` (packing + bf16 autocast with fp32 master weights + a bf16 vLLM engine), ``ours:fp32-compiled`` and
+``ours:best-compiled`` (the same with ``train.compile=true``: decoder layers compiled before the warm-up step, which
+then carries the compile time; the other arms pin ``train.compile=false``), ``trl:fp32``, ``trl:bf16`` (Trainer
 ``bf16=True``: autocast, fp32 master weights). ``ours:NAME@key=value@key=value`` adds Hydra overrides.
 
 Printed and written to ``benchmarks/results/trl_compare-<time>.json``: seconds per optimizer step, completion
@@ -50,12 +52,17 @@ from flops import StepFlops, matmul_rates, step_flops  # noqa: E402
 # Each preset states every precision setting, so a change of the YAML defaults does not move an arm.
 FP32 = ["train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]
 BF16 = ["train_model.precision=bfloat16", "ref_model.precision=bfloat16", "inference_model.precision=bfloat16"]
+# train.compile is pinned too: ``auto`` would compile in the middle of the timed steps (the workers' runs are
+# nominally 1000 steps long); the -compiled presets compile before the warm-up step, which absorbs the cost.
+EAGER, COMPILED = ["train.compile=false"], ["train.compile=true"]
 PRESETS = {
-    "fp32": ["train.share_prompt=true", *FP32],
-    "fp32-unpacked": ["train.share_prompt=false", *FP32],
-    "best": ["train.share_prompt=true", *BF16],
+    "fp32": ["train.share_prompt=true", *FP32, *EAGER],
+    "fp32-compiled": ["train.share_prompt=true", *FP32, *COMPILED],
+    "fp32-unpacked": ["train.share_prompt=false", *FP32, *EAGER],
+    "best": ["train.share_prompt=true", *BF16, *EAGER],
+    "best-compiled": ["train.share_prompt=true", *BF16, *COMPILED],
     # best, one group per micro-batch: a lower activation peak for the same arithmetic
-    "lowmem": ["train.share_prompt=true", *BF16, "train.micro_batch_tokens=512"],
+    "lowmem": ["train.share_prompt=true", *BF16, *EAGER, "train.micro_batch_tokens=512"],
 }
 # The workload keeps at most 4 x (prompt + 4 x 64) ~ 2.4k tokens in the engine: 110 MB of fp32 KV cache.
 COMMON_OURS = ["inference_model.kv_cache_gb=0.25"]
@@ -105,8 +112,11 @@ def parse_arm(spec: str) -> Arm:
     return Arm("ours", rest, [f"{k}={v}" for k, v in merged.items()])
 
 
-def prepare_prompts(total_steps: int, path: Path) -> list[dict]:
-    """The prompts of every step, in order, as our environment draws them (seed 0); TRL gets the same list."""
+def prepare_prompts(total_steps: int, path: Path, prompts_per_step: int | None = None) -> list[dict]:
+    """The prompts of every step, in order, as our environment draws them (seed 0); TRL gets the same list.
+
+    ``prompts_per_step``: the workload's unless given (``scaling.py`` runs other sizes).
+    """
     from grpo_rl.data import load_records
     from grpo_rl.envs import make_env
     from grpo_rl.envs.gsm8k import gsm8k_messages
@@ -114,7 +124,8 @@ def prepare_prompts(total_steps: int, path: Path) -> list[dict]:
 
     from _ours_worker import compose, workload_overrides
 
-    cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="trl_compare_")))
+    extra = [] if prompts_per_step is None else [f"env.prompts_per_step={prompts_per_step}"]
+    cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="trl_compare_")) + extra)
     tokenizer = load_tokenizer(resolve_model(WORKLOAD["model"]))
     env = make_env(cfg, tokenizer)
     records = load_records("gsm8k", split="train", path=cfg.env.path)
@@ -162,7 +173,9 @@ class Worker:
             self.log.close()
 
 
-def start_worker(arm: Arm, args, prompts_path: Path, model_path: str, total_steps: int, log_dir: Path) -> Worker:
+def start_worker(arm: Arm, args, prompts_path: Path, model_path: str, total_steps: int, log_dir: Path,
+                 trl_args: list[str] | tuple = ()) -> Worker:
+    """``trl_args``: extra options of a TRL worker (``--group-size`` ...; ``scaling.py``), none by default."""
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING",
                PYTHONPATH=str(HERE))
@@ -171,19 +184,20 @@ def start_worker(arm: Arm, args, prompts_path: Path, model_path: str, total_step
                "--threads", str(args.threads), *arm.overrides]
     else:
         cmd = [str(args.trl_python), str(HERE / "_trl_worker.py"), "--prompts", str(prompts_path),
-               "--model", model_path, "--threads", str(args.threads), "--steps", str(total_steps)]
+               "--model", model_path, "--threads", str(args.threads), "--steps", str(total_steps), *trl_args]
         if arm.bf16:
             cmd.append("--bf16")
     return Worker(arm, cmd, env, log_dir / f"{arm.name.replace(':', '_')}.log")
 
 
-def run_round(arms: list[Arm], args, prompts_path: Path, model_path: str, log_dir: Path) -> dict:
+def run_round(arms: list[Arm], args, prompts_path: Path, model_path: str, log_dir: Path,
+              trl_args: list[str] | tuple = ()) -> dict:
     total = args.warmup + args.steps
     load_before = os.getloadavg()
     workers = []
     try:
         for arm in arms:  # start one at a time: start-up is CPU-heavy too
-            w = start_worker(arm, args, prompts_path, model_path, total, log_dir)
+            w = start_worker(arm, args, prompts_path, model_path, total, log_dir, trl_args)
             workers.append(w)
             arm.ready = w.read_event()
             print(f"  {arm.name} ready in {arm.ready['startup_s']:.1f} s", flush=True)
@@ -277,8 +291,13 @@ def comparisons(summaries: list[dict]) -> dict:
     ours = [s for s in summaries if s["arm"].startswith("ours:")]
     trl = [s for s in summaries if s["arm"].startswith("trl:")]
     out = {}
-    if "ours:fp32" in by and "trl:fp32" in by:
-        out["equal_precision_fp32_speedup"] = by["trl:fp32"]["s_per_step"] / by["ours:fp32"]["s_per_step"]
+    if "trl:fp32" in by:  # every fp32 arm of ours against TRL's fp32 step
+        fp32 = {s["arm"]: by["trl:fp32"]["s_per_step"] / s["s_per_step"] for s in ours
+                if "train_model.precision=float32" in s["overrides"]}
+        if "ours:fp32" in fp32:
+            out["equal_precision_fp32_speedup"] = fp32["ours:fp32"]
+        if fp32:
+            out["equal_precision_fp32_speedup_by_arm"] = fp32
     if ours and trl:
         best_ours = min(ours, key=lambda s: s["s_per_step"])
         best_trl = min(trl, key=lambda s: s["s_per_step"])

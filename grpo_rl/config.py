@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from grpo_rl.compile import MODES as COMPILE_MODES
+from grpo_rl.compile import parse_mode as parse_compile_mode
 from grpo_rl.errors import ConfigError
 
 __all__ = ["ConfigError", "GRPOConfig", "register_configs", "resolve_loss_type", "validate", "validate_async"]
@@ -360,6 +362,11 @@ class TrainConfig:
     share_prompt: bool = True
     """Run each group's shared prompt once in the reference and policy passes (one packed row per group,
     see grpo_rl/packing.py) instead of once per answer; same log-probs, about (G-1)/G fewer prompt tokens."""
+    compile: str = "false"
+    """torch.compile the decoder layers of the learner and the reference: false | true | auto. auto starts eager
+    and compiles after the first steps when the time it expects to save over the steps left exceeds the time
+    compiling takes (grpo_rl/compile.py). Off by default: on a 2-core CPU it sped up an isolated fp32 training
+    pass 1.13-1.28x but not the whole step (benchmarks/README.md). LoRA and FSDP learners stay eager."""
     checkpoint_frequency: int = 0
     """Save every N steps (0: only at the end)."""
     keep_checkpoints: int = 2
@@ -527,6 +534,7 @@ def validate(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     for role in ("train_model", "ref_model", "inference_model"):
         _choice(f"{role}.precision", getattr(cfg, role).precision, ("auto", "float32", "bfloat16"))
     _choice("train_model.sharding", cfg.train_model.sharding, ("none", "fsdp"))
+    _choice("train.compile", parse_compile_mode(cfg.train.compile), COMPILE_MODES)
     _choice("ref_model.placement", cfg.ref_model.placement, ("auto", "learner", "actor"))
     if cfg.model.lora.enabled and cfg.ref_model.placement == "actor" and cfg.policy.kl_coef > 0:
         raise ConfigError("ref_model.placement=actor with model.lora.enabled=true: a LoRA run's reference is the "

@@ -166,7 +166,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
         micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.updates_per_batch,
         bf16_autocast=run.precision.train.bf16, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
-        share_prompt=cfg.train.share_prompt,
+        share_prompt=cfg.train.share_prompt, compile=cfg.train.compile, total_steps=cfg.train.steps,
     )
 
 
@@ -263,6 +263,8 @@ def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch,
     step's metrics, with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training
     seconds, and their rates in tokens (prompt + answer per row) through each pass.
     """
+    if getattr(learner, "compiled", False) and hasattr(ref, "compile"):
+        ref.compile()  # the reference follows the learner's train.compile decision (no-op once compiled)
     metrics = batch_metrics(batch)
     answer_tokens = int(batch["response_mask"].sum())
     scored_tokens = int(batch["prompt_mask"].sum()) + answer_tokens
@@ -279,6 +281,8 @@ def train_on_batch(run: RunContext, learner, ref: RefScorer | None, batch,
     metrics.update(adv_stats)
     metrics.update(answer_tokens=answer_tokens, reference_seconds=t1 - t0, training_seconds=t2 - t1,
                    training_tokens_per_second=trained_tokens / max(t2 - t1, 1e-9))
+    if hasattr(learner, "observe_step"):  # train.compile=auto decides from these seconds
+        learner.observe_step(t2 - t0)
     if ref is not None:
         metrics["reference_tokens_per_second"] = scored_tokens / max(t1 - t0, 1e-9)
     return batch, metrics

@@ -28,6 +28,8 @@ import torch
 from tensordict import TensorDict
 from torch.distributed.fsdp import FSDPModule
 
+from grpo_rl.compile import CompileDecision, compile_model
+from grpo_rl.compile import parse_mode as parse_compile_mode
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.lora import hf_named_weights
 from grpo_rl.loss import grpo_loss
@@ -87,6 +89,8 @@ class Learner:
         gradient_checkpointing: recompute activations in backward.
         share_prompt: run each group's prompt once per forward (:mod:`grpo_rl.packing`); micro-batches then
             hold whole groups and ``micro_batch_tokens`` counts packed tokens.
+        compile: ``train.compile`` (auto | true | false, :mod:`grpo_rl.compile`).
+        total_steps: the run's steps, for ``compile=auto``'s estimate of the steps left.
     """
 
     def __init__(
@@ -106,6 +110,8 @@ class Learner:
         bf16_autocast: bool = False,
         gradient_checkpointing: bool = False,
         share_prompt: bool = False,
+        compile: str = "false",
+        total_steps: int = 0,
     ):
         self.model = model
         self.device = device
@@ -133,6 +139,25 @@ class Learner:
         """A :class:`~grpo_rl.distributed.data_parallel.GradientAllReduce` when this is one rank of a
         data-parallel learner (a :class:`~grpo_rl.distributed.sharding.ShardedDataParallel` for a sharded model):
         shares, gradients and diagnostics are then summed over ranks."""
+        compile = parse_compile_mode(compile)
+        if compile != "false" and (self.sharded or hasattr(model, "get_base_model")):
+            compile = "false"  # FSDP and LoRA learners stay eager (grpo_rl/compile.py)
+        self.compile_decision = CompileDecision(compile, total_steps)
+        self.compiled = False
+        """Whether the decoder layers run compiled (part of the checkpointed state: a resumed run compiles too)."""
+        if compile == "true":
+            self.compile()
+
+    def compile(self) -> None:
+        """Compile the model's decoder layers (once; stays eager where the toolchain cannot compile)."""
+        if not self.compiled:
+            self.compiled = compile_model(self.model, self.device, "learner")
+            self.compile_decision.mode = "done"
+
+    def observe_step(self, seconds: float) -> None:
+        """``train.compile=auto``: one step's reference + training seconds; compiles when it pays."""
+        if self.compile_decision.observe(seconds, self.version // max(1, self.epochs)):
+            self.compile()
 
     def _autocast(self):
         if not self.bf16_autocast:
@@ -275,10 +300,12 @@ class Learner:
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "version": self.version, "skipped_steps": self.skipped_steps}
+                "version": self.version, "skipped_steps": self.skipped_steps, "compiled": self.compiled}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
         self.skipped_steps = state["skipped_steps"]
+        if state.get("compiled") and self.compile_decision.mode != "false":
+            self.compile()  # the run being resumed had compiled: the same kernels from the first step

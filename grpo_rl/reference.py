@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 from tensordict import TensorDict
 
+from grpo_rl.compile import compile_model
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.packing import group_micro_batches, micro_batches
 
@@ -32,6 +33,12 @@ class RefScorer:
         self.micro_batch_tokens = micro_batch_tokens
         self.bf16_autocast = bf16_autocast
         self.share_prompt = share_prompt
+        self.compiled = False
+
+    def compile(self) -> None:
+        """Compile the reference's decoder layers (once): the learner decided to (:mod:`grpo_rl.compile`)."""
+        if not self.compiled:
+            self.compiled = compile_model(self.model, self.device, "reference")
 
     @torch.no_grad()
     def score(self, batch: TensorDict) -> TensorDict:
