@@ -10,8 +10,8 @@ import os as _os
 # OpenMP reads its environment once, when torch loads it, so this runs before anything imports torch. The GNU
 # runtime's default lets a thread that reaches a barrier spin for a while before it sleeps; with a second busy
 # process on the cores (a browser, another job, or our own engine and learner processes on a CPU box) the spinning
-# threads take the time slices the late thread needs, and steps ran 2.4-2.7x slower than idle
-# (benchmarks/neighbour_step.py). Sleeping at barriers kept that to 1.6-1.7x at the same idle speed. An
+# threads take the time slices the late thread needs, and steps ran 2.35-2.9x slower than idle
+# (benchmarks/neighbour_step.py). Sleeping at barriers kept that to 1.35-1.9x at the same idle speed. An
 # OMP_WAIT_POLICY of the user's (ACTIVE to spin) is kept; so is any setting when torch was imported first.
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 for _key, _value in OPENMP_DEFAULTS.items():
