@@ -25,8 +25,9 @@ So the default is ``false``; measure your own step with ``true``.
   (well under a second a step) never does. Inductor keeps the kernels it built in its on-disk cache
   (``TORCHINDUCTOR_CACHE_DIR``), so the next run with the same shapes pays less.
 
-The decision is the learner's state: a checkpoint records it and a resumed run compiles from its first step, so it
-computes with the same kernels as the run it continues. LoRA and FSDP-sharded learners stay eager (untested under
+The decision is the learner's state: a checkpoint records it, and a resumed run with ``train.compile`` true or auto
+compiles from its first step, so it computes with the same kernels as the run it continues (``false`` keeps it
+eager). LoRA and FSDP-sharded learners stay eager (untested under
 compilation). Before the first compilation a small function is compiled through the same backend, forward and
 backward; where that fails (no C++ compiler on the CPU, an unsupported GPU) the run stays eager and logs one line
 that says why.
