@@ -95,9 +95,12 @@ def main() -> None:
     run_dir = tempfile.mkdtemp(prefix="trl_compare_ours_")
     cfg = compose(workload_overrides(run_dir) + list(args.overrides))
     run = make_run(cfg, run_dir)
-    engine = make_engine(run)
+    shared = cfg.inference_model.share_weights  # the lowmem preset: the engine generates with the learner's model
+    engine = None if shared else make_engine(run)
     seed_everything(cfg.seed)
     learner = make_local_learner(run)
+    if shared:
+        engine = make_engine(run, policy=learner.model)
     ref = make_ref_scorer(run)
     env = make_env(cfg, run.tokenizer)
     env.reward.components.append(RewardComponent("brevity", brevity, REWARD_WEIGHTS["brevity"]))

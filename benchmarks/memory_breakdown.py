@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "memory_breakdown.json"))
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides on top of the preset's")
     args = parser.parse_args()
     set_threads(args.threads)
     rows: list[dict] = []
@@ -44,22 +45,26 @@ def main() -> None:
 
     mark("python")
     import torch  # noqa: F401
-    import vllm  # noqa: F401
 
     from grpo_rl.envs import make_env
     from grpo_rl.factories import (make_collector, make_engine, make_local_learner, make_ref_scorer,
                                    make_run, score_batch, seed_everything)
     from trl_compare import COMMON_OURS, PRESETS
-    mark("imports (torch, vllm, grpo_rl)")
+    mark("imports (torch, grpo_rl)")
 
     cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="memory_breakdown_")) + COMMON_OURS
-                  + PRESETS[args.preset])
+                  + PRESETS[args.preset] + args.overrides)
     run = make_run(cfg, cfg.output_dir)
-    engine = make_engine(run)
-    mark(f"+ vLLM engine ({run.precision.inference.dtype}, KV {cfg.inference_model.kv_cache_gb} GiB)")
+    shared = cfg.inference_model.share_weights  # the lowmem preset: the engine generates with the learner's model
+    if not shared:
+        engine = make_engine(run)
+        mark(f"+ {cfg.inference_model.engine} engine ({run.precision.inference.dtype}, "
+             f"KV {cfg.inference_model.kv_cache_gb} GiB)")
     seed_everything(cfg.seed)
     learner = make_local_learner(run)
-    mark("+ learner (fp32 weights)")
+    mark(f"+ learner ({next(learner.model.parameters()).dtype} weights)")
+    if shared:
+        engine = make_engine(run, policy=learner.model)
     ref = make_ref_scorer(run)
     mark("+ reference")
     collector = make_collector(run, engine, env=make_env(cfg, run.tokenizer))
@@ -70,13 +75,14 @@ def main() -> None:
         batch, _ = score_batch(run, batch, ref)
         mark(f"step {step}: reference scored")
         learner.train_step(batch)
-        mark(f"step {step}: trained (+ grads, AdamW state)")
+        mark(f"step {step}: trained (+ grads, optimizer state)")
         engine.update_weights(learner.named_weights())
         mark(f"step {step}: weights pushed")
         rows[-1]["step_seconds"] = time.perf_counter() - t0
         print(f"step {step}: {rows[-1]['step_seconds']:.2f} s", flush=True)
     engine.shutdown()
-    out = {"preset": args.preset, "overrides": COMMON_OURS + PRESETS[args.preset], "threads": args.threads,
+    out = {"preset": args.preset, "overrides": COMMON_OURS + PRESETS[args.preset] + args.overrides,
+           "threads": args.threads,
            "stages": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))

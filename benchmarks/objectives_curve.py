@@ -1,4 +1,5 @@
-"""Reward curves of four objectives on the embedded default: grpo, dapo with dynamic sampling, gspo and cispo.
+"""Reward curves of four objectives on the embedded default: grpo, dapo with dynamic sampling, gspo and cispo; and
+of the ``lowmem`` preset against the default.
 
     python benchmarks/objectives_curve.py                    # 20 steps each, SmolLM2-135M-Instruct on GSM8K
     python benchmarks/objectives_curve.py --steps 30 --arms grpo,cispo --json /tmp/curves.json
@@ -7,7 +8,7 @@
 Each arm is ``sota/grpo.py`` on the embedded default (config/grpo_gsm8k.yaml: 4 prompts x 8 answers per step, the
 same seed, so the same prompt stream and sampling seeds) with only the objective changed, run one after the other
 in a subprocess. Reported per arm: mean reward of the first 5 and of the last 10 steps, the mean reward over all
-steps, wall time (model loading included) and seconds per step. With dynamic sampling a step may draw several
+steps, wall time (model loading included), seconds per step and the run's peak RSS (``ru_maxrss`` of its process). With dynamic sampling a step may draw several
 batches of prompts (``sampling_rounds``), so that arm sees more prompts and takes longer per step; its
 ``reward_mean`` is over every answer it sampled, like the others'.
 
@@ -18,6 +19,7 @@ The arms:
   dynamic sampling with up to 3 extra batches).
 * ``gspo``: ``policy.loss_type=gspo`` with the paper's clip range (3e-4, 4e-4).
 * ``cispo``: ``policy.loss_type=cispo`` (weights cut at 5).
+* ``lowmem``: ``+preset=lowmem`` (config/preset/lowmem.yaml), the grpo objective: ``--arms grpo,lowmem``.
 
 With one optimizer step per batch (``train.updates_per_batch=1``, the default) every ratio is 1 at the update, so
 grpo, gspo and cispo differ only in how the loss is aggregated and weighted: gspo averages per answer; cispo's
@@ -32,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +45,7 @@ ARMS = {
     "dapo_dyn": ["policy.loss_type=dapo", "policy.dynamic_sampling=true"],
     "gspo": ["policy.loss_type=gspo", "policy.clip_eps_low=3e-4", "policy.clip_eps_high=4e-4"],
     "cispo": ["policy.loss_type=cispo"],
+    "lowmem": ["+preset=lowmem"],
 }
 
 
@@ -49,12 +53,19 @@ def run_arm(name: str, overrides: list[str], run_dir: Path, timeout: float) -> d
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     load = os.getloadavg()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{name}.log"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "sota" / "grpo.py"), *overrides, f"output_dir={run_dir}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "sota" / "grpo.py"), *overrides, f"output_dir={run_dir}"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # this run's own resource usage, peak RSS included
+        timer.cancel()
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{name} failed:\n{log.read_text()[-4000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "reward_mean" in r]
     rewards = [r["reward_mean"] for r in steps]
@@ -63,7 +74,7 @@ def run_arm(name: str, overrides: list[str], run_dir: Path, timeout: float) -> d
         "arm": name, "overrides": overrides, "steps": len(steps), "wall_seconds": wall,
         "seconds_per_step": mean([r["step_seconds"] for r in steps]),
         "reward_first5": mean(rewards[:5]), "reward_last10": mean(rewards[-10:]), "reward_all": mean(rewards),
-        "rewards": rewards, "load_before": load,
+        "rewards": rewards, "load_before": load, "peak_rss_gib": usage.ru_maxrss / 2**20,
     }
     if any("sampling_rounds" in r for r in steps):
         out["sampling_rounds_mean"] = mean([r["sampling_rounds"] for r in steps])
@@ -93,14 +104,15 @@ def main() -> None:
         r = run_arm(name, [*common, *ARMS[name]], base / name, args.timeout)
         results.append(r)
         print(f"{name}: {r['steps']} steps in {r['wall_seconds'] / 60:.1f} min, reward first 5 {r['reward_first5']:.3f}"
-              f" -> last 10 {r['reward_last10']:.3f}", flush=True)
+              f" -> last 10 {r['reward_last10']:.3f}, peak RSS {r['peak_rss_gib']:.2f} GiB", flush=True)
 
-    print("\n| objective | steps | reward, first 5 steps | reward, last 10 steps | all steps | wall time | s/step |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| arm | steps | reward, first 5 steps | reward, last 10 steps | all steps | wall time | s/step | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         extra = f" ({r['sampling_rounds_mean']:.2f} batches/step)" if "sampling_rounds_mean" in r else ""
         print(f"| {r['arm']}{extra} | {r['steps']} | {r['reward_first5']:.3f} | {r['reward_last10']:.3f} | "
-              f"{r['reward_all']:.3f} | {r['wall_seconds'] / 60:.1f} min | {r['seconds_per_step']:.1f} |")
+              f"{r['reward_all']:.3f} | {r['wall_seconds'] / 60:.1f} min | {r['seconds_per_step']:.1f} | "
+              f"{r['peak_rss_gib']:.2f} GiB |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"cpu": cpu_flags(), "cores": os.cpu_count(), "steps": args.steps,
                                      "overrides": common, "arms": results}, indent=2))

@@ -61,8 +61,9 @@ PRESETS = {
     "fp32-unpacked": ["train.share_prompt=false", *FP32, *EAGER],
     "best": ["train.share_prompt=true", *BF16, *EAGER],
     "best-compiled": ["train.share_prompt=true", *BF16, *COMPILED],
-    # best, one group per micro-batch: a lower activation peak for the same arithmetic
-    "lowmem": ["train.share_prompt=true", *BF16, *EAGER, "train.micro_batch_tokens=512"],
+    # config/preset/lowmem.yaml at the precision auto picks on a bf16-capable CPU: generation with the learner's
+    # own model, 8-bit AdamW moments, a bf16 reference, one group per micro-batch
+    "lowmem": ["+preset=lowmem", *BF16, *EAGER],
 }
 # The workload keeps at most 4 x (prompt + 4 x 64) ~ 2.4k tokens in the engine: 110 MB of fp32 KV cache.
 COMMON_OURS = ["inference_model.kv_cache_gb=0.25"]

@@ -111,13 +111,17 @@ def _train_sync(cfg, run_dir: Path, rewards: tuple):
         env = make_train_env(run)
         eval_env = make_eval_env(run)
 
-        # Create the engine first: in-process vLLM seeds the global RNGs, so we seed after it.
+        # Create the engine first: in-process vLLM seeds the global RNGs, so we seed after it. An engine that
+        # shares the learner's model (inference_model.share_weights) comes after the learner instead.
         start_roles(run, cleanup)
-        engine = make_engine(run)
-        cleanup.callback(engine.shutdown)
+        shared = cfg.inference_model.share_weights
+        engine = None if shared else make_engine(run)
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)
+        if shared:
+            engine = make_engine(run, policy=learner.model)
+        cleanup.callback(engine.shutdown)
         source, ref = make_rollout_source(run, env, engine=engine, reference=make_reference(run, learner))
         weight_sync = make_weight_sync(run, engine=engine)
         evaluator = make_evaluator(run, engine, env=eval_env)
@@ -137,7 +141,8 @@ def _train_sync(cfg, run_dir: Path, rewards: tuple):
                 version = learner.version
                 batch, metrics = train_on_batch(run, learner, ref, rollout.batch, between_phases=state.between_phases)
                 t1 = time.perf_counter()
-                if learner.version != version:  # nothing to push after a filtered-out batch or a skipped update
+                # Nothing to push after a filtered-out batch or a skipped update, or to an engine that shares the model.
+                if learner.version != version and not shared:
                     weight_sync.push(learner.weights_for_push(), learner.version)
                 t2 = time.perf_counter()
 

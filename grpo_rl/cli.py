@@ -15,6 +15,7 @@ import functools
 import logging
 import sys
 import typing
+from pathlib import Path
 from typing import Any, Callable
 
 from grpo_rl.config import ConfigError, GRPOConfig
@@ -49,13 +50,26 @@ def schema_keys(schema: type = GRPOConfig) -> tuple[set[str], set[str], set[str]
     return keys, open_keys, groups
 
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+"""The scripts' Hydra config folder; its subfolders are option groups (``+preset=lowmem``)."""
+
+
+def config_groups(config_dir: Path = CONFIG_DIR) -> dict[str, list[str]]:
+    """The option groups of ``config_dir``: each subfolder's name and its options (the YAML files in it)."""
+    if not config_dir.is_dir():
+        return {}
+    return {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in config_dir.iterdir() if d.is_dir()}
+
+
 def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
-    """Raise :class:`ConfigError` for a command-line override whose key the schema does not have."""
+    """Raise :class:`ConfigError` for a command-line override whose key the schema does not have, or an option
+    group (``+preset=NAME``) that has no such option."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args, _ = get_args_parser().parse_known_args(argv)
     keys, open_keys, groups = schema_keys(schema)
+    options = config_groups()
     try:
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except Exception:  # Hydra reports its own syntax errors, with exit status 2 (see user_errors)
@@ -63,6 +77,12 @@ def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
     for override in overrides:
         key = override.key_or_group
         if override.is_hydra_override() or key in keys:
+            continue
+        if key in options:
+            value = override.value()
+            if isinstance(value, str) and value not in options[key]:
+                raise ConfigError(f"{override.input_line!r}: there is no {key} {value!r}; the {key}s are "
+                                  f"{', '.join(options[key])} (config/{key}/)")
             continue
         if any(key.startswith(f"{k}.") or key.startswith(f"{k}[") for k in open_keys):
             continue

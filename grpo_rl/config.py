@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 
 from grpo_rl.compile import MODES as COMPILE_MODES
 from grpo_rl.compile import parse_mode as parse_compile_mode
+from grpo_rl.optim import OPTIMIZERS
 from grpo_rl.errors import ConfigError
 
 __all__ = ["ConfigError", "GRPOConfig", "register_configs", "resolve_loss_type", "validate", "validate_async"]
@@ -68,6 +69,11 @@ class TrainModelConfig(RoleDevices):
     measured bf16 matmul beats float32, see grpo_rl/precision.py), else float32; the start-up log says why."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    dtype: Optional[str] = None
+    """The learner's (master) weights: null (model.dtype) | float32 | bfloat16 | auto (bfloat16 where this role's
+    precision resolves to bfloat16, else model.dtype). bfloat16 weights halve the weights and the gradients and
+    need optimizer.name=adamw8bit, which rounds each update stochastically: rounded to nearest, an update smaller
+    than the weight's last bf16 bit (1/256 of it) would be lost."""
     sharding: str = "none"
     """With num_devices > 1: none (each rank holds a full replica; gradients are summed over ranks) | fsdp
     (parameters, gradients and optimizer state sharded over the ranks with torch's FSDP2, for a model larger than
@@ -88,12 +94,19 @@ class RefModelConfig(RoleDevices):
     reference is the learner's model with the adapters off)."""
     precision: str = "auto"
     """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
+    dtype: Optional[str] = None
+    """The reference's weights: null (model.dtype) | float32 | bfloat16 | auto (bfloat16 where this role's
+    precision resolves to bfloat16, else model.dtype). bfloat16 halves the frozen copy (0.25 GiB for a 135M model)
+    but also keeps the residual stream in bf16, where bf16 autocast over fp32 weights keeps it in fp32."""
 
 
 @dataclass
 class InferenceModelConfig(RoleDevices):
     engine: str = "vllm"
     """Rollout engine: vllm | transformers."""
+    share_weights: bool = False
+    """engine=transformers in sota/grpo.py: generate with the learner's own model instead of a copy (no engine
+    weights, no weight push; the ``lowmem`` preset). The roles then take turns on one device."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache (GPU only)."""
     kv_cache_gb: float = 1.0
@@ -331,6 +344,9 @@ class PolicyConfig:
 
 @dataclass
 class OptimizerConfig:
+    name: str = "adamw"
+    """adamw (torch's fused AdamW, fp32 moments) | adamw8bit (torchao's AdamW8bit: 8-bit moments, 0.75 GiB less for
+    a 135M model, slower steps; the ``lowmem`` preset). See grpo_rl/optim.py."""
     lr: float = 2e-5
     weight_decay: float = 0.0
     beta1: float = 0.9
@@ -510,6 +526,23 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("run_dir", lambda chosen, default: chosen if chosen else default)
 
 
+def _validate_shared_weights(cfg: Any) -> None:
+    """inference_model.share_weights: the engine generates with the learner's model, in the learner's process."""
+    if not cfg.inference_model.share_weights:
+        return
+    why = None
+    if cfg.inference_model.engine != "transformers":
+        why = "inference_model.engine=transformers (vLLM keeps its own copy of the weights)"
+    elif cfg.train_model.num_devices != 1 or cfg.train_model.devices and len(cfg.train_model.devices) != 1:
+        why = "train_model.num_devices=1 (one learner, in the driver, with the engine)"
+    elif cfg.inference_model.num_devices != 1 or cfg.inference_model.devices and len(cfg.inference_model.devices) != 1:
+        why = "inference_model.num_devices=1"
+    elif parse_compile_mode(cfg.train.compile) != "false":
+        why = "train.compile=false (compiled layers would recompile for every decoding shape)"
+    if why is not None:
+        raise ConfigError(f"inference_model.share_weights=true needs {why}; or set inference_model.share_weights=false")
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(choices)}")
@@ -535,6 +568,11 @@ def validate(cfg: Any, rewards: Sequence[Any] = ()) -> None:
         _choice(f"{role}.precision", getattr(cfg, role).precision, ("auto", "float32", "bfloat16"))
     _choice("train_model.sharding", cfg.train_model.sharding, ("none", "fsdp"))
     _choice("train.compile", parse_compile_mode(cfg.train.compile), COMPILE_MODES)
+    _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
+    for role in ("train_model", "ref_model"):
+        if getattr(cfg, role).dtype is not None:
+            _choice(f"{role}.dtype", getattr(cfg, role).dtype, ("float32", "bfloat16", "auto"))
+    _validate_shared_weights(cfg)
     _choice("ref_model.placement", cfg.ref_model.placement, ("auto", "learner", "actor"))
     if cfg.model.lora.enabled and cfg.ref_model.placement == "actor" and cfg.policy.kl_coef > 0:
         raise ConfigError("ref_model.placement=actor with model.lora.enabled=true: a LoRA run's reference is the "
@@ -716,6 +754,10 @@ def _validate_pipeline(cfg: Any) -> None:
 def validate_async(cfg: Any) -> None:
     """What only the asynchronous loop needs on top of :func:`validate` (the synchronous one ignores ``pipeline``)."""
     p, updates = cfg.pipeline, cfg.train.updates_per_batch
+    if cfg.inference_model.share_weights:
+        raise ConfigError("inference_model.share_weights=true: the asynchronous loop's engines run in collector "
+                          "actors while the learner trains, so they cannot generate with its model; run sota/grpo.py, "
+                          "or set inference_model.share_weights=false")
     if updates > 1 and p.max_staleness < updates:
         raise ConfigError(
             f"pipeline.max_staleness={p.max_staleness} < train.updates_per_batch={updates}: every step advances the "

@@ -21,6 +21,7 @@ from grpo_rl.learner import Learner, LossSettings
 from grpo_rl.lifecycle import check_run_folder
 from grpo_rl.metrics import batch_metrics
 from grpo_rl.models import check_model_folder, load_causal_lm, load_tokenizer, resolve_model
+from grpo_rl.optim import check_optimizer
 from grpo_rl.precision import cpu_flags
 from grpo_rl.reference import RefScorer
 from grpo_rl.rewards.custom import RewardFunction
@@ -73,6 +74,16 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     check_model_folder(model_path)
     tokenizer = load_tokenizer(model_path)
     precision = resolve_run_precision(cfg, devices)
+    check_optimizer(cfg.optimizer.name, devices.train[0].type)
+    if cfg.train_model.dtype is not None and cfg.optimizer.name == "adamw" and _role_dtype(
+            cfg.train_model.dtype, precision.train.bf16, cfg.model.dtype) == "bfloat16":
+        raise ConfigError(f"train_model.dtype={cfg.train_model.dtype} keeps the learner's weights in bf16 here, where "
+                          "optimizer.name=adamw would round most updates away; set optimizer.name=adamw8bit (stochastic "
+                          "rounding) or train_model.dtype=float32")
+    if cfg.inference_model.share_weights and devices.inference[0] != devices.train[0]:
+        raise ConfigError(f"inference_model.share_weights=true: the engine generates with the learner's model, on "
+                          f"{devices.train[0]}, but inference_model was given {devices.inference[0]}; give both roles "
+                          "the same device, or set inference_model.share_weights=false")
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
                      precision=precision, placement=placement, mode=mode, started=started,
@@ -105,8 +116,9 @@ def describe_run(run: RunContext, mode: str) -> str:
     return "\n".join(lines)
 
 
-def make_engine(run: RunContext):
-    """The rollout engine on ``run.devices.inference[0]``."""
+def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
+    """The rollout engine on ``run.devices.inference[0]``. ``policy``: the learner's model, which a
+    ``transformers`` engine generates with under ``inference_model.share_weights`` (no copy of its own)."""
     cfg = run.cfg.inference_model
     device = run.devices.inference[0]
     sim = run.cfg.simulate
@@ -125,6 +137,8 @@ def make_engine(run: RunContext):
                           **kwargs)
     from grpo_rl.rollout.transformers_engine import TransformersEngine
 
+    if cfg.share_weights and policy is not None:
+        return TransformersEngine.sharing(policy, run.tokenizer, device, **kwargs)
     return TransformersEngine(run.model_path, device, **kwargs)
 
 
@@ -133,7 +147,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
     see :mod:`grpo_rl.distributed.learner_group`). ``shard(model)``, if given, shards the model before the
     optimizer is built (FSDP2, :mod:`grpo_rl.distributed.sharding`)."""
     cfg = run.cfg
-    model = load_causal_lm(run.model_path, run.devices.train[0], cfg.model.dtype, trainable=True)
+    model = load_causal_lm(run.model_path, run.devices.train[0], learner_dtype(run), trainable=True)
     if cfg.simulate.enabled:
         from grpo_rl.simulation import SimulatedLearner
 
@@ -161,13 +175,29 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
     )
     return Learner(
-        model, run.devices.train[0], loss, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
+        model, run.devices.train[0], loss, optimizer=cfg.optimizer.name, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
         betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
         warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
         micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.updates_per_batch,
         bf16_autocast=run.precision.train.bf16, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
         share_prompt=cfg.train.share_prompt, compile=cfg.train.compile, total_steps=cfg.train.steps,
     )
+
+
+def _role_dtype(setting: str | None, bf16_precision: bool, model_dtype: str) -> str:
+    if setting == "auto":
+        return "bfloat16" if bf16_precision else model_dtype
+    return setting or model_dtype
+
+
+def learner_dtype(run: RunContext) -> str:
+    """The learner's weights (``train_model.dtype``; auto: bfloat16 where its pass runs in bf16)."""
+    return _role_dtype(run.cfg.train_model.dtype, run.precision.train.bf16, run.cfg.model.dtype)
+
+
+def reference_dtype(run: RunContext) -> str:
+    """The reference's weights (``ref_model.dtype``; auto: bfloat16 where its pass runs in bf16)."""
+    return _role_dtype(run.cfg.ref_model.dtype, run.precision.ref.bf16, run.cfg.model.dtype)
 
 
 def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScorer | None:
@@ -192,7 +222,7 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
                                         bf16_autocast=run.precision.ref.bf16,
                                         share_prompt=run.cfg.train.share_prompt)
     device = run.devices.ref[0]
-    model = load_causal_lm(run.model_path, device, run.cfg.model.dtype, trainable=False)
+    model = load_causal_lm(run.model_path, device, reference_dtype(run), trainable=False)
     return RefScorer(model, device, temperature=run.cfg.sampling.temperature,
                      micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
                      bf16_autocast=run.precision.ref.bf16, share_prompt=run.cfg.train.share_prompt)

@@ -34,6 +34,7 @@ from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.lora import hf_named_weights
 from grpo_rl.loss import grpo_loss
 from grpo_rl.packing import group_micro_batches, micro_batches
+from grpo_rl.optim import make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Learner:
             :func:`~grpo_rl.distributed.sharding.shard_model`, which must come first).
         device: where training runs.
         loss: loss settings.
+        optimizer: ``optimizer.name``, adamw | adamw8bit (:mod:`grpo_rl.optim`).
         lr, weight_decay, betas, eps: AdamW.
         warmup_steps: linear LR warmup length.
         max_grad_norm: gradient-norm clip (0 disables).
@@ -99,6 +101,7 @@ class Learner:
         device: torch.device,
         loss: LossSettings,
         *,
+        optimizer: str = "adamw",
         lr: float,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.99),
@@ -125,10 +128,8 @@ class Learner:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         params = [p for p in model.parameters() if p.requires_grad]
-        # The fused kernel makes one pass over memory: on the CPU 5x faster than the per-tensor loop (0.065 s vs
-        # 0.31 s a step for 135M parameters), with the same update rule.
-        fused = device.type in ("cpu", "cuda")
-        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+        self.optimizer = make_optimizer(params, optimizer, device, lr=lr, betas=betas, eps=eps,
+                                        weight_decay=weight_decay)
         warm = max(0, warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0

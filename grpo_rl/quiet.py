@@ -29,6 +29,7 @@ BENIGN = (
     "leaving Torch threads at",
     "doesn't allow to use `torch.set_num_threads`",
     "RotaryEmbedding: Failed to load weights",  # every in-place reload: the rotary cache is a buffer, not a weight
+    "is an Enum subclass and is now natively supported by torch.compile",  # torchao's enums (optimizer.name)
 )
 _PATTERN = re.compile("|".join(re.escape(fragment) for fragment in BENIGN))
 

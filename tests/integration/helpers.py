@@ -35,9 +35,10 @@ def tiny_overrides(model_dir: Path, out_dir: Path, steps: int = 2) -> list[str]:
             "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]
 
 
-def run_script(script: str, *overrides: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_script(script: str, *overrides: str, timeout: float = 600, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=cwd or ROOT,
-                          env=script_env(), capture_output=True, text=True, timeout=timeout)
+                          env=env or script_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
