@@ -17,8 +17,8 @@ from hydra.core.config_store import ConfigStore
 
 from grpo_rl.compile import MODES as COMPILE_MODES
 from grpo_rl.compile import parse_mode as parse_compile_mode
-from grpo_rl.optim import OPTIMIZERS
 from grpo_rl.errors import ConfigError
+from grpo_rl.optim import OPTIMIZERS
 
 __all__ = ["ConfigError", "GRPOConfig", "register_configs", "resolve_loss_type", "validate", "validate_async"]
 

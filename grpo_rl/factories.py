@@ -75,11 +75,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     tokenizer = load_tokenizer(model_path)
     precision = resolve_run_precision(cfg, devices)
     check_optimizer(cfg.optimizer.name, devices.train[0].type)
-    if cfg.train_model.dtype is not None and cfg.optimizer.name == "adamw" and _role_dtype(
-            cfg.train_model.dtype, precision.train.bf16, cfg.model.dtype) == "bfloat16":
-        raise ConfigError(f"train_model.dtype={cfg.train_model.dtype} keeps the learner's weights in bf16 here, where "
-                          "optimizer.name=adamw would round most updates away; set optimizer.name=adamw8bit (stochastic "
-                          "rounding) or train_model.dtype=float32")
+    check_learner_dtype(cfg, precision.train.bf16)
     if cfg.inference_model.share_weights and devices.inference[0] != devices.train[0]:
         raise ConfigError(f"inference_model.share_weights=true: the engine generates with the learner's model, on "
                           f"{devices.train[0]}, but inference_model was given {devices.inference[0]}; give both roles "
@@ -175,8 +171,8 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
     )
     return Learner(
-        model, run.devices.train[0], loss, optimizer=cfg.optimizer.name, lr=cfg.optimizer.lr, weight_decay=cfg.optimizer.weight_decay,
-        betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
+        model, run.devices.train[0], loss, optimizer=cfg.optimizer.name, lr=cfg.optimizer.lr,
+        weight_decay=cfg.optimizer.weight_decay, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
         warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
         micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.updates_per_batch,
         bf16_autocast=run.precision.train.bf16, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
@@ -188,6 +184,16 @@ def _role_dtype(setting: str | None, bf16_precision: bool, model_dtype: str) -> 
     if setting == "auto":
         return "bfloat16" if bf16_precision else model_dtype
     return setting or model_dtype
+
+
+def check_learner_dtype(cfg, bf16_precision: bool) -> None:
+    """``train_model.dtype`` that resolves to bf16 needs the optimizer that rounds stochastically."""
+    setting = cfg.train_model.dtype
+    if setting is not None and cfg.optimizer.name == "adamw" and \
+            _role_dtype(setting, bf16_precision, cfg.model.dtype) == "bfloat16":
+        raise ConfigError(f"train_model.dtype={setting} keeps the learner's weights in bf16 here, where "
+                          "optimizer.name=adamw would round most updates away; set optimizer.name=adamw8bit "
+                          "(stochastic rounding) or train_model.dtype=float32")
 
 
 def learner_dtype(run: RunContext) -> str:

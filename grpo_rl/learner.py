@@ -33,8 +33,8 @@ from grpo_rl.compile import parse_mode as parse_compile_mode
 from grpo_rl.logprobs import sequence_logprobs
 from grpo_rl.lora import hf_named_weights
 from grpo_rl.loss import grpo_loss
-from grpo_rl.packing import group_micro_batches, micro_batches
 from grpo_rl.optim import make_optimizer
+from grpo_rl.packing import group_micro_batches, micro_batches
 
 log = logging.getLogger(__name__)
 

@@ -172,3 +172,19 @@ def test_a_sharing_engine_generates_with_the_learners_model(tiny_model_dir, tiny
     own.update_weights(tiny_model.named_parameters())
     torch.testing.assert_close(own.generate(PROMPTS, 3, spec)["behavior_logprobs"], c["behavior_logprobs"],
                                rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("setting, bf16, optimizer, fails", [
+    ("auto", True, "adamw", True), ("bfloat16", False, "adamw", True), ("auto", False, "adamw", False),
+    ("auto", True, "adamw8bit", False), (None, True, "adamw", False),
+])
+def test_bf16_learner_weights_need_the_stochastically_rounding_optimizer(setting, bf16, optimizer, fails):
+    from grpo_rl.factories import check_learner_dtype
+
+    cfg = base_cfg()
+    cfg.train_model.dtype, cfg.optimizer.name = setting, optimizer
+    if fails:
+        with pytest.raises(ConfigError, match="optimizer.name=adamw8bit"):
+            check_learner_dtype(cfg, bf16)
+    else:
+        check_learner_dtype(cfg, bf16)
