@@ -2,15 +2,19 @@
 
     .venv/bin/python benchmarks/memory_breakdown.py                      # the "best" preset
     .venv/bin/python benchmarks/memory_breakdown.py --preset fp32 --steps 3
+    .venv/bin/python benchmarks/memory_breakdown.py --preset lowmem --steps 30 [--trim]
 
 Builds the components of ``sota/grpo.py`` one by one through the same factories (as ``_ours_worker.py`` does) and
 prints the current RSS (``VmRSS``) and the peak so far (``ru_maxrss``) after each: imports, the vLLM engine,
-the learner (weights, then AdamW state after the first step), the reference, and each training step. Writes
-``benchmarks/results/memory_breakdown.json``.
+the learner (weights, then AdamW state after the first step), the reference, and each training step; beside
+them, glibc's count of the bytes handed out and not freed, and of those freed but kept (``mallinfo2``), which
+tell a leak from an allocator that keeps what it was given back. ``--trim`` gives the kept pages back after each
+step (``malloc_trim``) and measures again. Writes ``benchmarks/results/memory_breakdown.json``.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import tempfile
 import time
@@ -28,11 +32,41 @@ def rss_gib() -> float:
     return float("nan")
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def malloc_gib() -> tuple[float, float]:
+    """glibc's view: (bytes handed out and not freed, bytes freed but kept by the allocator), in GiB.
+
+    RSS growing while the first number stays flat is the allocator keeping freed memory, not a leak.
+    ``(nan, nan)`` where the C library has no ``mallinfo2`` (glibc < 2.33, musl).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**30, info.fordblks / 2**30
+
+
+def malloc_trim() -> None:
+    """Hand the allocator's free pages back to the kernel (glibc ``malloc_trim(0)``); a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="best", help="a preset of trl_compare.py: fp32 | best | lowmem")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after each step, then measure again")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "memory_breakdown.json"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides on top of the preset's")
     args = parser.parse_args()
@@ -40,8 +74,11 @@ def main() -> None:
     rows: list[dict] = []
 
     def mark(stage: str) -> None:
-        rows.append({"stage": stage, "rss_gib": rss_gib(), "peak_gib": peak_rss_gib()})
-        print(f"{stage:40s} rss {rows[-1]['rss_gib']:6.2f} GiB   peak {rows[-1]['peak_gib']:6.2f} GiB", flush=True)
+        in_use, held = malloc_gib()
+        rows.append({"stage": stage, "rss_gib": rss_gib(), "peak_gib": peak_rss_gib(),
+                     "malloc_in_use_gib": in_use, "malloc_free_held_gib": held})
+        print(f"{stage:40s} rss {rows[-1]['rss_gib']:6.2f} GiB   peak {rows[-1]['peak_gib']:6.2f} GiB   "
+              f"malloc in use {in_use:6.2f}, freed but held {held:6.2f} GiB", flush=True)
 
     mark("python")
     import torch  # noqa: F401
@@ -80,8 +117,11 @@ def main() -> None:
         mark(f"step {step}: weights pushed")
         rows[-1]["step_seconds"] = time.perf_counter() - t0
         print(f"step {step}: {rows[-1]['step_seconds']:.2f} s", flush=True)
+        if args.trim:
+            malloc_trim()
+            mark(f"step {step}: after malloc_trim")
     engine.shutdown()
-    out = {"preset": args.preset, "overrides": COMMON_OURS + PRESETS[args.preset] + args.overrides,
+    out = {"preset": args.preset, "trim": args.trim, "overrides": COMMON_OURS + PRESETS[args.preset] + args.overrides,
            "threads": args.threads,
            "stages": rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Importing grpo_rl sets OpenMP's wait policy before torch loads, keeps a user's value, and actors inherit it."""
+"""Importing grpo_rl sets OpenMP's wait policy before torch loads, keeps a user's value, and actors inherit it
+(and the oneDNN cache caps of test_onednn_cache.py)."""
 from __future__ import annotations
 
 import os
@@ -30,3 +31,4 @@ def test_ray_actors_inherit_the_wait_policy():
     env = options["runtime_env"]["env_vars"]
     assert env["OMP_WAIT_POLICY"] == os.environ["OMP_WAIT_POLICY"]
     assert set(grpo_rl.OPENMP_DEFAULTS) <= set(env)
+    assert {k: env[k] for k in grpo_rl.ONEDNN_DEFAULTS} == {k: os.environ[k] for k in grpo_rl.ONEDNN_DEFAULTS}

@@ -1,0 +1,62 @@
+"""Importing grpo_rl caps oneDNN's kernel caches, so that bf16 matmuls over ever new token counts stop growing the
+process (each cached kernel holds about half a MiB that the caches' default 1024 entries never give back)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import grpo_rl
+
+CAPS = tuple(grpo_rl.ONEDNN_DEFAULTS)
+
+# A bf16 linear layer's forward and backward over 300 token counts, none seen twice; prints how much memory glibc
+# handed out over the second 150 (when 128 entries are long full) and the cache settings the process ran with.
+PROBE = """
+import ctypes, json, os
+import grpo_rl, torch
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+def in_use():
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20
+torch.set_num_threads(1)
+w = torch.randn(1536, 576, dtype=torch.bfloat16, requires_grad=True)
+marks = []
+for n in range(300):
+    if n == 150:
+        marks.append(in_use())
+    x = torch.randn(100 + n, 576, dtype=torch.bfloat16, requires_grad=True)
+    torch.nn.functional.linear(x, w).sum().backward()
+    w.grad = None
+print(json.dumps({"grown_mib": in_use() - marks[0], "env": {k: os.environ.get(k) for k in %r}}))
+""" % (CAPS,)
+
+
+def probe(**env_given: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in CAPS}
+    env.update(env_given)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_import_sets_the_caps_and_keeps_a_users_value():
+    assert probe()["env"] == grpo_rl.ONEDNN_DEFAULTS
+    assert probe(LRU_CACHE_CAPACITY="7")["env"]["LRU_CACHE_CAPACITY"] == "7"
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not torch.backends.mkldnn.is_available()
+                    or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                    reason="oneDNN runs bf16 matmuls only on Linux CPUs with bf16 support (glibc's mallinfo2)")
+def test_the_caps_stop_bf16_matmuls_over_new_token_counts_from_growing_the_process():
+    capped = probe()["grown_mib"]
+    uncapped = probe(**{k: "1024" for k in CAPS})["grown_mib"]
+    assert uncapped > 60, f"oneDNN's default caches grew {uncapped:.1f} MiB: the probe no longer fills them"
+    assert capped < 15, f"{capped:.1f} MiB grown with the caps of {grpo_rl.ONEDNN_DEFAULTS}"
