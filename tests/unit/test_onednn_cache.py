@@ -58,5 +58,7 @@ def test_import_sets_the_caps_and_keeps_a_users_value():
 def test_the_caps_stop_bf16_matmuls_over_new_token_counts_from_growing_the_process():
     capped = probe()["grown_mib"]
     uncapped = probe(**{k: "1024" for k in CAPS})["grown_mib"]
-    assert uncapped > 60, f"oneDNN's default caches grew {uncapped:.1f} MiB: the probe no longer fills them"
-    assert capped < 15, f"{capped:.1f} MiB grown with the caps of {grpo_rl.ONEDNN_DEFAULTS}"
+    # 450 new kernels at 1024 entries (about half a MiB each on an avx512_bf16 CPU: 255 MiB); none kept at 64
+    assert uncapped > 20, f"oneDNN's default caches grew {uncapped:.1f} MiB: the probe no longer fills them"
+    assert capped < uncapped / 5, (f"{capped:.1f} MiB grown with the caps of {grpo_rl.ONEDNN_DEFAULTS}, "
+                                   f"{uncapped:.1f} MiB without")
