@@ -6,6 +6,7 @@ dependencies: it uses the standard library only, and loads grpo_rl's GSM8K rewar
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
@@ -94,6 +95,35 @@ def machine() -> dict:
 def peak_rss_gib() -> float:
     """This process's peak resident set size (``ru_maxrss``, KiB on Linux) in GiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def malloc_gib() -> tuple[float, float]:
+    """glibc's view: (bytes handed out and not freed, bytes freed but kept by the allocator), in GiB.
+
+    RSS growing while the first number stays flat is the allocator keeping freed memory, not a leak.
+    ``(nan, nan)`` where the C library has no ``mallinfo2`` (glibc < 2.33, musl).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**30, info.fordblks / 2**30
+
+
+def malloc_trim() -> None:
+    """Hand the allocator's free pages back to the kernel (glibc ``malloc_trim(0)``); a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def set_threads(n: int) -> None:

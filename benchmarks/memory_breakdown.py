@@ -14,13 +14,12 @@ step (``malloc_trim``) and measures again. Writes ``benchmarks/results/memory_br
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import tempfile
 import time
 from pathlib import Path
 
-from _bench_common import ROOT, peak_rss_gib, set_threads
+from _bench_common import ROOT, malloc_gib, malloc_trim, peak_rss_gib, set_threads
 from _ours_worker import compose, workload_overrides
 
 
@@ -30,35 +29,6 @@ def rss_gib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 2**20
     return float("nan")
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def malloc_gib() -> tuple[float, float]:
-    """glibc's view: (bytes handed out and not freed, bytes freed but kept by the allocator), in GiB.
-
-    RSS growing while the first number stays flat is the allocator keeping freed memory, not a leak.
-    ``(nan, nan)`` where the C library has no ``mallinfo2`` (glibc < 2.33, musl).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _Mallinfo2
-    except (OSError, AttributeError):
-        return float("nan"), float("nan")
-    info = libc.mallinfo2()
-    return (info.uordblks + info.hblkhd) / 2**30, info.fordblks / 2**30
-
-
-def malloc_trim() -> None:
-    """Hand the allocator's free pages back to the kernel (glibc ``malloc_trim(0)``); a no-op elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main() -> None:

@@ -23,22 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from _bench_common import ROOT, machine
+from _bench_common import ROOT, machine, malloc_gib
 
 HIDDEN, INTERMEDIATE, KV = 576, 1536, 192  # SmolLM2-135M: 9 query heads and 3 key/value heads of 64
-
-
-def malloc_in_use_mib() -> float:
-    import ctypes
-
-    class Mallinfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = Mallinfo2
-    info = libc.mallinfo2()
-    return (info.uordblks + info.hblkhd) / 2**20
 
 
 def arm(layers: int, micro_batches: int, threads: int, baseline: bool) -> dict:
@@ -73,13 +60,13 @@ def arm(layers: int, micro_batches: int, threads: int, baseline: bool) -> dict:
     counts = [draws.randint(200, 700) for _ in range(micro_batches)]
     for tokens in (256, 320):  # warm-up: threads, allocator, the first kernels
         pass_(tokens)
-    before = malloc_in_use_mib()
+    before = malloc_gib()[0] * 1024
     t0 = time.perf_counter()
     for tokens in counts:
         pass_(tokens)
     seconds = (time.perf_counter() - t0) / micro_batches
     out = {"distinct_token_counts": len(set(counts)), "malloc_in_use_mib_before": before,
-           "malloc_in_use_mib_after": malloc_in_use_mib(), "seconds_per_micro_batch": seconds}
+           "malloc_in_use_mib_after": malloc_gib()[0] * 1024, "seconds_per_micro_batch": seconds}
     if baseline:  # the same work at one token count: every kernel a hit
         mean = round(sum(counts) / len(counts))
         t0 = time.perf_counter()

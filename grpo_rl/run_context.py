@@ -34,14 +34,14 @@ from typing import Any
 
 import torch
 
+from grpo_rl import ONEDNN_DEFAULTS, OPENMP_DEFAULTS
 from grpo_rl.devices import DeviceAllocation, available_cpus
 from grpo_rl.precision import Precision, resolve_precision
 
 # Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings.
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "GRPO_DATA_DIR", "GRPO_CACHE_DIR",
                  "TORCHINDUCTOR_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "PYTHONPATH", "GRPO_VERBOSE",
-                 "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "LRU_CACHE_CAPACITY",
-                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+                 "GOMP_SPINCOUNT", "KMP_BLOCKTIME", *OPENMP_DEFAULTS, *ONEDNN_DEFAULTS)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import grpo_rl
 CAPS = tuple(grpo_rl.ONEDNN_DEFAULTS)
 
 # A bf16 linear layer's forward and backward over 300 token counts, none seen twice; prints how much memory glibc
-# handed out over the second 150 (when 128 entries are long full) and the cache settings the process ran with.
+# handed out over the second 150 (when 64 entries are long full) and the cache settings the process ran with.
 PROBE = """
 import ctypes, json, os
 import grpo_rl, torch
@@ -58,6 +58,7 @@ def test_import_sets_the_caps_and_keeps_a_users_value():
 def test_the_caps_stop_bf16_matmuls_over_new_token_counts_from_growing_the_process():
     capped = probe()["grown_mib"]
     uncapped = probe(**{k: "1024" for k in CAPS})["grown_mib"]
+    print(f"grown over the last 150 token counts: {capped:.1f} MiB capped, {uncapped:.1f} MiB at 1024 entries")
     # 450 new kernels at 1024 entries (about half a MiB each on an avx512_bf16 CPU: 255 MiB); none kept at 64
     assert uncapped > 20, f"oneDNN's default caches grew {uncapped:.1f} MiB: the probe no longer fills them"
     assert capped < uncapped / 5, (f"{capped:.1f} MiB grown with the caps of {grpo_rl.ONEDNN_DEFAULTS}, "
