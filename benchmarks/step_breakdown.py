@@ -69,8 +69,14 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from grpo_rl.precision import cpu_flags
 
+    import torch
+
     cpu = cpu_flags()
     print(f"CPU: {cpu}, {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}"
+        print(f"GPU: {gpu}", flush=True)
     runs = [("defaults", args.overrides)] + [(v, args.overrides + v.split()) for v in args.variant]
     results = []
     for name, overrides in runs:
@@ -86,7 +92,7 @@ def main() -> None:
         print(f"precision of {r['name']}: {r['precision']}")
     out = ROOT / "benchmarks" / "results" / "step_breakdown.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "runs": results}, indent=2))
+    out.write_text(json.dumps({"cpu": cpu, "gpu": gpu, "cores": os.cpu_count(), "runs": results}, indent=2))
     print(f"wrote {out}")
 
 

@@ -453,7 +453,7 @@ class PipelineConfig:
     learner is the bottleneck a batch is trained about ``buffer_capacity + 1`` versions after it was generated, so
     with ``buffer_capacity >= max_staleness`` some collected batches are dropped as too stale (benchmarks/README.md)."""
     weight_transport: str = "auto"
-    """auto (collective on GPUs, object_store on the CPU) | object_store (Ray's shared-memory store) | collective
+    """auto (collective between the learner's and the engines' own GPUs, else object_store) | object_store (Ray's shared-memory store) | collective
     (a broadcast from the learner to every engine: NCCL between GPUs, gloo on the CPU)."""
     timeout_seconds: float = 600.0
     """Longest wait for another role: a remote call, a weight broadcast, or the next batch from the collectors.

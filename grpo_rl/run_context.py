@@ -85,20 +85,22 @@ class RolePlacement:
     devices: tuple[torch.device, ...]
     threads: int
     actors: bool
+    gpu_fraction: float = 1.0
+    """The share of its GPU each actor asks Ray for: below 1 where actors of several roles share a GPU."""
 
     @property
     def count(self) -> int:
         return len(self.devices)
 
     def ray_options(self, **extra: Any) -> dict[str, Any]:
-        """``ray.remote(cls).options(...)`` for one of this role's actors: one GPU on a GPU machine (Ray then
-        exposes it as ``cuda:0``), else ``threads`` CPUs; ``OMP_NUM_THREADS`` is set before torch is imported."""
+        """``ray.remote(cls).options(...)`` for one of this role's actors: its share of one GPU on a GPU machine
+        (Ray then exposes it as ``cuda:0``), else ``threads`` CPUs; ``OMP_NUM_THREADS`` is set before torch is imported."""
         env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
         env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
                    TOKENIZERS_PARALLELISM="false", VLLM_ENABLE_V1_MULTIPROCESSING="0", RAY_DEDUP_LOGS="0")
         resources: dict[str, Any] = {"num_cpus": self.threads}
         if self.devices[0].type == "cuda":
-            resources = {"num_cpus": 1, "num_gpus": 1}
+            resources = {"num_cpus": 1, "num_gpus": self.gpu_fraction}
         return {**resources, "runtime_env": {"env_vars": env}, **extra}
 
 
@@ -182,8 +184,25 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
     if devices.reward_model:
         reward_model = RolePlacement("reward_model", devices.reward_model, collector.threads, actors=False)
     driver = learner.threads if not learner_actors else (shared if mode == "async" else cores)
+    collector, learner, reference = _share_gpus(collector, learner, reference)
     return Placement(collector=collector, learner=learner, reference=reference, reward_model=reward_model,
                      driver_threads=driver)
+
+
+def _share_gpus(*roles: RolePlacement | None) -> list[RolePlacement | None]:
+    """Give each actor role its share of a GPU that actors of several roles hold (one GPU for every role): Ray
+    places an actor only where the GPU share it asks for is free."""
+    holders: dict[torch.device, int] = {}
+    for p in roles:
+        if p is not None and p.actors:
+            for d in set(p.devices):
+                if d.type == "cuda":
+                    holders[d] = holders.get(d, 0) + 1
+    shared = []
+    for p in roles:
+        most = max((holders.get(d, 1) for d in p.devices), default=1) if p is not None and p.actors else 1
+        shared.append(p if most == 1 else replace(p, gpu_fraction=1.0 / most))
+    return shared
 
 
 def reference_as_actors(cfg, devices: DeviceAllocation, mode: str) -> bool:

