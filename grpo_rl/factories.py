@@ -81,7 +81,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
         raise ConfigError(f"inference_model.share_weights=true: the engine generates with the learner's model, on "
                           f"{devices.train[0]}, but inference_model was given {devices.inference[0]}; give both roles "
                           "the same device, or set inference_model.share_weights=false")
-    check_engine_installed(cfg, devices)
+    check_engine(cfg, devices)
     if mode == "async" and cfg.pipeline.weight_transport == "collective" and devices.engine_shares_a_gpu:
         raise ConfigError(f"pipeline.weight_transport=collective: the learner and the engine share a GPU "
                           f"({devices.describe()}), and NCCL needs a GPU per rank. Use "
@@ -96,9 +96,13 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     return run
 
 
-def check_engine_installed(cfg, devices) -> None:
-    """``inference_model.engine=vllm`` needs the vLLM build for the engine's device: say so before anything starts.
-    (A joined Ray cluster's engines run in its workers' environments, which only they can check.)"""
+def check_engine(cfg, devices) -> None:
+    """Before anything starts: ``inference_model.compile`` needs the engine on a GPU, and ``engine=vllm`` the vLLM
+    build for the engine's device (a joined Ray cluster's engines run in its workers' environments, which only
+    they can check)."""
+    if cfg.inference_model.compile and devices.inference[0].type != "cuda":
+        raise ConfigError("inference_model.compile=true: the compiled static-cache decoding is for a GPU (measured "
+                          "there), and this run's engine is on the CPU; set inference_model.compile=false")
     if cfg.inference_model.engine != "vllm" or cfg.simulate.enabled or cfg.ray.address:
         return
     if importlib.util.find_spec("vllm") is not None:
@@ -154,7 +158,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
 
     if cfg.share_weights and policy is not None:
         return TransformersEngine.sharing(policy, run.tokenizer, device, **kwargs)
-    return TransformersEngine(run.model_path, device, **kwargs)
+    return TransformersEngine(run.model_path, device, compile=cfg.compile, **kwargs)
 
 
 def make_local_learner(run: RunContext, *, shard=None) -> Learner:

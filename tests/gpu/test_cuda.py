@@ -116,3 +116,19 @@ def test_the_default_engine_without_vllm_names_the_install(tiny_model_dir, tmp_p
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "vllm==0.32.0" in errors[0], result.stderr[-3000:]
+
+
+def test_the_compiled_static_cache_engine_samples_what_the_eager_one_does(tiny_model_dir):
+    from grpo_rl.rollout.base import SamplingSpec
+    from grpo_rl.rollout.transformers_engine import TransformersEngine
+
+    prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33, 34, 35, 36, 37]]
+    greedy = SamplingSpec(max_new_tokens=24, temperature=0.0)
+    eager = TransformersEngine(str(tiny_model_dir), CUDA, dtype="float32").generate(prompts, 2, greedy)
+    engine = TransformersEngine(str(tiny_model_dir), CUDA, dtype="float32", compile=True)
+    compiled = engine.generate(prompts, 2, greedy)
+    assert torch.equal(compiled["response_ids"], eager["response_ids"])
+    assert _relative(compiled["behavior_logprobs"], eager["behavior_logprobs"]) < 1e-4
+    sampled = engine.generate(prompts, 4, SamplingSpec(max_new_tokens=24, temperature=1.0, seed=3))
+    lp = sampled["behavior_logprobs"][sampled["response_mask"].bool()]
+    assert lp.numel() > 0 and (lp <= 0).all() and torch.isfinite(lp).all()

@@ -181,15 +181,27 @@ def test_available_cpus_follows_affinity_and_the_cgroup_quota(tmp_path, monkeypa
 def test_a_missing_vllm_is_named_with_its_build_before_anything_starts(num_gpus, build, monkeypatch):
     import importlib.util
 
-    from grpo_rl.factories import check_engine_installed
+    from grpo_rl.factories import check_engine
 
     devices = allocate_devices(_cfg(), num_gpus=num_gpus, num_cpus=2)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
-    check_engine_installed(_cfg(), devices)  # installed
+    check_engine(_cfg(), devices)  # installed
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match="inference_model.engine=vllm") as info:
-        check_engine_installed(_cfg(), devices)
+        check_engine(_cfg(), devices)
     assert build in str(info.value) and "inference_model.engine=transformers" in str(info.value)
-    check_engine_installed(_cfg(**{"inference_model.engine": "transformers"}), devices)
-    check_engine_installed(_cfg(**{"ray.address": "10.0.0.1:6379"}), devices)  # the cluster's workers hold it
+    check_engine(_cfg(**{"inference_model.engine": "transformers"}), devices)
+    check_engine(_cfg(**{"ray.address": "10.0.0.1:6379"}), devices)  # the cluster's workers hold it
+
+
+def test_a_compiled_engine_needs_the_transformers_engine_on_a_gpu():
+    from grpo_rl.config import validate
+    from grpo_rl.factories import check_engine
+
+    cfg = _cfg(**{"inference_model.engine": "transformers", "inference_model.compile": True})
+    check_engine(cfg, allocate_devices(cfg, num_gpus=1))
+    with pytest.raises(ConfigError, match="inference_model.compile=true.*on the CPU"):
+        check_engine(cfg, allocate_devices(cfg, num_gpus=0, num_cpus=2))
+    with pytest.raises(ConfigError, match="inference_model.engine=transformers"):
+        validate(_cfg(**{"inference_model.compile": True}))  # vLLM compiles on its own
