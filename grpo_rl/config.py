@@ -111,7 +111,7 @@ class InferenceModelConfig(RoleDevices):
     """engine=transformers on a GPU: a static KV cache, whose decoding step transformers compiles (CUDA graphs).
     Prompts are left-padded to a multiple of 64 tokens so that few shapes compile; each new shape compiles once
     (about 50 s the first time). On an H100 with SmolLM2-135M's shape, 32 answers x 128 tokens took 0.61 s against
-    3.4-4.2 s (benchmarks/README.md): worth it for runs of more than a few dozen steps where vLLM is not installed."""
+    3.4-4.2 s (benchmarks/gpu_engine.py): where vLLM is not installed, it pays from about the seventh step."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache (GPU only)."""
     kv_cache_gb: float = 1.0
@@ -458,8 +458,9 @@ class PipelineConfig:
     learner is the bottleneck a batch is trained about ``buffer_capacity + 1`` versions after it was generated, so
     with ``buffer_capacity >= max_staleness`` some collected batches are dropped as too stale (benchmarks/README.md)."""
     weight_transport: str = "auto"
-    """auto (collective between the learner's and the engines' own GPUs, else object_store) | object_store (Ray's shared-memory store) | collective
-    (a broadcast from the learner to every engine: NCCL between GPUs, gloo on the CPU)."""
+    """auto (collective between the learner's and the engines' own GPUs, else object_store) | object_store (Ray's
+    shared-memory store) | collective (a broadcast from the learner to every engine: NCCL between GPUs, gloo on
+    the CPU)."""
     timeout_seconds: float = 600.0
     """Longest wait for another role: a remote call, a weight broadcast, or the next batch from the collectors.
     Past it the run stops with a message naming the role, after a checkpoint at the last step boundary. The first

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -192,12 +193,7 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
 def _share_gpus(*roles: RolePlacement | None) -> list[RolePlacement | None]:
     """Give each actor role its share of a GPU that actors of several roles hold (one GPU for every role): Ray
     places an actor only where the GPU share it asks for is free."""
-    holders: dict[torch.device, int] = {}
-    for p in roles:
-        if p is not None and p.actors:
-            for d in set(p.devices):
-                if d.type == "cuda":
-                    holders[d] = holders.get(d, 0) + 1
+    holders = Counter(d for p in roles if p is not None and p.actors for d in set(p.devices) if d.type == "cuda")
     shared = []
     for p in roles:
         most = max((holders.get(d, 1) for d in p.devices), default=1) if p is not None and p.actors else 1

@@ -10,7 +10,7 @@ is no KV-cache reuse across a group's answers.
 On a GPU, eager decoding is bound by the host launching kernels (an H100 with SmolLM2-135M's shape: 43 ms a
 decoding step, of which about 3.4 ms on the GPU). ``inference_model.compile`` gives ``generate`` a static KV cache,
 whose decoding step transformers compiles into CUDA graphs: 10x faster generation there after a compile of about
-50 s (benchmarks/README.md).
+50 s (``benchmarks/gpu_engine.py``, benchmarks/README.md).
 """
 from __future__ import annotations
 

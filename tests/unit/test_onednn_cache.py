@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,16 +18,12 @@ CAPS = tuple(grpo_rl.ONEDNN_DEFAULTS)
 # A bf16 linear layer's forward and backward over 300 token counts, none seen twice; prints how much memory glibc
 # handed out over the second 150 (when 64 entries are long full) and the cache settings the process ran with.
 PROBE = """
-import ctypes, json, os
+import json, os, sys
+sys.path.insert(0, %r)
 import grpo_rl, torch
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = Mallinfo2
+from _bench_common import malloc_gib
 def in_use():
-    info = libc.mallinfo2()
-    return (info.uordblks + info.hblkhd) / 2**20
+    return malloc_gib()[0] * 1024
 torch.set_num_threads(1)
 w = torch.randn(1536, 576, dtype=torch.bfloat16, requires_grad=True)
 marks = []
@@ -37,7 +34,7 @@ for n in range(300):
     torch.nn.functional.linear(x, w).sum().backward()
     w.grad = None
 print(json.dumps({"grown_mib": in_use() - marks[0], "env": {k: os.environ.get(k) for k in %r}}))
-""" % (CAPS,)
+""" % (str(Path(__file__).resolve().parents[2] / "benchmarks"), CAPS)
 
 
 def probe(**env_given: str) -> dict:
