@@ -28,7 +28,9 @@ Printed and written to ``benchmarks/results/trl_compare-<time>.json``: seconds p
 tokens/s, phase times, peak RSS (the worker's ``ru_maxrss``), the gradient norm of every step (non-zero: the
 reward varies within groups), rewards; for our arms the floating-point work the step really needs (distinct
 tokens through generation, the reference pass and the policy forward + backward), the matmul rate measured
-here in fp32 and bf16, the lower bound on the step time that follows, and measured / bound.
+here in fp32 and bf16, the lower bound on the step time that follows, and measured / bound; and the floor
+(``flops.py``: decoding at the rate of a decoding step's 16-row matmuls, which stream every weight), with TRL's step
+over our floor: the most a step built from this CPU's matmuls could gain over TRL's on this workload.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _bench_common import MARK, ROOT, WORKLOAD, machine  # noqa: E402
-from flops import StepFlops, matmul_rates, step_flops  # noqa: E402
+from flops import StepFlops, best_rates, bounds, step_flops  # noqa: E402
 
 # Each preset states every precision setting, so a change of the YAML defaults does not move an arm.
 FP32 = ["train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]
@@ -248,38 +250,42 @@ def summarize(arm: Arm, warmup: int, rates: dict, model_cfg: dict) -> dict:
     if arm.side == "ours":
         per_step = [step_flops(model_cfg, s["groups"]) for s in timed]
         total = StepFlops.mean(per_step)
-        gen_rate = rates["bf16" if arm.engine_dtype == "bfloat16" else "fp32"]
-        train_rate = rates["bf16" if arm.bf16 else "fp32"]
-        bound = {"generation_s": total.generation / gen_rate, "reference_s": total.reference / train_rate,
-                 "training_s": total.training / train_rate}
-        out["flops"] = {"generation": total.generation, "reference": total.reference, "training": total.training,
-                        "tokens": total.tokens}
-        out["bound_s"] = bound
-        out["bound_total_s"] = sum(bound.values())
+        both = bounds(total, rates, engine="bf16" if arm.engine_dtype == "bfloat16" else "fp32",
+                      train="bf16" if arm.bf16 else "fp32")
+        out["flops"] = {"generation": total.generation, "decode": total.decode, "reference": total.reference,
+                        "training": total.training, "tokens": total.tokens, "sequences": total.sequences}
+        out["bound_s"], out["floor_s"] = both["bound"], both["floor"]
+        out["bound_total_s"] = sum(both["bound"].values())
         out["over_bound"] = out["s_per_step"] / out["bound_total_s"]
+        out["floor_total_s"] = sum(both["floor"].values())
+        out["over_floor"] = out["s_per_step"] / out["floor_total_s"]
     return out
 
 
 def print_table(summaries: list[dict], rates: dict) -> None:
-    print("\n" + "=" * 118)
+    print("\n" + "=" * 134)
     hdr = f"{'arm':24s} {'s/step':>7s} {'(min)':>6s} {'tok/s':>6s} {'gen':>6s} {'ref':>6s} {'train':>6s} {'sync':>5s} " \
-          f"{'RSS GiB':>7s} {'bound':>6s} {'x bound':>7s}  grad norms"
+          f"{'RSS GiB':>7s} {'bound':>6s} {'x bound':>7s} {'floor':>6s} {'x floor':>7s}  grad norms"
     print(hdr)
     for s in summaries:
         ph = s["phases_s"]
-        bound = f"{s['bound_total_s']:6.2f} {s['over_bound']:7.2f}" if "bound_total_s" in s else f"{'-':>6s} {'-':>7s}"
+        bound = (f"{s['bound_total_s']:6.2f} {s['over_bound']:7.2f} {s['floor_total_s']:6.2f} {s['over_floor']:7.2f}"
+                 if "bound_total_s" in s else f"{'-':>6s} {'-':>7s} {'-':>6s} {'-':>7s}")
         print(f"{s['arm']:24s} {s['s_per_step']:7.2f} {s['s_per_step_min']:6.2f} {s['completion_tokens_per_s']:6.1f} "
               f"{ph.get('generation_s', 0):6.2f} {ph.get('reference_s', 0):6.2f} {ph.get('training_s', 0):6.2f} "
               f"{ph.get('weight_sync_s', 0):5.2f} {s['peak_rss_gib']:7.2f} {bound}  "
               + " ".join(f"{g:.3g}" for g in s["grad_norms"]))
-    print(f"\nmatmul rate measured here ({rates['threads']} threads, model shapes): fp32 {rates['fp32'] / 1e9:.0f} "
-          f"GFLOP/s, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s")
+    print(f"\nbest matmul rate measured here ({rates['threads']} threads, model shapes, threads sleeping or spinning): fp32 {rates['fp32'] / 1e9:.0f} "
+          f"GFLOP/s, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s at 512 rows; a decoding step at {rates['decode_rows']} "
+          f"rows: fp32 {rates['fp32_decode'] / 1e9:.0f} GFLOP/s, bf16 {rates['bf16_decode'] / 1e9:.0f} GFLOP/s")
     for s in summaries:
         if "flops" in s:
             f, b = s["flops"], s["bound_s"]
             print(f"{s['arm']:24s} needs {f['generation'] / 1e9:6.0f} GFLOP generation, {f['reference'] / 1e9:5.0f} "
                   f"reference, {f['training'] / 1e9:6.0f} policy fwd+bwd ({f['tokens']:.0f} distinct tokens per pass) "
-                  f"-> bound {b['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s")
+                  f"-> bound {b['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s; floor "
+                  f"{s['floor_s']['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s "
+                  f"({f['decode'] / 1e9:.0f} GFLOP of the generation decoding {f['sequences']:.0f} answers together)")
         if "packed_vs_unpacked_max_abs" in s:
             print(f"{s['arm']:24s} warm-up batch: packed vs unpacked ref log-probs max |diff| "
                   f"{s['packed_vs_unpacked_max_abs']:.2e}; engine vs ref mean |diff| {s['engine_vs_ref_mean_abs']:.2e}")
@@ -304,6 +310,10 @@ def comparisons(summaries: list[dict]) -> dict:
         best_trl = min(trl, key=lambda s: s["s_per_step"])
         out["best_vs_best"] = {"ours": best_ours["arm"], "trl": best_trl["arm"],
                                "speedup": best_trl["s_per_step"] / best_ours["s_per_step"]}
+        # TRL's step over our floor: the most any step built from these matmuls could gain on this workload.
+        out["trl_over_our_floor"] = {
+            f"{t['arm']} / {o['arm']}": t["s_per_step"] / o["floor_total_s"] for o in ours if "floor_total_s" in o
+            for t in trl if (t["arm"] == "trl:fp32") == ("train_model.precision=float32" in o["overrides"])}
         out["memory_ratio_ours_over_trl"] = max(s["peak_rss_gib"] for s in ours) / min(s["peak_rss_gib"] for s in trl)
     return out
 
@@ -341,14 +351,16 @@ def main() -> None:
     host = machine()
     print(f"{host['cpu']}, {host['cores']} cores, {' '.join(host['isa'])}; load average {os.getloadavg()}; "
           "measuring the matmul rate ...", flush=True)
-    rates = matmul_rates(model_cfg, args.threads)
+    decode_rows = WORKLOAD["prompts_per_step"] * WORKLOAD["group_size"]
+    rates = best_rates(model_cfg, args.threads, decode_rows=decode_rows)
     round_info = []
     for arms in rounds:
         print(f"round: {', '.join(a.name for a in arms)}", flush=True)
         round_info.append(run_round(arms, args, prompts_path, model_path, log_dir))
-    rates_after = matmul_rates(model_cfg, args.threads)
+    rates_after = best_rates(model_cfg, args.threads, decode_rows=decode_rows)
     # The machine's rate is the better of the two measurements (another process may have held a core).
-    rates = {k: max(rates[k], rates_after[k]) if k != "threads" else rates[k] for k in rates}
+    rates = {k: max(rates[k], rates_after[k]) if k not in ("threads", "decode_rows") else rates[k]
+             for k in rates}
 
     summaries = [summarize(a, args.warmup, rates, model_cfg) for arms in rounds for a in arms]
     print_table(summaries, rates)
