@@ -234,6 +234,7 @@ def summarize(arm: Arm, warmup: int, rates: dict, model_cfg: dict) -> dict:
         "s_per_step_min": min(secs), "completion_tokens_per_s": tokens / sum(secs),
         "completion_tokens_per_step": tokens / len(timed),
         "phases_s": {k: statistics.mean(s[k] for s in timed) for k in phases},
+        "per_step_s": [{k: s[k] for k in ("seconds", *phases)} for s in arm.steps],  # warm-up steps included
         "peak_rss_gib": max([s["peak_rss_gib"] for s in arm.steps] + [arm.done.get("peak_rss_gib", 0.0)]),
         "grad_norms": [s["grad_norm"] for s in arm.steps],
         "rewards": [s["reward_mean"] for s in arm.steps],

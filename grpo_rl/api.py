@@ -207,11 +207,13 @@ def _train_async(cfg, run_dir: Path, rewards: tuple):
             step, push_seconds = state.step + 1, 0.0
             evaluate = state.should_stop() is None and due_for_evaluation(cfg.eval.every, step, cfg.train.steps)
             push_failed = None  # the step is trained: it is logged and checkpointed before the failure ends the run
-            if learner.version - pushed >= cfg.pipeline.push_every or (evaluate and learner.version != pushed):
-                try:
+            try:
+                if learner.version - pushed >= cfg.pipeline.push_every or (evaluate and learner.version != pushed):
                     push_seconds, pushed = weight_sync.push(learner.weights_for_push(), learner.version), learner.version
-                except RoleFailed as e:
-                    push_failed, evaluate = e, False
+                if evaluate:  # the collectors are threaded: the push must have landed before the evaluation call
+                    push_seconds += weight_sync.delivered()
+            except RoleFailed as e:
+                push_failed, evaluate = e, False
             t2 = time.perf_counter()
 
             step_seconds = t2 - t0

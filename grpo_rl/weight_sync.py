@@ -8,7 +8,9 @@ optimizer steps): ``push(weights, version)``. Three implementations:
 * :class:`ObjectStoreWeightSync` (``pipeline.weight_transport=object_store``, the default on the CPU): the
   weights go into Ray's shared-memory object store as numpy arrays; each collector maps them zero-copy, loads them
   into its engine between two generation calls and from then on stamps its samples with the new
-  ``policy_version``. The learner does not wait for the engines: a push costs it the ``ray.put`` only.
+  ``policy_version``. The learner does not wait for the engines: a push costs it the ``ray.put`` only. The
+  collectors are threaded actors, so a later call (an evaluation) may run before an earlier ``set_weights``:
+  :meth:`~ObjectStoreWeightSync.delivered` waits until every collector holds the last push.
 * :class:`~grpo_rl.distributed.collective_sync.CollectiveWeightSync` (``collective``, the default on GPUs): one
   broadcast from the learner to every engine over a process group of their own, NCCL between GPUs and gloo on the
   CPU, the same code (:mod:`grpo_rl.distributed.collective`).
@@ -110,6 +112,11 @@ class WeightSync(Protocol):
         store); samples generated afterwards carry ``version``. Returns the seconds the caller was blocked."""
         ...
 
+    def delivered(self) -> float:
+        """Block until every engine holds the last push (it loads it before its next generation or evaluation);
+        the seconds blocked."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -129,6 +136,10 @@ class InPlaceWeightSync:
         self.engine.update_weights(unpack_weights(weights) if isinstance(weights, WeightPacket) else weights)
         self.version = version
         return time.perf_counter() - t0
+
+    def delivered(self) -> float:
+        """A push here is done when it returns."""
+        return 0.0
 
     def close(self) -> None:
         """The engine is shut down by its owner."""
@@ -153,6 +164,11 @@ class ObjectStoreWeightSync:
         wait_for_collectors(self._inflight, "taking the weights of the previous push", self.timeout)
         packet = weights if isinstance(weights, WeightPacket) else pack_weights(weights, version)
         self._inflight = [c.set_weights.remote(packet) for c in self.collectors]
+        return time.perf_counter() - t0
+
+    def delivered(self) -> float:
+        t0 = time.perf_counter()
+        wait_for_collectors(self._inflight, "taking the weights of the last push", self.timeout)
         return time.perf_counter() - t0
 
     def close(self) -> None:

@@ -78,6 +78,34 @@ def test_object_store_push_reaches_every_collector(ray_local):
 
 
 @ray_tests
+def test_delivered_waits_until_a_threaded_collector_holds_the_push(ray_local):
+    """Collectors are threaded actors: a call made after a push (an evaluation) may run before the push's
+    ``set_weights``; ``delivered`` returns only once every collector holds it."""
+    import threading
+    import time
+
+    @ray_local.remote(max_concurrency=4)
+    class SlowCollector:
+        def __init__(self):
+            self.version, self.lock = 0, threading.Lock()
+
+        def set_weights(self, packet):
+            time.sleep(2.0)
+            with self.lock:
+                self.version = packet.version
+
+        def current(self):
+            with self.lock:
+                return self.version
+
+    collectors = [SlowCollector.remote() for _ in range(2)]
+    sync = ObjectStoreWeightSync(collectors, timeout=60)
+    sync.push([("w", torch.zeros(2))], 1)
+    assert sync.delivered() > 0.5  # it waited for the slow set_weights
+    assert ray_local.get([c.current.remote() for c in collectors]) == [1, 1]
+
+
+@ray_tests
 def test_a_collector_that_dies_taking_weights_is_named_on_one_line(ray_local):
     from grpo_rl.errors import RoleFailed
 
