@@ -18,7 +18,8 @@ Two lower bounds come from this work and the rates of :func:`matmul_rates`:
 * the **bound**: every FLOP at the rate of the model's matmuls over 512 rows, where a CPU's GEMM runs at its best;
 * the **floor**: the same, except that decoding runs at the rate of a decoding step, whose matmuls have one row
   per sequence (16 in the TRL comparison) and read every weight of the model from memory once per sampled token.
-  On a 2-core AMD EPYC that rate is 2.6x below the 512-row one in fp32 (``matmul_rates``' ``fp32_decode``). The
+  On a 2-core AMD EPYC (avx512_bf16, no AMX) it was about half the 512-row one: fp32 63 against 130 GFLOP/s
+  (``matmul_rates``' ``fp32_decode``; ``benchmarks/README.md``, "The floor"). The
   floor is still a lower bound for autoregressive decoding: sequences that end early leave fewer rows, which is
   slower still, and attention at decode is counted at the same rate though it runs at one query row.
 """
@@ -29,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 
@@ -45,8 +46,8 @@ class StepFlops:
     @staticmethod
     def mean(items: list["StepFlops"]) -> "StepFlops":
         n = max(1, len(items))
-        keys = ("generation", "reference", "training", "tokens", "decode", "sequences")
-        return StepFlops(*(sum(getattr(i, k) for i in items) / n for k in keys))
+        return StepFlops(*(sum(values) / n for values in zip(*map(astuple, items)))) if items else StepFlops(
+            *(0.0 for _ in fields(StepFlops)))
 
 
 def _dims(cfg: dict) -> tuple[int, int, int, int, int]:

@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/kernels.py attention  # dense packed mask vs attention split per answer
     .venv/bin/python benchmarks/kernels.py compile    # eager vs torch.compile'd decoder layers, fwd + bwd
     .venv/bin/python benchmarks/kernels.py compile --dtype float32 --groups 4 --group-size 4 --prompt 150 --answer 60
+    .venv/bin/python benchmarks/kernels.py linear-backward --groups 4 --group-size 4 --prompt 150 --answer 60
 
 Shape (the old default step, or set with ``--groups/--group-size/--prompt/--answer``): 2 groups, prompt 300 tokens
 + 8 answers x 140 tokens, SmolLM2-135M shapes (hidden 576, 9 heads of 64, vocabulary 49152), bf16 autocast,
@@ -194,6 +195,38 @@ def attention() -> None:
         print(f"plain causal, {str(dtype).removeprefix('torch.')}: {causal * LAYERS:.2f} s")
 
 
+def linear_backward() -> None:
+    """The rate of the decoder's linear layers at the training pass's token count (``GROUPS x (PROMPT + G x
+    ANSWER)`` rows: the distinct tokens of a packed batch), forward alone against forward + backward (3x the
+    forward's FLOPs), in fp32, with bf16 weights, and under bf16 autocast over fp32 weights: whether the backward's
+    matmuls run as fast as the forward's, which the bound of ``flops.py`` assumes."""
+    rows = GROUPS * (PROMPT + G * ANSWER)
+    per_layer = [(HIDDEN, HIDDEN), (192, HIDDEN), (192, HIDDEN), (HIDDEN, HIDDEN), (1536, HIDDEN), (1536, HIDDEN),
+                 (HIDDEN, 1536)]
+    for mode in ("fp32", "bf16 weights", "bf16 autocast"):
+        dtype = torch.bfloat16 if mode == "bf16 weights" else torch.float32
+        weights = [(torch.randn(o, i, dtype=dtype) * 0.02).requires_grad_() for _ in range(4) for o, i in per_layer]
+        inputs = {i: torch.randn(rows, i, dtype=dtype, requires_grad=True) for i in (HIDDEN, 1536)}
+        flops = sum(2 * rows * w.numel() for w in weights)
+        autocast = mode == "bf16 autocast"
+
+        def forward():
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                for w in weights:
+                    F.linear(inputs[w.shape[1]], w)
+
+        def forward_backward():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                outs = [F.linear(inputs[w.shape[1]], w) for w in weights]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            for t in (*weights, *inputs.values()):
+                t.grad = None
+
+        fwd, both = timed(forward, 3), timed(forward_backward, 3)
+        print(f"{mode:14s} {rows} rows: forward {flops / fwd / 1e9:5.0f} GFLOP/s, forward + backward "
+              f"{3 * flops / both / 1e9:5.0f} GFLOP/s")
+
+
 def compiled() -> None:
     """The packed fwd + bwd with every decoder layer under ``torch.compile(dynamic=True)`` against eager,
     alternated (the first steps of a process are slower, so measuring one after the other would favour the second)."""
@@ -221,7 +254,7 @@ def compiled() -> None:
 def main() -> None:
     global GROUPS, G, PROMPT, ANSWER, AUTOCAST
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["profile", "lm-head", "truncation", "attention", "compile"])
+    parser.add_argument("what", choices=["profile", "lm-head", "truncation", "attention", "compile", "linear-backward"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--groups", type=int, default=GROUPS)
     parser.add_argument("--group-size", type=int, default=G)
@@ -234,7 +267,7 @@ def main() -> None:
     AUTOCAST = args.dtype == "bfloat16"
     torch.set_num_threads(args.threads)
     {"profile": profile, "lm-head": lm_head, "truncation": truncation, "attention": attention,
-     "compile": compiled}[args.what]()
+     "compile": compiled, "linear-backward": linear_backward}[args.what]()
 
 
 if __name__ == "__main__":
