@@ -40,7 +40,7 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from grpo_rl.config import register_configs
+    from grpo_rl.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "config"), version_base="1.3"):
@@ -62,7 +62,7 @@ def numerics_check(learner, ref, batch) -> dict:
     """On the warm-up batch (policy == reference): packed vs unpacked reference log-probs, and engine vs learner."""
     import torch
 
-    from grpo_rl.logprobs import sequence_logprobs
+    from grpo_rl.model.logprobs import sequence_logprobs
 
     view = batch.select("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_id")
     mask = batch["response_mask"].bool()
@@ -87,10 +87,14 @@ def main() -> None:
     import torch
 
     from grpo_rl.envs import make_env
-    from grpo_rl.advantages import group_advantages
-    from grpo_rl.factories import (make_collector, make_engine, make_local_learner, make_ref_scorer,
-                                   make_run, seed_everything, train_on_batch)
-    from grpo_rl.rewards.base import RewardComponent
+    from grpo_rl.algo.advantages import group_advantages
+    from grpo_rl.rollout.collector import make_collector
+    from grpo_rl.engines.build import make_engine
+    from grpo_rl.training.build import make_local_learner, make_ref_scorer
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import seed_everything
+    from grpo_rl.training.step import train_on_batch
+    from grpo_rl.envs.rewards.base import RewardComponent
 
     run_dir = tempfile.mkdtemp(prefix="trl_compare_ours_")
     cfg = compose(workload_overrides(run_dir) + list(args.overrides))
@@ -115,7 +119,7 @@ def main() -> None:
         t0 = time.perf_counter()
         batch, cs = collector.collect(step, learner.version)
         rewards = batch["reward"].clone()
-        batch, metrics = train_on_batch(run, learner, ref, batch)
+        batch, metrics = train_on_batch(learner, ref, batch, run.cfg.policy, run.cfg.sampling.max_new_tokens)
         t3 = time.perf_counter()
         engine.update_weights(learner.named_weights())
         t4 = time.perf_counter()

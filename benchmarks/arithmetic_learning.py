@@ -7,7 +7,7 @@
 Three phases, each its own process, on an otherwise idle machine:
 
 1. the base model (``model.name`` of the config, the embedded SmolLM2-135M-Instruct) evaluated on the first
-   ``--eval-prompts`` held-out problems with ``python -m grpo_rl.evaluation``;
+   ``--eval-prompts`` held-out problems with ``python -m grpo_rl.cli.evaluate``;
 2. ``sota/grpo.py --config-name grpo_arithmetic`` (``grpo_arithmetic_tools`` with ``--tools``) for ``--minutes``
    (``train.max_time_minutes``; the time counts from the run's start, engine start-up included), without
    evaluations during training;
@@ -15,7 +15,7 @@ Three phases, each its own process, on an otherwise idle machine:
    (greedy answers, success = the ``correct`` reward component).
 
 Prints greedy accuracy before and after with 95% Wilson intervals, the steps done, the wall times, the CPU
-(``grpo_rl.precision.cpu_flags``) and the load average at the start and the end (others' work on the machine slows
+(``grpo_rl.model.precision.cpu_flags``) and the load average at the start and the end (others' work on the machine slows
 the run and so lowers the steps done in the time), and writes them to ``--out`` (default
 ``benchmarks/results/arithmetic_learning[_tools].json``). The work folder (run, logs) is removed unless ``--keep``
 or a phase failed.
@@ -54,7 +54,7 @@ def run_logged(cmd: list[str], log_path: Path, what: str) -> float:
 def base_model_folder(model_name: str, out: Path) -> Path:
     """A folder of links to the base model's files, so the evaluation's ``eval_results.json`` lands in ``out``
     rather than in the model cache."""
-    from grpo_rl.models import resolve_model
+    from grpo_rl.model.loading import resolve_model
 
     source = Path(resolve_model(model_name))
     out.mkdir(parents=True)
@@ -65,8 +65,8 @@ def base_model_folder(model_name: str, out: Path) -> Path:
 
 
 def evaluate(model_dir: Path, config_name: str, overrides: list[str], log_path: Path, what: str) -> dict:
-    """``python -m grpo_rl.evaluation`` on ``model_dir``; its ``eval_results.json`` plus the wall seconds."""
-    seconds = run_logged([sys.executable, "-m", "grpo_rl.evaluation", f"checkpoint={model_dir}",
+    """``python -m grpo_rl.cli.evaluate`` on ``model_dir``; its ``eval_results.json`` plus the wall seconds."""
+    seconds = run_logged([sys.executable, "-m", "grpo_rl.rollout.evaluation", f"checkpoint={model_dir}",
                           "--config-name", config_name, *overrides], log_path, what)
     result = json.loads((model_dir / "eval_results.json").read_text())
     n = int(result["eval/num_prompts"])
@@ -90,7 +90,7 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / f"arithmetic_learning{'_tools' if args.tools else ''}.json"
 
     from grpo_rl.api import compose
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.model.precision import cpu_flags
 
     # The evaluation's settings, identical before and after; the test split must hold the problems evaluated.
     eval_overrides = [f"eval.num_prompts={args.eval_prompts}", "eval.pass_k=0", *args.overrides]

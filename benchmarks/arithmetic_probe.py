@@ -9,12 +9,12 @@ group is rewarded and GRPO has nothing to compare, near the ceiling there is not
 measures where each candidate lies. It composes the training config (``--config-name``, default
 ``config/grpo_arithmetic.yaml``: the same chat template, system prompt, reward and ``sampling.max_new_tokens``),
 starts the run's vLLM engine once with the base model, and for each spec (``OPS:DIGITS`` or ``OPS:DIGITSxMUL``,
-e.g. ``add,sub:2``, ``mul:2x1``) runs the training loop's own held-out evaluator (grpo_rl.evaluation: greedy
+e.g. ``add,sub:2``, ``mul:2x1``) runs the training loop's own held-out evaluator (grpo_rl.rollout.evaluation: greedy
 answers on the first ``--prompts`` test problems, success = the ``correct`` reward component; the override
 ``eval.pass_k=4`` adds sampled pass@4 and the accuracy of single samples at ``eval.temperature``, what a training
 group sees). Per spec it prints greedy accuracy with a 95% Wilson interval, the mean format reward, the mean answer
 length, the fraction cut at the token limit and one answer; the table names the CPU
-(``grpo_rl.precision.cpu_flags``) and the load average. Writes ``benchmarks/results/arithmetic_probe.json``.
+(``grpo_rl.model.precision.cpu_flags``) and the load average. Writes ``benchmarks/results/arithmetic_probe.json``.
 """
 from __future__ import annotations
 
@@ -53,10 +53,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     from grpo_rl.api import compose
-    from grpo_rl.config import validate
-    from grpo_rl.evaluation import make_evaluator
-    from grpo_rl.factories import make_engine, make_run
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.run.preflight import validate
+    from grpo_rl.rollout.evaluation import make_evaluator
+    from grpo_rl.engines.build import make_engine
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.model.precision import cpu_flags
 
     cfg = compose(args.config_name, [f"eval.num_prompts={args.prompts}", "eval.pass_k=0", "eval.every=1",
                                      "logger.backend=none", *args.overrides])

@@ -70,8 +70,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "busy_neighbour.json")
     args = parser.parse_args()
 
-    from grpo_rl.devices import available_cpus
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.placement.devices import available_cpus
+    from grpo_rl.model.precision import cpu_flags
 
     cores = available_cpus()
     print(f"CPU: {cpu_flags()}, {cores} cores available, load average "

@@ -29,8 +29,8 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from grpo_rl.envs.base import PromptEnv, group_answers, rewards_per_answer
-from grpo_rl.precision import cpu_flags
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.model.precision import cpu_flags
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 
 
 class CharTokenizer:

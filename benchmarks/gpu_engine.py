@@ -82,10 +82,10 @@ def generate(path: str, dev: torch.device) -> None:
 def profile(path: str, dev: torch.device) -> None:
     from torch.profiler import ProfilerActivity
 
-    from grpo_rl.learner import Learner, LossSettings
-    from grpo_rl.models import load_causal_lm
-    from grpo_rl.rollout.base import SamplingSpec
-    from grpo_rl.rollout.transformers_engine import TransformersEngine
+    from grpo_rl.training.learner import Learner, LossSettings
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.engines.base import SamplingSpec
+    from grpo_rl.engines.transformers_engine import TransformersEngine
 
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     spec = SamplingSpec(max_new_tokens=LR, temperature=1.0, seed=1)
@@ -137,7 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_engine.py needs a CUDA GPU")
-    from grpo_rl.models import resolve_model
+    from grpo_rl.model.loading import resolve_model
 
     path = resolve_model(args.model)
     path = random_weights(path) if args.random_weights else path

@@ -39,8 +39,8 @@ def _packed_step():
     """The real model, and one bf16 packed training forward + backward over a random batch of the set shape."""
     from tensordict import TensorDict
 
-    from grpo_rl.logprobs import packed_sequence_logprobs
-    from grpo_rl.models import load_causal_lm, resolve_model
+    from grpo_rl.model.logprobs import packed_sequence_logprobs
+    from grpo_rl.model.loading import load_causal_lm, resolve_model
 
     model = load_causal_lm(resolve_model("embedded:smollm2-135m-instruct"), torch.device("cpu"))
     b = GROUPS * G
@@ -70,7 +70,7 @@ def profile() -> None:
 
 
 def lm_head() -> None:
-    from grpo_rl.vocab import ChunkedTokenLogprob
+    from grpo_rl.model.vocab import ChunkedTokenLogprob
 
     tokens = GROUPS * G * ANSWER
     hidden = torch.randn(tokens, HIDDEN, requires_grad=True)
@@ -102,10 +102,15 @@ def truncation() -> None:
     top-p and both, in fp32 and under bf16 autocast, on SmolLM2's hidden states of GSM8K text (real next-token
     distributions: how many rows top-p keeps beyond the candidates depends on them); then the kept-set search alone,
     per chunk, on those logits and on flat ones (every row sorted whole: the worst case)."""
-    from grpo_rl.data import load_records
-    from grpo_rl.models import load_causal_lm, load_tokenizer, resolve_model
-    from grpo_rl.vocab import (CHUNK_ELEMENTS, TOP_P_CANDIDATES, ChunkedTokenLogprob, TruncatedTokenLogprob,
-                               truncation_threshold)
+    from grpo_rl.envs.data import load_records
+    from grpo_rl.model.loading import load_causal_lm, load_tokenizer, resolve_model
+    from grpo_rl.model.vocab import (
+        CHUNK_ELEMENTS,
+        TOP_P_CANDIDATES,
+        ChunkedTokenLogprob,
+        TruncatedTokenLogprob,
+        truncation_threshold,
+    )
 
     tokens = GROUPS * G * ANSWER
     path = resolve_model("embedded:smollm2-135m-instruct")

@@ -54,8 +54,12 @@ def main() -> None:
     import torch  # noqa: F401
 
     from grpo_rl.envs import make_env
-    from grpo_rl.factories import (make_collector, make_engine, make_local_learner, make_ref_scorer,
-                                   make_run, score_batch, seed_everything)
+    from grpo_rl.rollout.collector import make_collector
+    from grpo_rl.engines.build import make_engine
+    from grpo_rl.training.build import make_local_learner, make_ref_scorer
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import seed_everything
+    from grpo_rl.training.step import score_batch
     from trl_compare import COMMON_OURS, PRESETS
     mark("imports (torch, grpo_rl)")
 
@@ -79,7 +83,7 @@ def main() -> None:
         t0 = time.perf_counter()
         batch, _ = collector.collect(step, learner.version)
         mark(f"step {step}: collected")
-        batch, _ = score_batch(run, batch, ref)
+        batch, _ = score_batch(batch, ref, run.cfg.policy, run.cfg.sampling.max_new_tokens)
         mark(f"step {step}: reference scored")
         learner.train_step(batch)
         mark(f"step {step}: trained (+ grads, optimizer state)")

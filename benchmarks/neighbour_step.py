@@ -123,8 +123,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from grpo_rl.devices import available_cpus
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.placement.devices import available_cpus
+    from grpo_rl.model.precision import cpu_flags
 
     args.threads = args.threads or available_cpus()
     arms = [parse_arm(a) for a in (args.arms or ["default", "gnu", "threads1"])]

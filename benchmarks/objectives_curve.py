@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every arm (after --)")
     args = parser.parse_args()
 
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.model.precision import cpu_flags
 
     print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores", flush=True)
     base = args.out_dir or Path(f"/tmp/objectives_curve_{int(time.time())}")

@@ -55,7 +55,7 @@ def run_arm(arm: str, steps: int, threads: int) -> dict:
     set_threads(threads)
     import torch
 
-    from grpo_rl.optim import make_optimizer
+    from grpo_rl.model.optim import make_optimizer
 
     torch.manual_seed(0)
     dtype = torch.bfloat16 if arm.endswith("bf16") else torch.float32

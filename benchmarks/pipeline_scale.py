@@ -4,7 +4,7 @@
     python benchmarks/pipeline_scale.py --quick              # the two smallest sizes, under 5 minutes
     python benchmarks/pipeline_scale.py --generation 8 --reference 1 --training 4 --jitter 0.1 --steps 6
 
-Each size runs ``sota/grpo-async.py`` with ``simulate.enabled=true`` (grpo_rl/simulation.py): collector actors
+Each size runs ``sota/grpo-async.py`` with ``simulate.enabled=true`` (grpo_rl/training/simulated.py): collector actors
 with their environments, rewards and buffer, the staleness gate, the reference as a stage of its own (one actor),
 learner ranks with their gloo collective, weight pushes of a tiny model's real tensors, checkpoints, all real;
 only generation, reference scoring and training sleep for the seconds set here (per batch, with jitter). A size
@@ -42,7 +42,7 @@ SIZES = [(c, r) for r in (1, 2, 4) for c in (1, 2, 4, 8, 16)]
 
 
 def cpu_line() -> str:
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.model.precision import cpu_flags
 
     load = os.getloadavg()
     return f"CPU: {cpu_flags()}, {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
@@ -147,7 +147,7 @@ def main() -> None:
     if args.sizes:
         sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
-    from grpo_rl.models import build_tiny_model, resolve_model
+    from grpo_rl.model.loading import build_tiny_model, resolve_model
 
     print(cpu_line(), flush=True)
     print(f"stage seconds per batch: generation {args.generation} (per collector), reference {args.reference}, "

@@ -239,7 +239,7 @@ def build_model(name: str, target: Path, shape: dict) -> None:
     import torch
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
-    from grpo_rl.models import resolve_model
+    from grpo_rl.model.loading import resolve_model
 
     tok_path = resolve_model(WORKLOAD["model"])
     tok = AutoTokenizer.from_pretrained(tok_path)
@@ -532,7 +532,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from flops import matmul_rates
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.model.precision import cpu_flags
     from trl_compare import prepare_prompts
 
     t_start = time.perf_counter()

@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.model.precision import cpu_flags
 
     import torch
 

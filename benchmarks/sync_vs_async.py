@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_model(out: Path, hidden: int, layers: int, heads: int) -> Path:
-    from grpo_rl.models import build_tiny_model, resolve_model
+    from grpo_rl.model.loading import build_tiny_model, resolve_model
 
     return build_tiny_model(resolve_model("embedded:smollm2-135m-instruct"), out, hidden_size=hidden,
                             num_layers=layers, num_heads=heads, intermediate_size=2 * hidden)
@@ -112,7 +112,7 @@ def main() -> None:
                      "logger.num_examine=0", "eval.every=0", "train.checkpoint_frequency=0", *args.overrides]
         from omegaconf import OmegaConf
 
-        from grpo_rl.config import GRPOConfig
+        from grpo_rl.config.schema import GRPOConfig
 
         yaml = OmegaConf.load(ROOT / "config" / "grpo_gsm8k.yaml")
         for hydra_key in ("defaults", "hydra"):

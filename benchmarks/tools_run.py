@@ -38,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or ROOT / "benchmarks" / "results" / f"tools_run_{args.config}.json"
 
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.model.precision import cpu_flags
 
     run_dir = Path(tempfile.mkdtemp(prefix="tools-run-")) / "run"
     load_start = os.getloadavg()

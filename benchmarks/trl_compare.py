@@ -120,10 +120,10 @@ def prepare_prompts(total_steps: int, path: Path, prompts_per_step: int | None =
 
     ``prompts_per_step``: the workload's unless given (``scaling.py`` runs other sizes).
     """
-    from grpo_rl.data import load_records
+    from grpo_rl.envs.data import load_records
     from grpo_rl.envs import make_env
     from grpo_rl.envs.gsm8k import gsm8k_messages
-    from grpo_rl.models import load_tokenizer, resolve_model
+    from grpo_rl.model.loading import load_tokenizer, resolve_model
 
     from _ours_worker import compose, workload_overrides
 
@@ -338,7 +338,7 @@ def main() -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from grpo_rl.models import resolve_model
+    from grpo_rl.model.loading import resolve_model
 
     model_path = resolve_model(WORKLOAD["model"])
     model_cfg = json.loads((Path(model_path) / "config.json").read_text())

@@ -3,7 +3,7 @@
     bash benchmarks/setup_trl_env.sh                                  # once: TRL's own venv in benchmarks/.venv-trl
     benchmarks/.venv-trl/bin/python benchmarks/trl_objectives.py     # ~10 s; -> benchmarks/results/trl_objectives.json
 
-Runs in TRL's venv. ``grpo_rl.loss``, ``grpo_rl.objectives`` and ``grpo_rl.engine_correction`` need only torch
+Runs in TRL's venv. ``grpo_rl.algo.loss``, ``grpo_rl.algo.objectives`` and ``grpo_rl.algo.engine_correction`` need only torch
 (2.13.0 in both venvs), so they are imported from the source tree; both sides see the same tensors in one process.
 
 Inputs (fixed seed, fp32): 8 groups x 4 answers of 4-64 tokens, right-padded to 64 (the padding holds random
@@ -23,7 +23,7 @@ cases set ``use_vllm=True`` and ``vllm_importance_sampling_correction=True``, wh
 ``_compute_loss``; no vLLM is needed). One optimizer step per generation batch
 (``steps_per_generation=1``, no gradient accumulation), so ``num_items_in_batch`` is the batch's token count.
 
-Our side: ``grpo_rl.loss.grpo_loss`` with the aggregation chosen to match TRL's ``loss_type`` (``dapo`` and
+Our side: ``grpo_rl.algo.loss.grpo_loss`` with the aggregation chosen to match TRL's ``loss_type`` (``dapo`` and
 ``cispo``: token mean; ``grpo``: per-answer token mean, then mean over answers; ``dr_grpo``: token sum over
 ``max_completion_length``, mean over answers). KL coefficient 0.04 in every case, k3 estimator. TRL 1.16 defaults
 to ``use_bias_correction_kl=True`` (the KL term multiplied by the differentiable policy ratio); ours has no such
@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from grpo_rl.loss import aggregate, grpo_loss, kl_estimate  # noqa: E402
+from grpo_rl.algo.loss import aggregate, grpo_loss, kl_estimate
 
 GROUPS, GROUP_SIZE, T_MAX, MIN_LEN = 8, 4, 64, 4
 KL_COEF = 0.04

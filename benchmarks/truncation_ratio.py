@@ -55,8 +55,8 @@ def score(learner, batch, *, learner_pass: bool):
     learner does: its own pass (``learner_pass``) or the untruncated ``sequence_logprobs``."""
     import torch
 
-    from grpo_rl.logprobs import sequence_logprobs
-    from grpo_rl.packing import group_micro_batches, micro_batches
+    from grpo_rl.model.logprobs import sequence_logprobs
+    from grpo_rl.model.packing import group_micro_batches, micro_batches
 
     shape = batch["response_ids"].shape
     logprobs = torch.zeros(shape, dtype=torch.float32)
@@ -125,9 +125,13 @@ def main() -> None:
 
     import torch
 
-    from grpo_rl.factories import make_collector, make_engine, make_local_learner, make_run, seed_everything
-    from grpo_rl.loss import kl_estimate
-    from grpo_rl.precision import cpu_flags
+    from grpo_rl.rollout.collector import make_collector
+    from grpo_rl.engines.build import make_engine
+    from grpo_rl.training.build import make_local_learner
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import seed_everything
+    from grpo_rl.algo.loss import kl_estimate
+    from grpo_rl.model.precision import cpu_flags
 
     print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; torch threads {torch.get_num_threads()}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="truncation_ratio_"))

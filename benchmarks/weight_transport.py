@@ -8,11 +8,11 @@ A learner-side process sends a model's full state dict to a receiver actor, whic
 same for every transport). Timed: pack (sender), transfer + unpack (receiver), end to end. Variants:
 
 * ``object_store_numpy``: ``ray.put`` of ``{name: tensor.numpy()}``; the receiver's ``ray.get`` maps the
-  arrays zero-copy from shared memory (what :mod:`grpo_rl.weight_sync` ships);
+  arrays zero-copy from shared memory (what :mod:`grpo_rl.weights.sync` ships);
 * ``object_store_torch``: ``ray.put`` of ``{name: tensor}`` (tensors are pickled, copied on both sides);
 * ``safetensors_bytes``: ``safetensors.torch.save`` to bytes, sent as an argument, ``safetensors.torch.load``.
 
-Prints a table and writes JSON. Results of one run are in the docstring of :mod:`grpo_rl.weight_sync`.
+Prints a table and writes JSON. Results of one run are in the docstring of :mod:`grpo_rl.weights.sync`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_rl.weight_sync import unique_tensors
+from grpo_rl.weights.sync import unique_tensors
 
 
 def make_state(which: str) -> dict[str, torch.Tensor]:
@@ -36,7 +36,7 @@ def make_state(which: str) -> dict[str, torch.Tensor]:
                           num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
         model = AutoModelForCausalLM.from_config(cfg)
     else:
-        from grpo_rl.models import resolve_model
+        from grpo_rl.model.loading import resolve_model
 
         model = AutoModelForCausalLM.from_pretrained(resolve_model("embedded:smollm2-135m-instruct"))
     return dict(unique_tensors(model.state_dict().items()))

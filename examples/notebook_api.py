@@ -13,7 +13,7 @@ import random
 import re
 import sys
 
-from grpo_rl import Trainer
+from grpo_rl.api import Trainer
 
 # %% [markdown]
 # Prompts: rows with a `prompt` and a `ground_truth` (plain strings work too, and so does a `datasets.Dataset`).

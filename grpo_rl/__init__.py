@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "RewardFunction":
-        from grpo_rl.rewards.custom import RewardFunction
+        from grpo_rl.envs.rewards.custom import RewardFunction
 
         return RewardFunction
     raise AttributeError(f"module 'grpo_rl' has no attribute {name!r}")

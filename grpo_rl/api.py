@@ -27,15 +27,13 @@ function. A user error (a bad override, a reward whose signature matches no conv
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from grpo_rl.errors import RoleFailed
-from grpo_rl.rewards.custom import RewardFunction
+from grpo_rl.envs.rewards.custom import RewardFunction
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
@@ -74,7 +72,7 @@ def train(cfg, run_dir: str | Path, *, mode: str = "sync", rewards: Sequence[Rew
     """Run GRPO as configured: ``mode="sync"`` is ``sota/grpo.py``'s loop, ``"async"`` ``sota/grpo-async.py``'s.
 
     Args:
-        cfg: the run config (composed and typed against :class:`~grpo_rl.config.GRPOConfig`).
+        cfg: the run config (composed and typed against :class:`~grpo_rl.config.schema.GRPOConfig`).
         run_dir: the run folder.
         mode: ``sync`` or ``async``.
         rewards: reward functions given as Python objects, added to the configured ones.
@@ -84,153 +82,13 @@ def train(cfg, run_dir: str | Path, *, mode: str = "sync", rewards: Sequence[Rew
     from grpo_rl.quiet import quiet_start
 
     quiet_start()  # drop the known start-up noise of vLLM, torch, transformers and wandb (GRPO_VERBOSE=1 keeps it)
-    loop = _train_sync if mode == "sync" else _train_async
-    state = loop(cfg, Path(run_dir), tuple(rewards))
+    from grpo_rl.run.loop import train as run_loop
+
+    state = run_loop(cfg, Path(run_dir), mode, tuple(rewards))
     summary = state.summary()
     print(summary, flush=True)
     return RunResult(run_dir=Path(state.run_dir), steps=state.step, final_reward=state.result(),
                      stopped_because=state.stopped_because, summary=summary)
-
-
-def _train_sync(cfg, run_dir: Path, rewards: tuple):
-    """Collect a batch with the current weights, train on it, push the weights, repeat (policy lag zero)."""
-    from grpo_rl.evaluation import make_eval_env, make_evaluator
-    from grpo_rl.factories import make_engine, make_run, make_train_env, seed_everything, train_on_batch
-    from grpo_rl.lifecycle import GracefulStop, RunState, StopRun
-    from grpo_rl.metrics import RunLogger
-    from grpo_rl.roles import make_learner, make_reference, make_rollout_source, make_weight_sync, start_roles
-
-    # Cleanup runs in reverse order of registration, every step even if an earlier one fails: the final
-    # checkpoint and export (of the last completed step), the logs, the roles, Ray, the signal handlers.
-    with contextlib.ExitStack() as cleanup:
-        stop = GracefulStop().install()  # Ctrl-C / SIGTERM: stop at the next phase, checkpoint, exit
-        cleanup.callback(stop.restore)
-        # Create the run: validate config and run folder, allocate devices, place the roles, resolve precision.
-        run = make_run(cfg, run_dir, rewards=rewards)
-        # Read and check the data before any engine starts.
-        env = make_train_env(run)
-        eval_env = make_eval_env(run)
-
-        # Create the engine first: in-process vLLM seeds the global RNGs, so we seed after it. An engine that
-        # shares the learner's model (inference_model.share_weights) comes after the learner instead.
-        start_roles(run, cleanup)
-        shared = cfg.inference_model.share_weights
-        engine = None if shared else make_engine(run)
-        seed_everything(cfg.seed)
-        learner = make_learner(run)
-        cleanup.callback(learner.shutdown)
-        if shared:
-            engine = make_engine(run, policy=learner.model)
-        cleanup.callback(engine.shutdown)
-        source, ref = make_rollout_source(run, env, engine=engine, reference=make_reference(run, learner))
-        weight_sync = make_weight_sync(run, engine=engine)
-        evaluator = make_evaluator(run, engine, env=eval_env)
-        logger = RunLogger.from_config(cfg, run.run_dir)
-        cleanup.callback(logger.close)
-        state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
-
-        # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engine gets the weights.
-        state.resume(learner, source, weight_sync)
-        cleanup.callback(state.finish, learner, source, run.tokenizer)
-
-        try:
-            while state.running():  # train.steps, train.max_time_minutes, signals
-                t0 = time.perf_counter()
-                rollout = source.next_batch(learner.version)
-                state.between_phases("generation")  # before the update, a stop abandons the step
-                version = learner.version
-                batch, metrics = train_on_batch(run, learner, ref, rollout.batch, between_phases=state.between_phases)
-                t1 = time.perf_counter()
-                # Nothing to push after a filtered-out batch or a skipped update, or to an engine that shares the model.
-                if learner.version != version and not shared:
-                    weight_sync.push(learner.weights_for_push(), learner.version)
-                t2 = time.perf_counter()
-
-                metrics.update(rollout.metrics)
-                metrics.update(policy_version=learner.version, weight_sync_seconds=t2 - t1, step_seconds=t2 - t0,
-                               tokens_per_second=metrics["answer_tokens"] / (t2 - t0))
-                if evaluator is not None and state.should_stop() is None:  # a stop skips the evaluation
-                    metrics.update(evaluator.maybe_evaluate(state.step + 1, cfg.train.steps))
-                state.record_step(learner, source, run.tokenizer, metrics, batch, rollout.failure_examples)
-        except StopRun as e:
-            print(f"stopping: {e}", flush=True)
-    return state
-
-
-def _train_async(cfg, run_dir: Path, rewards: tuple):
-    """Collector actors generate continuously into a bounded buffer while the learner trains on what they made."""
-    from grpo_rl.evaluation import due_for_evaluation, make_eval_env
-    from grpo_rl.factories import make_run, make_train_env, seed_everything, train_on_batch
-    from grpo_rl.lifecycle import GracefulStop, RunState
-    from grpo_rl.metrics import RunLogger
-    from grpo_rl.roles import make_learner, make_reference, make_rollout_source, make_weight_sync, start_roles
-
-    # Cleanup runs in reverse order of registration, every step even if an earlier one fails: stop the actors
-    # (they free the cores), the final checkpoint at the last step boundary, the logs, the learner's ranks, the Ray
-    # instance this run started, the signal handlers.
-    with contextlib.ExitStack() as cleanup:
-        stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish the step, checkpoint, shut down
-        cleanup.callback(stop.restore)
-        # Create the run: validate config and run folder, allocate devices, place the roles, resolve precision.
-        run = make_run(cfg, run_dir, mode="async", rewards=rewards)
-        # Read and check the data here, before Ray and the engines start (the collectors build their own copies;
-        # this one tracks the stream position).
-        env = make_train_env(run)
-        make_eval_env(run)
-
-        # Create the roles: collector actors with their engines and the buffer, the reference, the learner.
-        start_roles(run, cleanup)
-        source, ref = make_rollout_source(run, env, reference=make_reference(run))
-        cleanup.callback(source.close)
-        seed_everything(cfg.seed)
-        learner = make_learner(run)
-        cleanup.callback(learner.shutdown)
-        weight_sync = make_weight_sync(run, rollouts=source)
-        cleanup.callback(weight_sync.close)
-        logger = RunLogger.from_config(cfg, run.run_dir)
-        cleanup.callback(logger.close)
-        state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
-
-        # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engines get the weights.
-        state.resume(learner, source, weight_sync)
-        cleanup.callback(state.finish, learner, source, run.tokenizer)
-        cleanup.callback(source.close)  # before the checkpoint (a second call later does nothing)
-        pushed = learner.version  # the version the engines hold
-
-        while state.running():  # train.steps, train.max_time_minutes, signals
-            t0 = time.perf_counter()
-            rollout = source.next_batch(learner.version, lambda: state.should_stop() is not None)
-            if rollout is None:
-                break
-            t1 = time.perf_counter()
-            batch, metrics = train_on_batch(run, learner, ref, rollout.batch)
-            step, push_seconds = state.step + 1, 0.0
-            evaluate = state.should_stop() is None and due_for_evaluation(cfg.eval.every, step, cfg.train.steps)
-            push_failed = None  # the step is trained: it is logged and checkpointed before the failure ends the run
-            try:
-                if learner.version - pushed >= cfg.pipeline.push_every or (evaluate and learner.version != pushed):
-                    push_seconds, pushed = weight_sync.push(learner.weights_for_push(), learner.version), learner.version
-                if evaluate:  # the collectors are threaded: the push must have landed before the evaluation call
-                    push_seconds += weight_sync.delivered()
-            except RoleFailed as e:
-                push_failed, evaluate = e, False
-            t2 = time.perf_counter()
-
-            step_seconds = t2 - t0
-            metrics.update(rollout.metrics)
-            metrics.update(
-                policy_version=learner.version, weight_sync_seconds=push_seconds, step_seconds=step_seconds,
-                learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,
-                learner_samples_per_second=rollout.batch.batch_size[0] / step_seconds,
-            )
-            if evaluate:  # held-out evaluation by the first collector's engine, with the weights just pushed
-                metrics.update(source.evaluate(step, cfg.train.steps))
-            state.record_step(learner, source, run.tokenizer, metrics, batch, rollout.failure_examples,
-                              console_suffix=f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
-                              f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
-            if push_failed is not None:
-                raise push_failed
-    return state
 
 
 def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), *,
@@ -248,8 +106,9 @@ def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), 
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from grpo_rl.cli import check_overrides
-    from grpo_rl.config import ConfigError, GRPOConfig, register_configs
+    from grpo_rl.cli.entry import check_overrides
+    from grpo_rl.errors import ConfigError
+    from grpo_rl.config.schema import GRPOConfig, register_configs
 
     overrides = [str(o) for o in overrides]
     check_overrides(overrides)
@@ -288,7 +147,7 @@ def reward_functions(rewards) -> tuple[RewardFunction, ...]:
         elif callable(r):
             out.append(RewardFunction(r))
         else:
-            from grpo_rl.config import ConfigError
+            from grpo_rl.errors import ConfigError
 
             raise ConfigError(f"rewards[{i}] is a {type(r).__name__}, not a function; pass functions, "
                               "{label: (function, weight)}, or RewardFunction objects")
@@ -298,7 +157,7 @@ def reward_functions(rewards) -> tuple[RewardFunction, ...]:
 def prompt_rows(prompts, prompt_column: str = "prompt") -> list[dict]:
     """``prompts`` as data rows: strings become ``{prompt_column: text}``; mappings (rows with a ground truth and
     any other columns) are kept; a ``datasets.Dataset`` gives its rows."""
-    from grpo_rl.config import ConfigError
+    from grpo_rl.errors import ConfigError
 
     if hasattr(prompts, "to_list"):  # datasets.Dataset
         prompts = prompts.to_list()

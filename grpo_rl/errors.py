@@ -2,7 +2,7 @@
 
 A :class:`UserError` means the input is wrong (a config value, a data file, a reward file, a model folder, the
 run folder), not the code: its message names the input and the fix. The entry scripts print it on one line,
-without a traceback, and exit with status 2 (:func:`grpo_rl.cli.run_main`). Every other exception keeps its
+without a traceback, and exit with status 2 (:func:`grpo_rl.cli.entry.run_entry`). Every other exception keeps its
 traceback. This module is the bottom layer: it imports nothing from the package.
 """
 from __future__ import annotations

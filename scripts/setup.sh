@@ -30,4 +30,4 @@ fi
 
 "$PY" -c "import torch, vllm, grpo_rl" 2>/dev/null || { echo "setup: the environment in $VENV does not import; remove $VENV and rerun" >&2; exit 1; }
 # Convert the embedded model into an HF folder once (~20 s; cached in \$GRPO_CACHE_DIR or ~/.cache/grpo_rl).
-HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} "$PY" -c "from grpo_rl.models import resolve_model; print('model:', resolve_model('embedded:smollm2-135m-instruct'))"
+HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} "$PY" -c "from grpo_rl.model.loading import resolve_model; print('model:', resolve_model('embedded:smollm2-135m-instruct'))"

@@ -31,7 +31,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct as an HF folder (prepared once into the grpo_rl cache)."""
-    from grpo_rl.models import ModelNotFoundError, resolve_model
+    from grpo_rl.model.loading import ModelNotFoundError, resolve_model
 
     try:
         return Path(resolve_model("embedded:smollm2-135m-instruct"))
@@ -51,7 +51,7 @@ def tokenizer_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_dir: Path):
-    from grpo_rl.models import load_tokenizer
+    from grpo_rl.model.loading import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir))
 
@@ -59,7 +59,7 @@ def tokenizer(tokenizer_dir: Path):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (hidden 64, 2 heads, 2 layers) with SmolLM2's tokenizer, as an HF folder."""
-    from grpo_rl.models import build_tiny_model
+    from grpo_rl.model.loading import build_tiny_model
 
     return build_tiny_model(str(tokenizer_dir), tmp_path_factory.mktemp("tiny_model"), hidden_size=64, num_heads=2)
 
@@ -67,6 +67,6 @@ def tiny_model_dir(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture
 def tiny_model(tiny_model_dir: Path):
     """A fresh trainable copy of the tiny model on the CPU (float32, train mode, no cache)."""
-    from grpo_rl.models import load_causal_lm
+    from grpo_rl.model.loading import load_causal_lm
 
     return load_causal_lm(str(tiny_model_dir), torch.device("cpu"), "float32", trainable=True)

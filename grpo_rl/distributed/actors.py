@@ -1,14 +1,14 @@
 """The roles that run as Ray actors: the collector (engine + environment), the reference scorer and the buffer.
 
 The classes are plain Python; :mod:`grpo_rl.distributed.pipeline` and :mod:`grpo_rl.distributed.reference_actors`
-wrap them with ``ray.remote`` and the options of their role's :class:`~grpo_rl.run_context.RolePlacement`. Each
-receives its slice of the run context (:class:`~grpo_rl.run_context.ActorSpec`) and builds its parts with the same
+wrap them with ``ray.remote`` and the options of their role's :class:`~grpo_rl.placement.context.RolePlacement`. Each
+receives its slice of the run context (:class:`~grpo_rl.placement.context.ActorSpec`) and builds its parts with the same
 ``make_*`` factories as the synchronous script. The collector is a threaded actor: its :meth:`CollectorWorker.run`
 loop occupies one thread while ``set_weights``, ``receive_weights``, ``evaluate`` and ``stop`` are served by others;
 the buffer's blocking ``put``/``take`` wait on a condition variable, not on the actor.
 
 The collector's engine is in-process inside the actor (vLLM's side effects on its process, see
-:mod:`grpo_rl.rollout.vllm_engine`, stay inside the actor).
+:mod:`grpo_rl.engines.vllm_engine`, stay inside the actor).
 """
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ from typing import Iterator
 
 import torch
 
-from grpo_rl.buffer import RolloutBuffer
-from grpo_rl.evaluation import make_evaluator
-from grpo_rl.factories import make_collector, make_engine, make_ref_scorer
+from grpo_rl.distributed.buffer import RolloutBuffer
+from grpo_rl.rollout.evaluation import make_evaluator
+from grpo_rl.rollout.collector import make_collector
+from grpo_rl.engines.build import make_engine
+from grpo_rl.training.build import make_ref_scorer
 from grpo_rl.quiet import quiet_start
-from grpo_rl.run_context import ActorSpec
-from grpo_rl.weight_sync import unpack_weights
+from grpo_rl.placement.context import ActorSpec
+from grpo_rl.weights.sync import unpack_weights
 
 
 # A collector's cumulative counters; each batch it puts carries them to the driver (see RolloutBuffer.put).
@@ -36,7 +38,7 @@ class CollectorWorker:
     """Generates and scores batches with its engine as fast as the buffer accepts them.
 
     Replica ``r`` of ``R`` collects the batches ``b`` of the prompt stream with ``b % R == r`` that were not
-    consumed yet (:class:`~grpo_rl.rollout_source.StreamPosition`), each seeded as step ``b``: the replicas share
+    consumed yet (:class:`~grpo_rl.rollout.source.StreamPosition`), each seeded as step ``b``: the replicas share
     the synchronous loop's stream out between them, and a resumed run regenerates exactly what was not consumed.
 
     Args:
@@ -77,7 +79,7 @@ class CollectorWorker:
 
     def connect_collective(self, address: str, port: int, world_size: int) -> None:
         """Join the learner's weight broadcast group as rank ``1 + replica`` (``weight_transport=collective``)."""
-        from grpo_rl.distributed.collective import WeightBroadcast
+        from grpo_rl.weights.collective import WeightBroadcast
 
         self._receiver = WeightBroadcast.connect(address, port, 1 + self.replica, world_size,
                                                  self.run_ctx.devices.inference[0], self.timeout)
@@ -112,7 +114,7 @@ class CollectorWorker:
 
     def run(self, position: dict | None = None) -> dict:
         """Collect until :meth:`stop`, from the stream ``position`` (a
-        :meth:`~grpo_rl.rollout_source.StreamPosition.state_dict`; None: the start); each batch goes to the buffer
+        :meth:`~grpo_rl.rollout.source.StreamPosition.state_dict`; None: the start); each batch goes to the buffer
         (blocking while it is full)."""
         import ray
 
@@ -194,7 +196,7 @@ class RefWorker:
 
 
 class BufferActor(RolloutBuffer):
-    """:class:`~grpo_rl.buffer.RolloutBuffer` as a threaded actor (blocking calls wait on its condition)."""
+    """:class:`~grpo_rl.distributed.buffer.RolloutBuffer` as a threaded actor (blocking calls wait on its condition)."""
 
     def ready(self) -> int:
         return os.getpid()

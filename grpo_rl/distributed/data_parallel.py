@@ -1,14 +1,14 @@
 """Data parallelism for the learner: each rank takes a shard of the batch, gradients are summed over ranks.
 
 The learner scales each micro-batch's loss by its share of the *whole* batch (tokens for ``token_mean``,
-rows otherwise, see :mod:`grpo_rl.learner`). With the totals summed over ranks first, the per-rank gradients
+rows otherwise, see :mod:`grpo_rl.training.learner`). With the totals summed over ranks first, the per-rank gradients
 are partial sums of the single-process gradient, so summing them (``all_reduce(SUM)``, not averaging) gives
 exactly the update one process makes on the whole batch, up to float summation order
 (``tests/integration/test_data_parallel.py``). Gradient clipping and the optimizer step then run on
 identical gradients on every rank, so the replicas stay identical without a parameter broadcast.
 
 Why not ``DistributedDataParallel``: the forward goes through the decoder and the LM head separately
-(:mod:`grpo_rl.logprobs`), around DDP's ``forward`` hook, and gradient accumulation over micro-batches of
+(:mod:`grpo_rl.model.logprobs`), around DDP's ``forward`` hook, and gradient accumulation over micro-batches of
 different sizes needs the sum, not DDP's mean. One flat all-reduce per optimizer step is all it would add.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from grpo_rl.packing import group_spans
+from grpo_rl.model.packing import group_spans
 
 
 class GradientAllReduce:

@@ -1,8 +1,8 @@
 """A data-parallel learner: ``train_model.num_devices`` ranks as Ray actors in one torch.distributed group.
 
-:class:`LearnerGroup` has the :class:`~grpo_rl.learner.Learner` interface the loops and the run lifecycle use
+:class:`LearnerGroup` has the :class:`~grpo_rl.training.learner.Learner` interface the loops and the run lifecycle use
 (``train_step``, ``named_weights``, ``version``, ``state_dict``/``load_state_dict``, ``model``), so both
-scripts take it from :func:`grpo_rl.roles.make_learner` unchanged. Each rank trains on a shard of every batch
+scripts take it from :func:`grpo_rl.run.roles.make_learner` unchanged. Each rank trains on a shard of every batch
 (gloo on the CPU, NCCL on GPUs). With ``train_model.sharding=none`` each rank holds a full replica and gradients
 are summed over ranks (:mod:`grpo_rl.distributed.data_parallel`), so the replicas stay identical; with ``fsdp``
 parameters, gradients and optimizer state are sharded (:mod:`grpo_rl.distributed.sharding`) and the weights are
@@ -20,19 +20,20 @@ import os
 import torch
 
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
-from grpo_rl.distributed.ray_setup import free_port
+from grpo_rl.placement.ray import free_port
 from grpo_rl.distributed.reference_actors import wait_ready
 from grpo_rl.errors import RoleFailed
-from grpo_rl.factories import make_local_learner, seed_everything
+from grpo_rl.training.build import make_local_learner
+from grpo_rl.training.build import seed_everything
 from grpo_rl.quiet import quiet_start
-from grpo_rl.run_context import ActorSpec, RunContext
-from grpo_rl.weight_sync import WeightPacket, pack_weights
+from grpo_rl.placement.context import ActorSpec, RunContext
+from grpo_rl.weights.sync import WeightPacket, pack_weights
 
 log = logging.getLogger(__name__)
 
 
 class LearnerRank:
-    """One rank: a :class:`~grpo_rl.learner.Learner` on its device, joined to the group's process group."""
+    """One rank: a :class:`~grpo_rl.training.learner.Learner` on its device, joined to the group's process group."""
 
     def __init__(self, spec: ActorSpec, *, world_size: int, master_address: str, master_port: int, timeout: float):
         import datetime
@@ -143,7 +144,7 @@ class LearnerGroup:
     def __init__(self, run: RunContext):
         import ray
 
-        from grpo_rl.models import load_causal_lm
+        from grpo_rl.model.loading import load_causal_lm
 
         placement = run.placement.learner
         world = placement.count
@@ -162,6 +163,7 @@ class LearnerGroup:
         self.model = load_causal_lm(run.model_path, self.device, run.cfg.model.dtype, trainable=False)
         self.version = 0
         self.skipped_steps = 0
+        self.compiled = False  # each rank compiles its own forward (train.compile); nothing runs compiled here
 
     def _get(self, calls: list, what: str):
         import ray
@@ -183,12 +185,15 @@ class LearnerGroup:
         self.version, self.skipped_steps = metrics.pop("version"), metrics.pop("skipped_steps")
         return metrics
 
+    def observe_step(self, seconds: float) -> None:
+        """The ranks time their own steps."""
+
     def weights_for_push(self) -> WeightPacket:
-        """Rank 0's weights (gathered, when sharded) in the Ray object store (see :mod:`grpo_rl.weight_sync`)."""
+        """Rank 0's weights (gathered, when sharded) in the Ray object store (see :mod:`grpo_rl.weights.sync`)."""
         return self._get([r.weight_packet.remote() for r in self.ranks], "a weight gather")[0]
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        from grpo_rl.weight_sync import unpack_weights
+        from grpo_rl.weights.sync import unpack_weights
 
         return unpack_weights(self.weights_for_push())
 

@@ -1,9 +1,9 @@
 """The asynchronous loop's rollout source: collector actors -> buffer -> (reference stage) -> the learner.
 
-:class:`AsyncRollouts` is a :class:`~grpo_rl.rollout_source.RolloutSource`. It starts one collector actor per
+:class:`AsyncRollouts` is a :class:`~grpo_rl.rollout.source.RolloutSource`. It starts one collector actor per
 inference device and a buffer actor, hands the learner the next batch that passes the staleness gate with the
 role metrics, and stops everything in :meth:`AsyncRollouts.close`. The collectors' counters and failing reward
-calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.buffer.RolloutBuffer.put`), so a step costs
+calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step costs
 the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
 (``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference
 actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch
@@ -12,7 +12,7 @@ actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` 
 Nothing hangs: a collector that dies, a reference replica that fails, or no batch within
 ``pipeline.timeout_seconds`` raises :class:`~grpo_rl.errors.RoleFailed` naming the role; the loop's cleanup then
 checkpoints the last step boundary, whose stream position regenerates whatever was in flight
-(:class:`~grpo_rl.rollout_source.StreamPosition`).
+(:class:`~grpo_rl.rollout.source.StreamPosition`).
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ import threading
 import time
 
 
-from grpo_rl.buffer import TakeResult
+from grpo_rl.distributed.buffer import TakeResult
 from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker
 from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
 from grpo_rl.errors import RoleFailed
-from grpo_rl.rollout_source import Rollout, StreamPosition
-from grpo_rl.run_context import RunContext
+from grpo_rl.rollout.source import Rollout, StreamPosition
+from grpo_rl.placement.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class AsyncRollouts:
     Args:
         run: the run context (Ray must be running).
         env: an environment of the run at the start of the stream (the driver's copy; it tracks the stream
-            position, see :class:`~grpo_rl.rollout_source.StreamPosition`).
+            position, see :class:`~grpo_rl.rollout.source.StreamPosition`).
         reference: the reference stage, when the reference runs as actors (scored batches come out of this source
             with ``ref_logprobs``).
     """

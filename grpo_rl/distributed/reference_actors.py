@@ -1,7 +1,7 @@
 """The reference model as a pipeline stage of its own: ``ref_model.num_devices`` actors, one batch sharded over them.
 
 :class:`ReferenceActors` has the reference scorer's interface (``score(batch)`` adds ``ref_logprobs``), so the
-synchronous loop uses it where it would use an in-process :class:`~grpo_rl.reference.RefScorer`. In the
+synchronous loop uses it where it would use an in-process :class:`~grpo_rl.training.reference.RefScorer`. In the
 asynchronous loop it sits between the buffer and the learner (:class:`~grpo_rl.distributed.pipeline.AsyncRollouts`)
 and scores the next batch while the learner trains on the current one. A batch is cut into whole groups, about
 equal in rows, one shard per replica (:func:`~grpo_rl.distributed.data_parallel.shard_batch`).
@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from grpo_rl.distributed.actors import RefWorker
 from grpo_rl.distributed.data_parallel import shard_batch
 from grpo_rl.errors import RoleFailed
-from grpo_rl.run_context import RunContext
+from grpo_rl.placement.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ class ReferenceActors:
 
     def score(self, batch: TensorDict) -> TensorDict:
         return self.collect(batch, self.submit(batch))
+
+    def compile(self) -> None:
+        """Each replica follows ``train.compile`` in its own process."""
 
     def shutdown(self) -> None:
         import ray

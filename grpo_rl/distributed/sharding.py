@@ -9,7 +9,7 @@ and its gradient is reduce-scattered as soon as its backward is done.
 
 Departures from the usual ``fully_shard(model); model(...)``:
 
-* The learner never calls the root's ``forward``: :func:`grpo_rl.logprobs.sequence_logprobs` calls the decoder
+* The learner never calls the root's ``forward``: :func:`grpo_rl.model.logprobs.sequence_logprobs` calls the decoder
   and then uses the LM head's weight directly (chunked log-softmax). FSDP's root hooks sit on ``forward``, so
   the embedding would meet its weight still sharded ("aten.embedding.default got mixed torch.Tensor and
   DTensor") and the first layer would take itself for the root. :func:`shard_model` therefore registers the
@@ -32,7 +32,7 @@ Departures from the usual ``fully_shard(model); model(...)``:
   reduce-scatter of the gradients per micro-batch instead of one per optimizer step.
 * Every forward and backward holds collectives, so every rank must run the same number of them: the learner
   pads a rank with fewer micro-batches with zero-weighted passes, and does not stop early at a non-finite loss
-  (:class:`grpo_rl.learner.Learner`).
+  (:class:`grpo_rl.training.learner.Learner`).
 
 Full (unsharded) weights and optimizer state, for weight pushes, exports and checkpoints, go through
 :mod:`torch.distributed.checkpoint.state_dict`: gathered to the CPU of rank 0 only (every rank must call, as the
@@ -56,7 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from grpo_rl.distributed.data_parallel import GradientAllReduce
-from grpo_rl.lora import is_lora
+from grpo_rl.model.lora import is_lora
 
 GATHER_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Gather full tensors to the CPU of rank 0; the other ranks get an empty state."""
@@ -78,7 +78,7 @@ def shard_model(model: torch.nn.Module, *, mesh: DeviceMesh | None = None,
                 reshard_after_forward: bool = True) -> torch.nn.Module:
     """Shard an HF causal LM in place over ``mesh``: one FSDP unit per decoder layer, then the root.
 
-    Call it after ``init_process_group`` and before building the :class:`~grpo_rl.learner.Learner` (whose
+    Call it after ``init_process_group`` and before building the :class:`~grpo_rl.training.learner.Learner` (whose
     optimizer must see the sharded parameters), with the model already on its device.
 
     Args:

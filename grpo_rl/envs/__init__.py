@@ -5,16 +5,20 @@
 task's own reward can be extended with the user's reward functions (``reward.path``/``reward.name``,
 ``reward.functions``) and a reward model (``reward.model_path``); all components are summed with their weights and
 logged one by one.
+
+The package holds the tasks: environments, data loading (:mod:`.data`), rewards (:mod:`.rewards`), tools
+(:mod:`.tools`) and multi-turn episodes (:mod:`.multiturn`). May import :mod:`grpo_rl.engines` and below (an
+episode drives an engine through its protocol).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from grpo_rl.data import load_records
+from grpo_rl.envs.data import load_records
 from grpo_rl.envs.base import PromptEnv, PromptTooLongError, group_answers, rewards_per_answer
 from grpo_rl.errors import ConfigError
-from grpo_rl.rewards.base import RewardComponent
-from grpo_rl.rewards.custom import RewardFunction, UserReward, user_reward_components
+from grpo_rl.envs.rewards.base import RewardComponent
+from grpo_rl.envs.rewards.custom import RewardFunction, UserReward, user_reward_components
 
 # The column holding each row's raw prompt, per task, for a reward model.
 _PROMPT_COLUMN = {"gsm8k": "question", "ifeval": "prompt", "arithmetic": "question"}
@@ -28,7 +32,7 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
         cfg: the run config.
         tokenizer: the policy's tokenizer (its chat template formats prompts).
         split: data split (default ``cfg.env.split``).
-        devices: the run's :class:`~grpo_rl.devices.DeviceAllocation`; a reward model runs on its
+        devices: the run's :class:`~grpo_rl.placement.devices.DeviceAllocation`; a reward model runs on its
             ``reward_model`` device. Default: allocated from ``cfg`` (only when a reward model is configured).
         fewer_prompts_ok: serve every prompt per step when the data has fewer than ``env.prompts_per_step``
             (held-out evaluation); by default that is an error, since a step would repeat prompts.
@@ -36,7 +40,7 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
             ones.
 
     With ``env.tools``, the system prompt gets the tools' descriptions and the call format, and the environment's
-    ``tool_use`` (:class:`~grpo_rl.multiturn.ToolUse`, else None) answers the calls of multi-turn episodes.
+    ``tool_use`` (:class:`~grpo_rl.envs.multiturn.ToolUse`, else None) answers the calls of multi-turn episodes.
 
     Raises:
         ConfigError: ``env.prompts_per_step`` exceeds the prompts left after skipping over-long ones (unless
@@ -96,15 +100,15 @@ def _with_tools(cfg, tokenizer):
     """
     import copy
 
-    from grpo_rl.multiturn import ToolMessages, ToolUse
+    from grpo_rl.envs.multiturn import ToolMessages, ToolUse
 
     try:
         ToolMessages(tokenizer)
     except ValueError as e:
         raise ConfigError(f"env.tools: {e} (model.name={cfg.model.name}); use a model whose chat template has a tool "
                           "role, or train without env.tools") from e
-    from grpo_rl.tools.configured import configured_tools
-    from grpo_rl.tools.format import tool_system_prompt
+    from grpo_rl.envs.tools.configured import configured_tools
+    from grpo_rl.envs.tools.format import tool_system_prompt
 
     tools = configured_tools(cfg.env.tools)
     base = cfg.env.system_prompt
@@ -129,14 +133,15 @@ def shared_reward_components(cfg, devices=None, rewards: Sequence[RewardFunction
     components = user_reward_components(cfg.reward, prompt_column=prompt_column, reference_column=reference_column,
                                         functions=rewards)
     if cfg.reward.model_path:
-        from grpo_rl.rewards.reward_model import RewardModelScorer
+        import torch
 
-        if devices is None or not devices.reward_model:
-            from grpo_rl.devices import allocate_devices
+        from grpo_rl.envs.rewards.reward_model import RewardModelScorer
 
-            devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0, need_reward_model=True)
+        # The run's placement gives the reward model its device; an environment built without one (a test, a
+        # notebook) scores on the CPU.
+        device = devices.reward_model[0] if devices is not None and devices.reward_model else torch.device("cpu")
         rm = cfg.reward_model
-        scorer = RewardModelScorer(cfg.reward.model_path, devices.reward_model[0], prompt_column=prompt_column,
+        scorer = RewardModelScorer(cfg.reward.model_path, device, prompt_column=prompt_column,
                                    batch_size=rm.batch_size, max_length=rm.max_length, dtype=rm.dtype)
         components.append(RewardComponent("model", scorer, cfg.reward.model_weight))
     return components

@@ -3,7 +3,7 @@
 GSM8K is nearly out of reach of SmolLM2-135M-Instruct (a few percent greedy accuracy), so a short CPU run shows
 little. Problems such as ``What is 47 + 38?`` are generated from a seed instead, in GSM8K's record layout
 (``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``), so GSM8K's prompt templates and reward (the final
-number's correctness plus the ``#### N`` format, :mod:`grpo_rl.rewards.gsm8k`) apply unchanged, with or
+number's correctness plus the ``#### N`` format, :mod:`grpo_rl.envs.rewards.gsm8k`) apply unchanged, with or
 without the calculator tool. The difficulty is set by the operations and the operands' digits
 (``env.arithmetic``; benchmarks/arithmetic_probe.py measures the base model's accuracy per setting).
 

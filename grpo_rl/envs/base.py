@@ -47,7 +47,7 @@ from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
 from grpo_rl.errors import DataError
-from grpo_rl.rewards.base import CompositeReward
+from grpo_rl.envs.rewards.base import CompositeReward
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Sequence
 
-from grpo_rl.config import ConfigError
-from grpo_rl.data import load_hub_records, load_records
+from grpo_rl.errors import ConfigError
+from grpo_rl.envs.data import load_hub_records, load_records
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.errors import DataError
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 
 
 def file_messages(row: dict, *, prompt_column: str, system_prompt: str | None = None) -> list[dict]:

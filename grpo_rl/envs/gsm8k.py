@@ -16,8 +16,8 @@ from functools import partial
 from typing import Sequence
 
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.rewards.gsm8k import correctness_reward, format_reward, reference_answer
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.envs.rewards.gsm8k import correctness_reward, format_reward, reference_answer
 
 # The hash prompt carries one worked example: with it, 17% of SmolLM2-135M-Instruct's answers use the
 # '#### N' format before any training (9% exactly as asked), against 2% with the instruction alone

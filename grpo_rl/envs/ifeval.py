@@ -1,7 +1,7 @@
 """IFEval (Zhou et al., 2023): 541 prompts with verifiable formatting instructions, as a training environment.
 
 Each prompt is sent as the user message as is, the way the benchmark is run; the reward is a weighted mix of
-the benchmark's strict/loose, prompt-/instruction-level scores (:mod:`grpo_rl.rewards.ifeval_reward`).
+the benchmark's strict/loose, prompt-/instruction-level scores (:mod:`grpo_rl.envs.rewards.ifeval_reward`).
 Departures from the benchmark:
 
 * IFEval is an evaluation set, and training on it measures how well a policy can learn to follow these
@@ -19,8 +19,8 @@ from functools import partial
 from typing import Sequence
 
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.rewards.ifeval_reward import ifeval_components
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.envs.rewards.ifeval_reward import ifeval_components
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A rollout engine as a torchrl policy, for ``env.rollout`` over a :class:`~grpo_rl.envs.base.PromptEnv`.
 
-The training loop's collector (:mod:`grpo_rl.collector`) drives the engine and the environment itself; this is
+The training loop's collector (:mod:`grpo_rl.rollout.collector`) drives the engine and the environment itself; this is
 the torchrl route to the same data::
 
     policy = EnginePolicy(engine, tokenizer, group_size=8, sampling=SamplingSpec(max_new_tokens=256))
@@ -12,13 +12,13 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from grpo_rl.envs.base import group_answers
-from grpo_rl.rollout.base import RolloutEngine, SamplingSpec
+from grpo_rl.engines.base import RolloutEngine, SamplingSpec
 
 
 class EnginePolicy(TensorDictModuleBase):
     """Reads ``prompt_tokens`` ``[P]``, samples ``group_size`` answers per prompt with ``engine`` and writes them
     as the ``response_text`` action ``[P, G]``, with the engine's batch (token ids, masks, log-probs; see
-    :mod:`grpo_rl.rollout.base`) reshaped to ``[P, G]`` as ``generation``.
+    :mod:`grpo_rl.engines.base`) reshaped to ``[P, G]`` as ``generation``.
 
     Args:
         engine: the rollout engine.

@@ -11,8 +11,8 @@ import importlib.util
 import pytest
 import torch
 
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.logprobs import sequence_logprobs
 from tests.integration.helpers import read_metrics, run_script, tiny_overrides
 from tests.unit.test_learner import _accum_batch
 from tests.unit.test_packing import GROUPS, grouped_batch
@@ -119,8 +119,8 @@ def test_the_default_engine_without_vllm_names_the_install(tiny_model_dir, tmp_p
 
 
 def test_the_compiled_static_cache_engine_samples_what_the_eager_one_does(tiny_model_dir):
-    from grpo_rl.rollout.base import SamplingSpec
-    from grpo_rl.rollout.transformers_engine import TransformersEngine
+    from grpo_rl.engines.base import SamplingSpec
+    from grpo_rl.engines.transformers_engine import TransformersEngine
 
     prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33, 34, 35, 36, 37]]
     greedy = SamplingSpec(max_new_tokens=24, temperature=0.0)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_rl.metrics import read_jsonl
+from grpo_rl.run.metrics import read_jsonl
 from tests.integration.helpers import FLAKY_REWARD, ROOT, SHARED_STEP_METRICS, read_metrics, script_env
 from tests.integration.helpers import run_script as _run_script
 
@@ -52,13 +52,13 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
 
     from omegaconf import OmegaConf
 
-    from grpo_rl.config import GRPOConfig
+    from grpo_rl.config.schema import GRPOConfig
     from grpo_rl.envs import make_env
     from grpo_rl.errors import RoleFailed
-    from grpo_rl.factories import make_run
-    from grpo_rl.logprobs import sequence_logprobs
-    from grpo_rl.packing import trim_padding
-    from grpo_rl.roles import make_learner, make_rollout_source, make_weight_sync, start_roles
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.model.logprobs import sequence_logprobs
+    from grpo_rl.model.packing import trim_padding
+    from grpo_rl.run.roles import make_learner, make_rollout_source, make_weight_sync, start_roles
 
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
@@ -187,7 +187,7 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
         left = _processes_with(tag)
     assert not left, f"processes of the run outlived it: {left}"
 
-    from grpo_rl.checkpoint import Checkpointer, load_trainer_state
+    from grpo_rl.run.checkpoint import Checkpointer, load_trainer_state
 
     checkpoint = Checkpointer(run_dir).latest()
     state = load_trainer_state(checkpoint)
@@ -214,9 +214,9 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     exactly once, with the prompts the stream holds there (counted by prompt index across both runs' logs)."""
     from omegaconf import OmegaConf
 
-    from grpo_rl.config import GRPOConfig
+    from grpo_rl.config.schema import GRPOConfig
     from grpo_rl.envs import make_env
-    from grpo_rl.models import load_tokenizer
+    from grpo_rl.model.loading import load_tokenizer
 
     run_dir, tag, steps = tmp_path / "killed", f"grpo-test-{uuid.uuid4().hex}", 7
     # a learner slower than the collector (2 updates per batch) keeps the buffer full; nothing is too stale to train on
@@ -295,7 +295,7 @@ def test_a_killed_collector_ends_the_run_naming_it_after_a_checkpoint(tiny_model
     last = out.strip().splitlines()[-1]
     assert last.startswith("error: collector replica 0") and "died" in last, out[-3000:]
     assert took < 60 + 30, f"the driver took {took:.0f} s to notice the dead collector"
-    from grpo_rl.checkpoint import Checkpointer, load_trainer_state
+    from grpo_rl.run.checkpoint import Checkpointer, load_trainer_state
 
     steps = [r["step"] for r in read_metrics(run_dir)]
     state = load_trainer_state(Checkpointer(run_dir).latest())
@@ -314,10 +314,11 @@ def test_reference_stage_shards_a_batch_and_scores_as_the_in_learner_reference(t
 
     from omegaconf import OmegaConf
 
-    from grpo_rl.config import GRPOConfig
+    from grpo_rl.config.schema import GRPOConfig
     from grpo_rl.distributed.reference_actors import ReferenceActors
-    from grpo_rl.factories import make_ref_scorer, make_run
-    from grpo_rl.roles import make_reference, start_roles
+    from grpo_rl.training.build import make_ref_scorer
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.run.roles import make_reference, start_roles
     from tests.integration.test_data_parallel import grpo_batch
 
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(

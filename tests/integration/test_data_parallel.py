@@ -43,7 +43,7 @@ def grpo_batch(group_sizes: list[int], vocab: int, seed: int = 0) -> TensorDict:
 
 
 def make_cfg(model_dir: Path, run_dir: Path, num_devices: int, sharding: str = "none"):
-    from grpo_rl.config import GRPOConfig
+    from grpo_rl.config.schema import GRPOConfig
 
     return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([
         f"model.name={model_dir}", f"output_dir={run_dir}", f"train_model.num_devices={num_devices}",
@@ -58,9 +58,9 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path, shardin
     """Two gloo ranks, full replicas or FSDP2 shards, make the update one process makes on the whole batch; their
     pushed weights (gathered once, when sharded) give an engine the single learner's log-probs."""
     from grpo_rl.distributed.learner_group import LearnerGroup
-    from grpo_rl.distributed.ray_setup import start_ray, stop_ray
-    from grpo_rl.factories import make_run
-    from grpo_rl.roles import make_learner
+    from grpo_rl.placement.ray import start_ray, stop_ray
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.run.roles import make_learner
 
     started = start_ray(make_cfg(tiny_model_dir, tmp_path, 2).ray, min_cpus=2)  # one Ray session for both cases
     try:
@@ -84,10 +84,10 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path, shardin
 
 def _check_push(single, group, model_dir: Path) -> None:
     """An engine loaded with the group's push scores tokens as the single learner does (fp32, 1e-4)."""
-    from grpo_rl.logprobs import sequence_logprobs
-    from grpo_rl.packing import trim_padding
-    from grpo_rl.rollout.transformers_engine import TransformersEngine
-    from grpo_rl.weight_sync import InPlaceWeightSync
+    from grpo_rl.model.logprobs import sequence_logprobs
+    from grpo_rl.model.packing import trim_padding
+    from grpo_rl.engines.transformers_engine import TransformersEngine
+    from grpo_rl.weights.sync import InPlaceWeightSync
 
     engine = TransformersEngine(str(model_dir), torch.device("cpu"), dtype="float32")
     batch = trim_padding(grpo_batch([3, 2], vocab=single.model.config.vocab_size, seed=5))

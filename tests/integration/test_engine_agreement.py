@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.models import load_causal_lm
-from grpo_rl.rollout.base import SamplingSpec
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.engines.base import SamplingSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_engine_matches_learner_after_update(tiny_model_dir, tokenizer):
-    from grpo_rl.rollout.vllm_engine import VLLMEngine
+    from grpo_rl.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=1024, kv_cache_gb=1, seed=0)
     model = load_causal_lm(str(tiny_model_dir), torch.device("cpu"))

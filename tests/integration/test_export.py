@@ -12,8 +12,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.checkpoint import export_model_atomic
-from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.run.checkpoint import export_model_atomic
+from grpo_rl.model.logprobs import sequence_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -50,8 +50,8 @@ def test_export_folder_has_weights_tokenizer_and_chat_template(exported, tokeniz
 
 def test_vllm_loads_the_export_and_generates_with_its_weights(exported, tokenizer):
     pytest.importorskip("vllm")
-    from grpo_rl.rollout.base import SamplingSpec
-    from grpo_rl.rollout.vllm_engine import VLLMEngine
+    from grpo_rl.engines.base import SamplingSpec
+    from grpo_rl.engines.vllm_engine import VLLMEngine
 
     model, out = exported
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}], add_generation_prompt=True,

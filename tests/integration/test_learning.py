@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_rl.collector import Collector, assign_advantages
+from grpo_rl.rollout.collector import Collector
+from grpo_rl.algo.advantages import assign_advantages
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.models import build_tiny_model, load_causal_lm
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.loading import build_tiny_model, load_causal_lm
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -26,7 +27,7 @@ def early_letter_fraction(responses, references):
 
 
 def test_tiny_model_learns_toy_task(tokenizer_dir, tokenizer, tmp_path):
-    from grpo_rl.rollout.vllm_engine import VLLMEngine
+    from grpo_rl.engines.vllm_engine import VLLMEngine
 
     # A larger init makes the random model's next-token distribution peaked, so the same few tokens recur
     # and reinforcing them pays off within a few steps (a near-uniform model over 49k tokens would need far more).

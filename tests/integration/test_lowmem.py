@@ -31,7 +31,7 @@ def _args(model_dir: Path, reward_file: Path, out: Path, steps: int, *extra: str
 @pytest.fixture(scope="module")
 def varied_model_dir(tokenizer_dir, tmp_path_factory) -> Path:
     """A tiny model whose answers vary in their letters, so that the reward varies within groups."""
-    from grpo_rl.models import build_tiny_model
+    from grpo_rl.model.loading import build_tiny_model
 
     return build_tiny_model(str(tokenizer_dir), tmp_path_factory.mktemp("varied"), initializer_range=1.0)
 

@@ -74,7 +74,7 @@ def _logged_steps(run_dir: Path) -> int:
 @pytest.fixture(scope="module")
 def peaked_model_dir(tokenizer_dir, tmp_path_factory) -> Path:
     """A tiny model whose answers vary in their letters, so that the reward varies within groups."""
-    from grpo_rl.models import build_tiny_model
+    from grpo_rl.model.loading import build_tiny_model
 
     return build_tiny_model(str(tokenizer_dir), tmp_path_factory.mktemp("peaked"), initializer_range=1.0)
 

@@ -1,6 +1,6 @@
 """Sharded learner (FSDP2): two CPU ranks (gloo) make the same update as one process on the same batch.
 
-Each rank runs the real :class:`~grpo_rl.learner.Learner` on a model sharded by
+Each rank runs the real :class:`~grpo_rl.training.learner.Learner` on a model sharded by
 :func:`~grpo_rl.distributed.sharding.shard_model`, on its shard of the batch; the shards get unequal numbers
 of micro-batches, so the learner's padding passes are exercised. Rank 0 writes what it gathered to a file and
 the test compares it with a single process training on the whole batch.
@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.models import load_causal_lm
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.loading import load_causal_lm
 from tests.integration.test_data_parallel import grpo_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -50,7 +50,7 @@ def test_two_job_sweep_then_summary_and_plot(tiny_model_dir: Path, tmp_path: Pat
         assert (job_dir / "metrics.csv").exists() and list((job_dir / "tensorboard").glob("events.out.tfevents.*"))
         assert list((job_dir / "wandb").glob("offline-run-*/*.wandb")), "wandb did not write offline under the job"
 
-    summary = subprocess.run([sys.executable, "-m", "grpo_rl.sweep_summary", str(sweep)], cwd=ROOT, env=_env(),
+    summary = subprocess.run([sys.executable, "-m", "grpo_rl.cli.sweep_summary", str(sweep)], cwd=ROOT, env=_env(),
                              capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0, summary.stderr
     lines = summary.stdout.strip().splitlines()
@@ -61,7 +61,7 @@ def test_two_job_sweep_then_summary_and_plot(tiny_model_dir: Path, tmp_path: Pat
     assert all(r[4] != "-" and r[-1] == "yes" for r in rows)  # accuracy measured, run finished
 
     png = tmp_path / "sweep.png"
-    plot = subprocess.run([sys.executable, "-m", "grpo_rl.plot", str(sweep), "--out", str(png)], cwd=ROOT,
+    plot = subprocess.run([sys.executable, "-m", "grpo_rl.cli.plot", str(sweep), "--out", str(png)], cwd=ROOT,
                           env=_env(), capture_output=True, text=True, timeout=120)
     assert plot.returncode == 0, plot.stderr
     assert png.stat().st_size > 10_000

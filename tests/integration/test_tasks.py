@@ -59,7 +59,7 @@ def test_ifeval_config_runs(tiny_model_dir: Path, tmp_path: Path):
 
 def test_custom_task_with_reward_functions_and_a_reward_model(tiny_model_dir: Path, tokenizer_dir: Path,
                                                              tmp_path: Path):
-    from grpo_rl.rewards.reward_model import build_tiny_reward_model
+    from grpo_rl.envs.rewards.reward_model import build_tiny_reward_model
 
     rm_dir = build_tiny_reward_model(str(tokenizer_dir), tmp_path / "rm")
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)

@@ -2,7 +2,7 @@
 
 The tiny random model is first fitted (150 supervised steps) to answer each of 4 products of 4-digit numbers in one
 of two ways with equal probability: a calculator call, then the tool's result as the answer (the multi-turn
-pipeline's own ids: the call, the tool message as rendered by :class:`~grpo_rl.multiturn.ToolMessages`, the
+pipeline's own ids: the call, the tool message as rendered by :class:`~grpo_rl.envs.multiturn.ToolMessages`, the
 answer); or a wrong guess at once. Only the calling branch earns the correctness reward (the format reward is off),
 so GRPO must raise the tool-call rate and the reward. Sampling at temperature 0.5 keeps the 50/50 choice of branch
 (equal logits stay equal) and makes the fitted branches themselves nearly noiseless.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_rl.metrics import read_jsonl
+from grpo_rl.run.metrics import read_jsonl
 from tests.integration.helpers import ROOT, read_metrics, script_env, tiny_overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,9 +62,9 @@ calculator.example = {"expression": "12*7"}
 def fit_two_branches(model_dir, out_dir, tokenizer):
     """``model_dir`` fitted so that each training problem is answered by a call (then the result) or a guess."""
     from grpo_rl.envs import make_env
-    from grpo_rl.models import load_causal_lm
-    from grpo_rl.multiturn import ToolMessages
-    from grpo_rl.tools.format import format_tool_call
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.envs.multiturn import ToolMessages
+    from grpo_rl.envs.tools.format import format_tool_call
     from tests.unit.helpers import compose_config
 
     cfg = compose_config(TASK)

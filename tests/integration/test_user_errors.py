@@ -34,7 +34,7 @@ def _fails_cleanly(result, *fragments: str) -> None:
 
 
 def test_unknown_key_with_plus(tmp_path):
-    _fails_cleanly(run_script("grpo.py", "+train.foo=1", f"output_dir={tmp_path}"), "train.foo", "grpo_rl/config.py")
+    _fails_cleanly(run_script("grpo.py", "+train.foo=1", f"output_dir={tmp_path}"), "train.foo", "grpo_rl/config/schema.py")
 
 
 def test_a_value_hydra_cannot_convert_exits_2(tmp_path):

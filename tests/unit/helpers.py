@@ -8,7 +8,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from tensordict import TensorDict
 
-from grpo_rl.config import register_configs, validate
+from grpo_rl.config.schema import register_configs
+from grpo_rl.run.preflight import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.advantages.group_advantages (and the advantage stage) with hand-computed groups."""
+"""Tests for grpo_rl.algo.advantages.group_advantages (and the advantage stage) with hand-computed groups."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.advantages import group_advantages
-from grpo_rl.collector import assign_advantages
+from grpo_rl.algo.advantages import group_advantages
+from grpo_rl.algo.advantages import assign_advantages
 
 
 def consecutive(num_groups: int, group_size: int) -> torch.Tensor:

@@ -5,9 +5,10 @@ import re
 
 import pytest
 
-from grpo_rl.config import ConfigError, validate
+from grpo_rl.errors import ConfigError
+from grpo_rl.run.preflight import validate
 from grpo_rl.envs.arithmetic import ArithmeticSpec, arithmetic_records, problem_count
-from grpo_rl.rewards.gsm8k import reference_answer
+from grpo_rl.envs.rewards.gsm8k import reference_answer
 
 from .helpers import compose_config, score_answers
 
@@ -101,7 +102,7 @@ def test_env_builds_and_scores_with_the_gsm8k_reward(tokenizer):
 
 
 def test_held_out_evaluation_uses_the_test_split():
-    from grpo_rl.evaluation import DEFAULT_SPLIT, DEFAULT_SUCCESS
+    from grpo_rl.rollout.evaluation import DEFAULT_SPLIT, DEFAULT_SUCCESS
 
     assert DEFAULT_SPLIT["arithmetic"] == "test" and DEFAULT_SUCCESS["arithmetic"] == "correct"
 

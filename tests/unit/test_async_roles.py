@@ -7,12 +7,12 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from grpo_rl.config import GRPOConfig
-from grpo_rl.devices import allocate_devices
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.placement.devices import allocate_devices
 from grpo_rl.distributed.actors import replica_indices
 from grpo_rl.distributed.pipeline import combine_reports, step_rates
-from grpo_rl.rollout_source import InProcessRollouts, StreamPosition
-from grpo_rl.run_context import plan_placement
+from grpo_rl.rollout.source import InProcessRollouts, StreamPosition
+from grpo_rl.placement.context import plan_placement
 
 
 def _counters(**values) -> dict[str, float]:
@@ -114,7 +114,7 @@ def test_actors_that_share_one_gpu_ask_for_a_share_of_it():
 
 def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path, monkeypatch):
     """Inside a collector actor nothing allocates devices again: the reward model gets the actor's device."""
-    from grpo_rl.run_context import ActorSpec
+    from grpo_rl.placement.context import ActorSpec
 
     # Recorded rather than read back: once a vLLM engine has run in this process, it has made
     # torch.set_num_threads a no-op, so the global count says nothing about what enter() asked for.
@@ -172,7 +172,7 @@ def test_replicas_share_the_stream_and_skip_what_was_consumed():
 
 
 def test_in_process_source_numbers_its_batches_and_resumes_in_order():
-    from grpo_rl.collector import CollectStats
+    from grpo_rl.rollout.collector import CollectStats
 
     class Collector:
         env = _Env()

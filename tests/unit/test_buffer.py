@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.buffer import FIFOSampler, RolloutBuffer
+from grpo_rl.distributed.buffer import FIFOSampler, RolloutBuffer
 
 
 def batch(version: int, n: int = 4, tag: int = 0) -> TensorDict:

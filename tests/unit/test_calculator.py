@@ -1,11 +1,11 @@
-"""Tests for the safe calculator (grpo_rl.tools.calculator): exact values and their formatting, refused syntax,
+"""Tests for the safe calculator (grpo_rl.envs.tools.calculator): exact values and their formatting, refused syntax,
 and hostile expressions (huge powers and products, deep nesting, attribute access, names, calls), each ending
 with the right error kind and without building a huge number."""
 from __future__ import annotations
 
 import pytest
 
-from grpo_rl.tools.calculator import KINDS, CalculatorError, Limits, calculator, evaluate, format_number
+from grpo_rl.envs.tools.calculator import KINDS, CalculatorError, Limits, calculator, evaluate, format_number
 
 
 def kind_of(expression, limits: Limits = Limits()) -> str:

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.checkpoint: atomic saves, listing and pruning, crash safety, safe loading, RNG round trip."""
+"""Tests for grpo_rl.run.checkpoint: atomic saves, listing and pruning, crash safety, safe loading, RNG round trip."""
 from __future__ import annotations
 
 import random
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_rl.checkpoint import Checkpointer, load_trainer_state, rng_state, set_rng_state
-from grpo_rl.learner import Learner, LossSettings
+from grpo_rl.run.checkpoint import Checkpointer, load_trainer_state, rng_state, set_rng_state
+from grpo_rl.training.learner import Learner, LossSettings
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl import checkpoint as ckpt
-from grpo_rl.checkpoint import Checkpointer, export_model_atomic, load_model_weights, load_trainer_state
-from grpo_rl.config import GRPOConfig
-from grpo_rl.lifecycle import RunState
-from grpo_rl.metrics import RunLogger, read_jsonl
+from grpo_rl.run import checkpoint as ckpt
+from grpo_rl.run.checkpoint import Checkpointer, export_model_atomic, load_model_weights, load_trainer_state
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.run.lifecycle import RunState
+from grpo_rl.run.metrics import RunLogger, read_jsonl
 
 
 class _Env:
@@ -212,7 +212,7 @@ def test_stop_after_the_update_writes_no_checkpoint(run_state, tiny_model, token
 
 
 def test_resuming_with_changed_settings_is_reported():
-    from grpo_rl.lifecycle import config_changes
+    from grpo_rl.run.lifecycle import config_changes
 
     saved = OmegaConf.structured(GRPOConfig)
     now = OmegaConf.structured(GRPOConfig)
@@ -223,7 +223,7 @@ def test_resuming_with_changed_settings_is_reported():
 
 
 def test_a_checkpoint_saved_with_train_epochs_resumes_as_updates_per_batch():
-    from grpo_rl.lifecycle import config_changes
+    from grpo_rl.run.lifecycle import config_changes
 
     saved = OmegaConf.to_container(OmegaConf.structured(GRPOConfig))
     del saved["train"]["updates_per_batch"], saved["train"]["prompt_epochs"]

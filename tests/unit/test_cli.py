@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_rl.cli import USER_ERROR_EXIT, check_overrides, user_errors
-from grpo_rl.config import ConfigError, GRPOConfig, validate
+from grpo_rl.cli.entry import USER_ERROR_EXIT, check_overrides, user_errors
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.run.preflight import validate
 from grpo_rl.errors import DataError
 
 

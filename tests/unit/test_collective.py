@@ -9,9 +9,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from grpo_rl.distributed.collective import TransportTimeout, WeightBroadcast, WeightLayout, plan_layout
-from grpo_rl.lora import hf_named_weights
-from grpo_rl.models import load_causal_lm
+from grpo_rl.weights.collective import TransportTimeout, WeightBroadcast, WeightLayout, plan_layout
+from grpo_rl.model.lora import hf_named_weights
+from grpo_rl.model.loading import load_causal_lm
 
 CPU = torch.device("cpu")
 HOST = "127.0.0.1"
@@ -118,7 +118,7 @@ def test_threads_roundtrip_dtypes_aliases_and_layout_changes():
 
 def _engine_receiver(model_dir: str, port: int, default_port: int, results) -> None:
     """Rank 1: an engine in a process whose default process group exists already (as vLLM's would)."""
-    from grpo_rl.rollout.transformers_engine import TransformersEngine
+    from grpo_rl.engines.transformers_engine import TransformersEngine
 
     torch.set_num_threads(1)
     try:

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.compile: train.compile's decision, the compiled layers' numbers, resume, and the fallback."""
+"""Tests for grpo_rl.model.compile: train.compile's decision, the compiled layers' numbers, resume, and the fallback."""
 from __future__ import annotations
 
 import copy
@@ -7,12 +7,13 @@ import logging
 import pytest
 import torch
 
-from grpo_rl import compile as compile_mod
-from grpo_rl.compile import COMPILE_COST_S, DECIDE_AFTER, SAVING, CompileDecision, parse_mode
+from grpo_rl.model import compile as compile_mod
+from grpo_rl.config.schema import parse_compile_mode as parse_mode
+from grpo_rl.model.compile import COMPILE_COST_S, DECIDE_AFTER, SAVING, CompileDecision
 from grpo_rl.errors import ConfigError
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.reference import RefScorer
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.training.reference import RefScorer
 
 from tests.unit.test_learner import make_batch
 
@@ -27,7 +28,7 @@ def test_parse_mode_accepts_bools_and_words(value, mode):
 
 def test_config_rejects_an_unknown_mode():
     from grpo_rl.api import compose
-    from grpo_rl.config import validate
+    from grpo_rl.run.preflight import validate
 
     cfg = compose(overrides=["train.compile=sometimes"])
     with pytest.raises(ConfigError, match=r"train.compile='sometimes' is not valid; choose one of auto, true, false"):
@@ -120,7 +121,7 @@ def test_a_broken_toolchain_leaves_the_learner_eager_with_one_line(tiny_model, m
     monkeypatch.setattr(torch, "compile", broken)
     compile_mod.compiler_problem.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="grpo_rl.compile"):
+        with caplog.at_level(logging.WARNING, logger="grpo_rl.model.compile"):
             learner = Learner(tiny_model, CPU, LossSettings(tis_cap=None), lr=1e-3, compile="true")
     finally:
         compile_mod.compiler_problem.cache_clear()

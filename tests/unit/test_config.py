@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.config: Hydra composition against the schema, and ``validate``'s messages."""
+"""Tests for grpo_rl.config.schema: Hydra composition against the schema, and ``validate``'s messages."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from grpo_rl.config import ConfigError, GRPOConfig, register_configs, resolve_loss_type, validate
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig, register_configs
+from grpo_rl.config.checks import resolve_loss_type
+from grpo_rl.run.preflight import validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
@@ -161,7 +164,7 @@ def test_overlong_buffer_over_the_limit_says_what_to_set():
 
 def test_train_epochs_is_the_old_name_of_updates_per_batch(caplog):
     cfg = _compose(["train.epochs=3"])
-    with caplog.at_level("WARNING", logger="grpo_rl.config"):
+    with caplog.at_level("WARNING", logger="grpo_rl.config.schema"):
         validate(cfg)
     assert (cfg.train.updates_per_batch, cfg.train.epochs) == (3, None)  # one key from here on
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from grpo_rl.config import ConfigError, register_configs, validate
-from grpo_rl.metrics import log_reward_failures
-from grpo_rl.rewards.base import CompositeReward, RewardComponent, RewardError
-from grpo_rl.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import register_configs
+from grpo_rl.run.preflight import validate
+from grpo_rl.run.metrics import log_reward_failures
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent, RewardError
+from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
 from tests.unit.helpers import file_env, score_answers, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.data: source order, real shared files, and every error path.
+"""Tests for grpo_rl.envs.data: source order, real shared files, and every error path.
 
 The hub is never contacted: tests run with the offline flags set, and the ones about
 hub ordering put a fake ``datasets`` module in ``sys.modules``.
@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_rl import data
-from grpo_rl.data import data_dir, load_records
+from grpo_rl.envs import data
+from grpo_rl.envs.data import data_dir, load_records
 
 # Resolved once, before the autouse fixture below clears GRPO_DATA_DIR.
 REAL_DATA_DIR = data_dir()

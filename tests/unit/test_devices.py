@@ -1,12 +1,13 @@
-"""Tests for grpo_rl.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU count)."""
+"""Tests for grpo_rl.placement.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU count)."""
 from __future__ import annotations
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.config import ConfigError, GRPOConfig
-from grpo_rl.devices import allocate_devices
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.placement.devices import allocate_devices
 
 CPU = torch.device("cpu")
 
@@ -115,7 +116,7 @@ def test_more_gpus_than_exist_raise():
     (3, True, ([0], [2], [1], [1])),
 ])
 def test_the_defaults_share_gpus_on_a_smaller_machine(num_gpus, reward_model, expected, caplog):
-    with caplog.at_level("INFO", logger="grpo_rl.devices"):
+    with caplog.at_level("INFO", logger="grpo_rl.placement.devices"):
         alloc = allocate_devices(_cfg(), need_reward_model=reward_model, num_gpus=num_gpus)
     assert (_ids(alloc.train), _ids(alloc.ref), _ids(alloc.inference), _ids(alloc.reward_model)) == expected
     assert "train_model on cuda:0" in caplog.text
@@ -156,7 +157,7 @@ def test_no_reference_takes_no_gpu():
 def test_available_cpus_follows_affinity_and_the_cgroup_quota(tmp_path, monkeypatch):
     import os
 
-    from grpo_rl.devices import available_cpus
+    from grpo_rl.placement.devices import available_cpus
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
     assert available_cpus(str(tmp_path)) == 6  # no cgroup files: the affinity
@@ -181,7 +182,7 @@ def test_available_cpus_follows_affinity_and_the_cgroup_quota(tmp_path, monkeypa
 def test_a_missing_vllm_is_named_with_its_build_before_anything_starts(num_gpus, build, monkeypatch):
     import importlib.util
 
-    from grpo_rl.factories import check_engine
+    from grpo_rl.run.preflight import check_engine
 
     devices = allocate_devices(_cfg(), num_gpus=num_gpus, num_cpus=2)
     real = importlib.util.find_spec
@@ -196,8 +197,8 @@ def test_a_missing_vllm_is_named_with_its_build_before_anything_starts(num_gpus,
 
 
 def test_a_compiled_engine_needs_the_transformers_engine_on_a_gpu():
-    from grpo_rl.config import validate
-    from grpo_rl.factories import check_engine
+    from grpo_rl.run.preflight import validate
+    from grpo_rl.run.preflight import check_engine
 
     cfg = _cfg(**{"inference_model.engine": "transformers", "inference_model.compile": True})
     check_engine(cfg, allocate_devices(cfg, num_gpus=1))

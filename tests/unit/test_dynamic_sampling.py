@@ -6,8 +6,8 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from grpo_rl.dynamic_sampling import DynamicSampling, combine_round_metrics, concat_batches, varied_groups
-from grpo_rl.rollout_source import InProcessRollouts, Rollout
+from grpo_rl.rollout.dynamic_sampling import DynamicSampling, combine_round_metrics, concat_batches, varied_groups
+from grpo_rl.rollout.source import InProcessRollouts, Rollout
 
 G = 2  # answers per group
 
@@ -133,7 +133,7 @@ class FakeCollector:
         self.env = FakeEnv()
 
     def collect(self, index, version):
-        from grpo_rl.collector import CollectStats
+        from grpo_rl.rollout.collector import CollectStats
 
         self.env.reset()
         batch = make_batch([[1, 0], [0, 1]] if index >= 2 else [[0, 0], [0, 0]], index=index)

@@ -6,10 +6,10 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from grpo_rl.config import GRPOConfig
-from grpo_rl.data import data_dir
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.envs.data import data_dir
 from grpo_rl.envs.base import PromptEnv, PromptTooLongError, group_answers
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 
 RECORDS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "topic": f"t{i}"} for i in range(10)]
 
@@ -160,9 +160,9 @@ needs_gsm8k = pytest.mark.skipif(
 
 @needs_gsm8k
 def test_gsm8k_env_on_real_data(tokenizer):
-    from grpo_rl.data import load_records
+    from grpo_rl.envs.data import load_records
     from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS, make_gsm8k_env
-    from grpo_rl.rewards.gsm8k import reference_answer
+    from grpo_rl.envs.rewards.gsm8k import reference_answer
 
     records = load_records("gsm8k", split="test", path=str(_DATA / "gsm8k"))
     assert len(records) == 1319

@@ -10,9 +10,9 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.evaluation import Evaluator, pass_at_k, solved
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.rollout.base import pack_rollouts
+from grpo_rl.rollout.evaluation import Evaluator, pass_at_k, solved
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.engines.base import pack_rollouts
 
 
 def test_pass_at_k_by_hand():
@@ -123,7 +123,7 @@ def test_solved_without_a_component_uses_the_total_reward():
 
 
 def _cfg(model_dir, **overrides):
-    from grpo_rl.config import GRPOConfig
+    from grpo_rl.config.schema import GRPOConfig
 
     cfg = OmegaConf.structured(GRPOConfig)
     cfg.model.name = str(model_dir)
@@ -138,9 +138,9 @@ def _cfg(model_dir, **overrides):
 
 
 def test_make_evaluator_uses_the_first_test_prompts_in_file_order(tokenizer, tiny_model_dir):
-    from grpo_rl.data import load_records
-    from grpo_rl.evaluation import make_evaluator
-    from grpo_rl.factories import make_run
+    from grpo_rl.envs.data import load_records
+    from grpo_rl.rollout.evaluation import make_evaluator
+    from grpo_rl.run.setup import make_run
 
     try:
         records = load_records("gsm8k", split="test")
@@ -157,15 +157,15 @@ def test_make_evaluator_uses_the_first_test_prompts_in_file_order(tokenizer, tin
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_standalone_evaluation_of_a_checkpoint(tiny_model, tiny_model_dir, tokenizer, tmp_path, lora, capsys):
-    """``python -m grpo_rl.evaluation checkpoint=...`` on a full and on an adapter-only (LoRA) checkpoint."""
-    from grpo_rl.checkpoint import Checkpointer
-    from grpo_rl.evaluation import main
+    """``python -m grpo_rl.cli.evaluate checkpoint=...`` on a full and on an adapter-only (LoRA) checkpoint."""
+    from grpo_rl.run.checkpoint import Checkpointer
+    from grpo_rl.cli.evaluate import main
 
     overrides = {"model.lora.enabled": lora, "model.lora.r": 4, "model.lora.target_modules": ["q_proj"]}
     cfg = _cfg(tiny_model_dir, **overrides)
     model = tiny_model
     if lora:
-        from grpo_rl.lora import apply_lora
+        from grpo_rl.model.lora import apply_lora
 
         model = apply_lora(tiny_model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])
     path = Checkpointer(tmp_path).save(1, model, tokenizer, {}, export_model_dir=False,

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.rewards.gsm8k: answer extraction, normalisation and rewards.
+"""Tests for grpo_rl.envs.rewards.gsm8k: answer extraction, normalisation and rewards.
 
 Every expected value is written by hand from reading the input.
 """
@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_rl.rewards.gsm8k import (
+from grpo_rl.envs.rewards.gsm8k import (
     correctness_reward,
     extract_answer,
     format_reward,
@@ -239,7 +239,7 @@ def test_format_reward_rejects_bad_inputs() -> None:
 
 def test_every_real_gsm8k_reference_scores_itself() -> None:
     """Each worked solution in GSM8K must earn 1.0 against its own final answer."""
-    from grpo_rl.data import data_dir, load_records
+    from grpo_rl.envs.data import data_dir, load_records
 
     root = data_dir()
     if root is None or not (root / "gsm8k" / "test.jsonl").is_file():

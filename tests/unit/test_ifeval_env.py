@@ -8,11 +8,17 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensordict import TensorDict
 
-from grpo_rl.config import ConfigError, register_configs, validate
-from grpo_rl.data import data_dir
-from grpo_rl.rewards.base import CompositeReward
-from grpo_rl.rewards.ifeval_reward import (IFEvalScorer, answer_tag_format_reward, answer_tag_text,
-                                           ifeval_components)
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import register_configs
+from grpo_rl.run.preflight import validate
+from grpo_rl.envs.data import data_dir
+from grpo_rl.envs.rewards.base import CompositeReward
+from grpo_rl.envs.rewards.ifeval_reward import (
+    IFEvalScorer,
+    answer_tag_format_reward,
+    answer_tag_text,
+    ifeval_components,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 LOWER_NO_COMMA = {"instruction_id_list": ["change_case:english_lowercase", "punctuation:no_comma"],
@@ -57,7 +63,7 @@ def test_weighted_total_and_every_component_logged():
 
 
 def test_scorer_runs_the_checkers_once_per_batch(monkeypatch):
-    import grpo_rl.rewards.ifeval_reward as mod
+    import grpo_rl.envs.rewards.ifeval_reward as mod
 
     calls = []
     real = mod.evaluate_response

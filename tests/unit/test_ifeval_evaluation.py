@@ -12,13 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_rl.rewards.ifeval import (
-    INSTRUCTION_IDS,
-    IFEvalResult,
-    build_checker,
-    evaluate_response,
-    loose_variants,
-)
+from grpo_rl.envs.rewards.ifeval import INSTRUCTION_IDS, IFEvalResult, build_checker, evaluate_response, loose_variants
 
 # The reference registry's 25 ids (instructions_registry.INSTRUCTION_DICT).
 REFERENCE_IDS = {

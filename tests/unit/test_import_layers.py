@@ -1,4 +1,5 @@
-"""The library's imports read top-down: no module imports, directly or through others, a module that imports it.
+"""The library's imports read top-down: no module imports, directly or through others, a module that imports it,
+and no package imports a package above it in :data:`LAYERS`, the order in which a step's parts build on each other.
 
 Every import counts, including those inside functions (a lazy import still ties the two modules together).
 """
@@ -8,6 +9,25 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "grpo_rl"
+
+# Lowest first. A module may import its own layer and those below it. The package root (``grpo_rl/__init__.py``)
+# stands outside the order: every submodule import runs it, and it imports nothing of the package at import time.
+LAYERS = (
+    ("grpo_rl.errors", "grpo_rl.quiet"),  # what every layer may raise or silence
+    ("grpo_rl.config",),       # the schema and pure checks of its values
+    ("grpo_rl.algo",),         # loss, objectives, advantages, engine corrections, overlong shaping
+    ("grpo_rl.model",),        # loading, log-probs, vocabulary passes, packing, LoRA, compile, precision, optimizer
+    ("grpo_rl.placement",),    # devices per role, threads, Ray resources: the run context
+    ("grpo_rl.engines",),      # rollout engines behind one protocol
+    ("grpo_rl.envs",),         # tasks: environments, data, rewards, tools, multi-turn episodes
+    ("grpo_rl.rollout",),      # collector, rollout sources, dynamic sampling, evaluation
+    ("grpo_rl.training",),     # learner, reference, the step's stages
+    ("grpo_rl.weights",),      # weight transports behind one protocol
+    ("grpo_rl.distributed",),  # Ray actors, buffer, pipeline, learner groups, sharding
+    ("grpo_rl.run",),          # preflight, roles, the one loop, lifecycle, checkpoints, logs
+    ("grpo_rl.cli",),          # command-line tools
+    ("grpo_rl.api",),          # the Python API
+)
 
 
 def module_name(path: Path) -> str:
@@ -75,8 +95,41 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_graph_sees_function_level_imports():
     graph = import_graph()
-    assert "grpo_rl.loss" in graph["grpo_rl.learner"]
+    assert "grpo_rl.algo.loss" in graph["grpo_rl.training.learner"]
     assert len(graph) > 30
+
+
+def layer_of(module: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if any(module == top or module.startswith(top + ".") for top in layer):
+            return i
+    raise KeyError(module)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a module in a higher layer (the package root excepted)."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() if a != "grpo_rl"
+                  for b in targets if b != "grpo_rl" and layer_of(b) > layer_of(a))
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        if module != "grpo_rl":
+            layer_of(module)
+
+
+def test_no_package_imports_one_above_it():
+    assert upward_imports(import_graph()) == []
+
+
+def test_upward_import_finder_finds_one():
+    graph = {"grpo_rl.algo.loss": {"grpo_rl.run.loop"}, "grpo_rl.run.loop": {"grpo_rl.algo.loss", "grpo_rl"}}
+    assert upward_imports(graph) == ["grpo_rl.algo.loss -> grpo_rl.run.loop"]
+
+
+def test_top_of_the_package_stays_small():
+    entries = [p for p in PACKAGE.iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 20, sorted(p.name for p in entries)
 
 
 def test_no_import_circles():

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.learner: micro-batching, gradient accumulation, skipped steps, LR warmup, state."""
+"""Tests for grpo_rl.training.learner: micro-batching, gradient accumulation, skipped steps, LR warmup, state."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +9,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.packing import micro_batches
-from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.packing import micro_batches
+from grpo_rl.model.logprobs import sequence_logprobs
 
 CPU = torch.device("cpu")
 

@@ -1,11 +1,11 @@
-"""Tests for grpo_rl.logprobs.sequence_logprobs against a plain, unpadded HF forward of each sequence."""
+"""Tests for grpo_rl.model.logprobs.sequence_logprobs against a plain, unpadded HF forward of each sequence."""
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.logprobs import sequence_logprobs
+from grpo_rl.model.logprobs import sequence_logprobs
 
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
 RESPONSES = [[101, 102, 103], [201, 202, 203, 204], [301]]

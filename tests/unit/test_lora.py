@@ -6,11 +6,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.checkpoint import Checkpointer, export_model, load_model_weights
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.lora import AdapterDisabledRefScorer, apply_lora, is_lora, merged_state_dict
-from grpo_rl.models import load_causal_lm
+from grpo_rl.run.checkpoint import Checkpointer, export_model, load_model_weights
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.training.reference import AdapterDisabledRefScorer
+from grpo_rl.model.lora import apply_lora, is_lora, merged_state_dict
+from grpo_rl.model.loading import load_causal_lm
 
 pytest.importorskip("peft")
 

@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.loss against values computed by hand from the formulas in its docstrings."""
+"""Tests for grpo_rl.algo.loss against values computed by hand from the formulas in its docstrings."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from grpo_rl.loss import aggregate, grpo_loss, kl_estimate, kl_penalised_rewards
+from grpo_rl.algo.loss import aggregate, grpo_loss, kl_estimate
+from grpo_rl.algo.advantages import kl_penalised_rewards
 
 # A 2 x 3 case with a ragged mask: row 0 has 2 response tokens, row 1 has 1.
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])

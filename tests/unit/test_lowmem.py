@@ -11,11 +11,14 @@ import torch
 
 from omegaconf import OmegaConf
 
-from grpo_rl.cli import check_overrides
-from grpo_rl.config import ConfigError, GRPOConfig, validate, validate_async
-from grpo_rl.optim import check_optimizer, make_optimizer
-from grpo_rl.rollout.base import SamplingSpec
-from grpo_rl.rollout.transformers_engine import TransformersEngine
+from grpo_rl.cli.entry import check_overrides
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.run.preflight import validate
+from grpo_rl.config.checks import validate_async
+from grpo_rl.model.optim import check_optimizer, make_optimizer
+from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.transformers_engine import TransformersEngine
 from tests.unit.test_config import CONFIG_DIR, _compose
 
 CPU = torch.device("cpu")
@@ -91,7 +94,7 @@ def test_adamw8bit_state_round_trips_a_checkpoint_and_resumes_bit_for_bit():
     buffer = io.BytesIO()
     torch.save(opt.state_dict(), buffer)
     buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)  # how grpo_rl.checkpoint reads a trainer state
+    state = torch.load(buffer, weights_only=True)  # how grpo_rl.run.checkpoint reads a trainer state
     copy = [torch.nn.Parameter(p.detach().clone()) for p in params]
     resumed = make_optimizer(copy, "adamw8bit", CPU, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
     resumed.load_state_dict(state)
@@ -102,9 +105,9 @@ def test_adamw8bit_state_round_trips_a_checkpoint_and_resumes_bit_for_bit():
 
 
 def test_adamw8bit_without_a_compiler_is_a_config_error(monkeypatch):
-    import grpo_rl.compile
+    import grpo_rl.model.compile
 
-    monkeypatch.setattr(grpo_rl.compile, "compiler_problem", lambda device_type: "InvalidCxxCompiler: no g++")
+    monkeypatch.setattr(grpo_rl.model.compile, "compiler_problem", lambda device_type: "InvalidCxxCompiler: no g++")
     with pytest.raises(ConfigError, match="optimizer.name=adamw8bit .* no g\\+\\+.*optimizer.name=adamw"):
         check_optimizer("adamw8bit", "cpu")
     check_optimizer("adamw", "cpu")  # the default needs no compiler
@@ -144,7 +147,7 @@ def test_shared_weights_is_refused_by_the_asynchronous_loop():
     (None, True, "float32"), ("auto", True, "bfloat16"), ("auto", False, "float32"), ("bfloat16", False, "bfloat16"),
 ])
 def test_reference_dtype_follows_its_precision_under_auto(setting, bf16, expected):
-    from grpo_rl.factories import reference_dtype
+    from grpo_rl.training.build import reference_dtype
 
     cfg = base_cfg()
     cfg.ref_model.dtype = setting
@@ -179,7 +182,7 @@ def test_a_sharing_engine_generates_with_the_learners_model(tiny_model_dir, tiny
     ("auto", True, "adamw8bit", False), (None, True, "adamw", False),
 ])
 def test_bf16_learner_weights_need_the_stochastically_rounding_optimizer(setting, bf16, optimizer, fails):
-    from grpo_rl.factories import check_learner_dtype
+    from grpo_rl.training.build import check_learner_dtype
 
     cfg = base_cfg()
     cfg.train_model.dtype, cfg.optimizer.name = setting, optimizer

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from grpo_rl.collector import Collector
-from grpo_rl.learner import loss_mask
-from grpo_rl.loss import grpo_loss
-from grpo_rl.multiturn import ERROR_KINDS, ToolMessages, ToolUse, pack_episodes, run_episodes, tool_metrics
-from grpo_rl.rollout.base import SamplingSpec, pack_rollouts
-from grpo_rl.tools.registry import BUILTIN_TOOLS, call_tool
+from grpo_rl.rollout.collector import Collector
+from grpo_rl.training.learner import loss_mask
+from grpo_rl.algo.loss import grpo_loss
+from grpo_rl.envs.multiturn import ERROR_KINDS, ToolMessages, ToolUse, pack_episodes, run_episodes, tool_metrics
+from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.envs.tools.registry import BUILTIN_TOOLS, call_tool
 from tests.unit.helpers import file_env, write_jsonl
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from grpo_rl import config
-from grpo_rl.engine_correction import ENGINE_CORRECTIONS, engine_weights
-from grpo_rl.loss import grpo_loss, kl_estimate
-from grpo_rl.objectives import POLICY_OBJECTIVES, sequence_log_ratio
+from grpo_rl.config import schema as config
+from grpo_rl.algo.engine_correction import ENGINE_CORRECTIONS, engine_weights
+from grpo_rl.algo.loss import grpo_loss, kl_estimate
+from grpo_rl.algo.objectives import POLICY_OBJECTIVES, sequence_log_ratio
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 SQRT2 = math.sqrt(2.0)
@@ -282,7 +282,7 @@ def test_k3_clamp_protects_tokens_the_reference_prefers_by_far():
 
 
 def test_config_names_match_the_loss_modules():
-    """config.py stays free of torch, so it spells the names out; they must agree with the modules'."""
+    """the config schema stays free of torch, so it spells the names out; they must agree with the modules'."""
     assert {objective for objective, _, _ in config.LOSS_TYPES.values()} == set(POLICY_OBJECTIVES)
     assert config.ENGINE_CORRECTIONS == ENGINE_CORRECTIONS
 

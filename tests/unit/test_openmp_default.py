@@ -24,7 +24,7 @@ def test_ray_actors_inherit_the_wait_policy():
     import torch
 
     import grpo_rl
-    from grpo_rl.run_context import RolePlacement
+    from grpo_rl.placement.context import RolePlacement
 
     assert os.environ["OMP_WAIT_POLICY"]  # this process imported grpo_rl, so it has one
     options = RolePlacement("collector", (torch.device("cpu"),), 1, actors=True).ray_options()

@@ -1,22 +1,21 @@
-"""Tests for DAPO's length treatments (grpo_rl.overlong): the soft overlong punishment, overlong filtering in the
+"""Tests for DAPO's length treatments (grpo_rl.algo.overlong): the soft overlong punishment, overlong filtering in the
 advantage stage, its wiring from the config, and the loss the learner then trains on, with hand-computed values."""
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from grpo_rl.collector import assign_advantages
-from grpo_rl.config import GRPOConfig
-from grpo_rl.factories import score_batch
-from grpo_rl.learner import Learner, LossSettings
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.loss import grpo_loss
-from grpo_rl.overlong import overlong_reward
+from grpo_rl.algo.advantages import assign_advantages
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.training.step import score_batch
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.algo.loss import grpo_loss
+from grpo_rl.algo.overlong import overlong_reward
 
 CPU = torch.device("cpu")
 
@@ -95,7 +94,7 @@ def test_score_batch_passes_the_policy_settings():
     cfg.policy.update(overlong_buffer=4, overlong_penalty=2.0, overlong_filter=True, scale_advantages_by_std=False)
     # Shaping [0, -1.5, -2] (penalty 2): shaped rewards [1, -0.5, -1], mean -1/6; the truncated third is dropped.
     batch = _batch([1.0, 1.0, 1.0], [0, 0, 0], [5, 9, 10], [False, False, True])
-    out, stats = score_batch(SimpleNamespace(cfg=cfg), batch, None)
+    out, stats = score_batch(batch, None, cfg.policy, cfg.sampling.max_new_tokens)
     torch.testing.assert_close(out["advantage"], torch.tensor([7 / 6, -1 / 3]))
     assert stats["reward_overlong_mean"] == pytest.approx(-3.5 / 3)
     assert stats["overlong_filtered"] == 1.0

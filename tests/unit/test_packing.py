@@ -1,13 +1,13 @@
-"""Shared-prompt packing (grpo_rl.packing): the layout by hand, and log-probs/gradients equal to the unpacked forward."""
+"""Shared-prompt packing (grpo_rl.model.packing): the layout by hand, and log-probs/gradients equal to the unpacked forward."""
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.reference import RefScorer
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.packing import group_micro_batches, group_spans, pack_groups
+from grpo_rl.training.reference import RefScorer
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.model.packing import group_micro_batches, group_spans, pack_groups
 
 PAD = 0
 

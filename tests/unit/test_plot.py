@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_rl.metrics import RunLogger, read_jsonl
-from grpo_rl.plot import moving_average, plot_runs, series
-from grpo_rl.sweep_summary import find_runs, format_table, main as summary_main, summarize_run, varying_keys
+from grpo_rl.run.metrics import RunLogger, read_jsonl
+from grpo_rl.cli.plot import moving_average, plot_runs, series
+from grpo_rl.cli.sweep_summary import find_runs, format_table, main as summary_main, summarize_run, varying_keys
 
 
 def _fake_run(path: Path, lr: str, steps: int = 12, *, eval_every: int = 4, finished: bool = True) -> Path:

@@ -5,11 +5,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl import precision
-from grpo_rl.config import ConfigError, GRPOConfig, validate
-from grpo_rl.devices import DeviceAllocation
-from grpo_rl.run_context import resolve_run_precision
-from grpo_rl.precision import BF16Probe, Precision, measure_cpu_bf16, resolve_precision
+from grpo_rl.model import precision
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.run.preflight import validate
+from grpo_rl.placement.devices import DeviceAllocation
+from grpo_rl.placement.context import resolve_run_precision
+from grpo_rl.model.precision import BF16Probe, Precision, measure_cpu_bf16, resolve_precision
 
 CPU = torch.device("cpu")
 FAST = BF16Probe(True, "measured bf16 matmul 900 GFLOP/s vs float32 150: faster")

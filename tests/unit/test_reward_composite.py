@@ -1,10 +1,10 @@
-"""Tests for grpo_rl.rewards.base.CompositeReward: weighting, per-component values and failure isolation."""
+"""Tests for grpo_rl.envs.rewards.base.CompositeReward: weighting, per-component values and failure isolation."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_rl.rewards.base import CompositeReward, RewardComponent, RewardError
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent, RewardError
 
 RESPONSES = ["42", "seven", "13", "42!"]
 REFERENCES = ["42", "7", "13", "42"]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
 from tests.unit.helpers import ROOT, compose_config, file_env, score_answers, write_jsonl
 
 REWARDS = '''

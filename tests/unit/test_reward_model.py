@@ -9,10 +9,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from grpo_rl.config import ConfigError, GRPOConfig, register_configs, validate
-from grpo_rl.devices import allocate_devices
-from grpo_rl.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.rewards.reward_model import RewardModelScorer, build_tiny_reward_model
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig, register_configs
+from grpo_rl.run.preflight import validate
+from grpo_rl.placement.devices import allocate_devices
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.envs.rewards.reward_model import RewardModelScorer, build_tiny_reward_model
 
 CPU = torch.device("cpu")
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"

@@ -11,10 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_rl.rewards.base import (MAX_ABANDONED_CALLS, MAX_EXAMPLE_CHARS, MAX_RETRY_TIMEOUTS, CompositeReward,
-                                  RewardComponent, RewardError)
-from grpo_rl.rewards.custom import RewardLoadError, user_reward_components
-from grpo_rl.rewards.gsm8k import correctness_reward, normalize_number
+from grpo_rl.envs.rewards.base import (
+    MAX_ABANDONED_CALLS,
+    MAX_EXAMPLE_CHARS,
+    MAX_RETRY_TIMEOUTS,
+    CompositeReward,
+    RewardComponent,
+    RewardError,
+)
+from grpo_rl.envs.rewards.custom import RewardLoadError, user_reward_components
+from grpo_rl.envs.rewards.gsm8k import correctness_reward, normalize_number
 
 RESPONSES = ["a", "b", "c"]
 REFS = [None, None, None]
@@ -234,7 +240,7 @@ def test_huge_response_and_error_are_cut_in_the_log_and_the_record(caplog):
         return [1.0] * len(responses)
 
     response = "x" * 100_000
-    with caplog.at_level("WARNING", logger="grpo_rl.rewards.base"):
+    with caplog.at_level("WARNING", logger="grpo_rl.envs.rewards.base"):
         out = CompositeReward([RewardComponent("loud", loud)])([response, "ok"], [None, None])
     [example] = out.failure_examples
     assert len(example["response"]) < MAX_EXAMPLE_CHARS + 40 and example["response"].endswith("[100000 chars]")

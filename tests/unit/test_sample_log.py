@@ -9,8 +9,8 @@ import types
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from grpo_rl.metrics import RunLogger, read_jsonl
-from grpo_rl.sample_log import examine_rows, last_turn, sample_line
+from grpo_rl.run.metrics import RunLogger, read_jsonl
+from grpo_rl.run.sample_log import examine_rows, last_turn, sample_line
 
 CHATML = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
           "<|im_start|>assistant\n")
@@ -62,7 +62,7 @@ def test_sample_line_is_compact():
 
 def test_log_samples_writes_and_prints_one_answer_per_group(tmp_path, caplog):
     logger = RunLogger(tmp_path, backend="none")
-    with caplog.at_level(logging.INFO, logger="grpo_rl.metrics"):
+    with caplog.at_level(logging.INFO, logger="grpo_rl.run.metrics"):
         logger.log_samples(5, _batch(), 2, ["reward_correct"])
     logger.close()
     rows = read_jsonl(tmp_path / "samples.jsonl")
@@ -125,7 +125,7 @@ def test_wandb_run_name_and_tags(tmp_path, monkeypatch):
 def test_wandb_settings_come_from_the_config(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    from grpo_rl.config import GRPOConfig
+    from grpo_rl.config.schema import GRPOConfig
 
     inits = _fake_wandb(monkeypatch)
     cfg = OmegaConf.structured(GRPOConfig)
@@ -141,7 +141,7 @@ def test_wandb_settings_come_from_the_config(tmp_path, monkeypatch):
 
 
 def test_a_multi_turn_sample_shows_the_whole_episode():
-    from grpo_rl.sample_log import sample_record
+    from grpo_rl.run.sample_log import sample_record
 
     batch = _batch(groups=1, group_size=2)
     assert "episode" not in sample_record(3, batch, 0, ["reward_correct"])

@@ -1,4 +1,4 @@
-"""The timed stand-ins of grpo_rl/simulation.py: the engine's batch layout, the shares of a sharded stage, and the
+"""The timed stand-ins of grpo_rl/training/simulated.py: the engine's batch layout, the shares of a sharded stage, and the
 settings that choose roles and placements."""
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.config import ConfigError, GRPOConfig, validate
-from grpo_rl.rollout.base import SamplingSpec
-from grpo_rl.simulation import SimulatedEngine, SimulatedLearner, SimulatedRefScorer
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.run.preflight import validate
+from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.simulated import SimulatedEngine
+from grpo_rl.training.simulated import SimulatedLearner, SimulatedRefScorer
 
 
 def test_simulated_engine_returns_the_engine_layout_after_its_time():
@@ -64,7 +67,7 @@ def test_role_settings_are_checked(overrides, key):
 
 
 def test_fsdp_needs_two_training_devices(tiny_model_dir, tmp_path):
-    from grpo_rl.factories import make_run
+    from grpo_rl.run.setup import make_run
 
     with pytest.raises(ConfigError, match="train_model.num_devices to 2"):
         make_run(_cfg(**{"model.name": str(tiny_model_dir), "train_model.sharding": "fsdp"}), tmp_path)

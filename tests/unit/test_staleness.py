@@ -6,8 +6,11 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from grpo_rl.buffer import RolloutBuffer
-from grpo_rl.config import ConfigError, GRPOConfig, validate, validate_async
+from grpo_rl.distributed.buffer import RolloutBuffer
+from grpo_rl.errors import ConfigError
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.run.preflight import validate
+from grpo_rl.config.checks import validate_async
 from grpo_rl.distributed.pipeline import staleness_metrics
 
 

@@ -9,11 +9,11 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_rl.checkpoint import load_trainer_state
-from grpo_rl.config import GRPOConfig
+from grpo_rl.run.checkpoint import load_trainer_state
+from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.errors import RunFolderError
-from grpo_rl.lifecycle import GracefulStop, RunState, StopRun, check_run_folder
-from grpo_rl.metrics import RunLogger, read_jsonl
+from grpo_rl.run.lifecycle import GracefulStop, RunState, StopRun, check_run_folder
+from grpo_rl.run.metrics import RunLogger, read_jsonl
 from tests.unit.test_checkpoint_atomic import _Env, _Learner
 
 

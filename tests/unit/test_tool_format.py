@@ -1,4 +1,4 @@
-"""Tests for the tool-call format (grpo_rl.tools.format): parsing the first call with its end offset, the errors a
+"""Tests for the tool-call format (grpo_rl.envs.tools.format): parsing the first call with its end offset, the errors a
 model's malformed call gets, and the system prompt."""
 from __future__ import annotations
 
@@ -6,9 +6,16 @@ import json
 
 import pytest
 
-from grpo_rl.tools.format import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, ToolCallError, format_tool_call,
-                                  parse_tool_call, tool_system_prompt)
-from grpo_rl.tools.registry import BUILTIN_TOOLS, Tool
+from grpo_rl.envs.tools.format import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ToolCall,
+    ToolCallError,
+    format_tool_call,
+    parse_tool_call,
+    tool_system_prompt,
+)
+from grpo_rl.envs.tools.registry import BUILTIN_TOOLS, Tool
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
 

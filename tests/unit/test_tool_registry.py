@@ -1,4 +1,4 @@
-"""Tests for tools (grpo_rl.tools.registry): a user's tool loaded from a file with its description and parameters,
+"""Tests for tools (grpo_rl.envs.tools.registry): a user's tool loaded from a file with its description and parameters,
 the one-line errors that name the config key, and call_tool's capture of bad arguments, exceptions and long
 output."""
 from __future__ import annotations
@@ -9,15 +9,22 @@ from pathlib import Path
 import pytest
 
 from grpo_rl.errors import ConfigError
-from grpo_rl.tools.calculator import KINDS
-from grpo_rl.tools.format import parse_tool_call
-from grpo_rl.tools.registry import (BUILTIN_TOOLS, MAX_ERROR_CHARS, Tool, ToolError, call_tool, load_tool,
-                                    tool_from_function)
+from grpo_rl.envs.tools.calculator import KINDS
+from grpo_rl.envs.tools.format import parse_tool_call
+from grpo_rl.envs.tools.registry import (
+    BUILTIN_TOOLS,
+    MAX_ERROR_CHARS,
+    Tool,
+    ToolError,
+    call_tool,
+    load_tool,
+    tool_from_function,
+)
 
 TOOLS = '''
 import sys
 
-from grpo_rl.tools.registry import ToolError
+from grpo_rl.envs.tools.registry import ToolError
 
 
 def weather(city: str, units: str = "metric") -> str:
@@ -107,7 +114,7 @@ def test_a_tool_from_a_python_function():
 
 
 def test_a_tool_example_shows_in_the_system_prompt_and_is_checked():
-    from grpo_rl.tools.format import format_tool_call, tool_system_prompt
+    from grpo_rl.envs.tools.format import format_tool_call, tool_system_prompt
 
     def shout(text: str) -> str:
         """Upper-case a text."""

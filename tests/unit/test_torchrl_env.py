@@ -10,10 +10,10 @@ from tensordict import TensorDict
 from torchrl.envs import Compose, RewardScaling, RewardSum, TransformedEnv
 from torchrl.envs.utils import check_env_specs
 
-from grpo_rl.collector import Collector
+from grpo_rl.rollout.collector import Collector
 from grpo_rl.envs import PromptEnv, group_answers, make_env, rewards_per_answer
 from grpo_rl.envs.policy import EnginePolicy
-from grpo_rl.rollout.base import SamplingSpec, pack_rollouts
+from grpo_rl.engines.base import SamplingSpec, pack_rollouts
 from tests.unit.helpers import compose_config, file_env, write_jsonl
 
 GSM8K_ROWS = [{"question": f"Tom has {i} apples and buys {i} more. How many?", "answer": f"{i} + {i}\n#### {2 * i}"}
@@ -116,7 +116,7 @@ def test_rollout_with_an_engine_policy(env, tokenizer):
 
 
 def test_rollout_with_the_transformers_engine(tmp_path, tokenizer, tiny_model_dir):
-    from grpo_rl.rollout.transformers_engine import TransformersEngine
+    from grpo_rl.engines.transformers_engine import TransformersEngine
 
     rewards = tmp_path / "rewards.py"
     rewards.write_text(FILE_REWARDS)
@@ -197,7 +197,7 @@ def test_state_dict_and_seed_move_the_prompt_stream(env):
 
 
 def test_reward_components_added_later_get_specs(tokenizer, tmp_path):
-    from grpo_rl.rewards.base import RewardComponent
+    from grpo_rl.envs.rewards.base import RewardComponent
 
     rewards = tmp_path / "rewards.py"
     rewards.write_text(FILE_REWARDS)

@@ -1,13 +1,13 @@
-"""Tests for grpo_rl.rollout.transformers_engine on the tiny model: batch layout, log-probs, weight updates."""
+"""Tests for grpo_rl.engines.transformers_engine on the tiny model: batch layout, log-probs, weight updates."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.models import load_causal_lm
-from grpo_rl.rollout.base import SamplingSpec
-from grpo_rl.rollout.transformers_engine import TransformersEngine
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.transformers_engine import TransformersEngine
 
 CPU = torch.device("cpu")
 PROMPTS = [[1, 9690, 198, 22, 23, 24, 25], [1, 4093, 198]]  # different lengths: left padding is exercised

@@ -1,4 +1,4 @@
-"""Scoring under the engine's sampling truncation (top-k, top-p): grpo_rl.vocab, grpo_rl.logprobs, the loss mask,
+"""Scoring under the engine's sampling truncation (top-k, top-p): grpo_rl.model.vocab, grpo_rl.model.logprobs, the loss mask,
 and the engine/learner ratio on the tiny model."""
 from __future__ import annotations
 
@@ -7,11 +7,18 @@ import math
 import pytest
 import torch
 
-from grpo_rl.config import ConfigError, validate
-from grpo_rl.logprobs import sequence_logprobs
-from grpo_rl.loss import grpo_loss
-from grpo_rl.vocab import (TOP_P_CANDIDATES, ChunkedTokenLogprob, TruncatedTokenLogprob, token_logprobs,
-                           top_p_threshold_sorted, truncation_threshold)
+from grpo_rl.errors import ConfigError
+from grpo_rl.run.preflight import validate
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.algo.loss import grpo_loss
+from grpo_rl.model.vocab import (
+    TOP_P_CANDIDATES,
+    ChunkedTokenLogprob,
+    TruncatedTokenLogprob,
+    token_logprobs,
+    top_p_threshold_sorted,
+    truncation_threshold,
+)
 
 from .helpers import compose_config
 
@@ -262,7 +269,7 @@ def test_negative_top_k_is_a_config_error():
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from grpo_rl.rollout.transformers_engine import TransformersEngine
+    from grpo_rl.engines.transformers_engine import TransformersEngine
 
     eng = TransformersEngine(str(tiny_model_dir), CPU)
     yield eng
@@ -272,7 +279,7 @@ def engine(tiny_model_dir):
 @pytest.mark.parametrize("share_prompt", [False, True])
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 0.9, 0), (0.7, 0.9, 0), (1.0, 1.0, 50), (1.0, 0.95, 200)])
 def test_engine_and_learner_agree_under_truncation(engine, tiny_model, temperature, top_p, top_k, share_prompt):
-    from grpo_rl.rollout.base import SamplingSpec
+    from grpo_rl.engines.base import SamplingSpec
 
     prompts = [[1, 9690, 198, 22, 23, 24, 25], [1, 4093, 198]]
     batch = engine.generate(prompts, 4, SamplingSpec(max_new_tokens=8, temperature=temperature, top_p=top_p,
@@ -290,8 +297,8 @@ def test_engine_and_learner_agree_under_truncation(engine, tiny_model, temperatu
 
 
 def test_learner_masks_outside_tokens(tiny_model, engine):
-    from grpo_rl.learner import Learner, LossSettings
-    from grpo_rl.rollout.base import SamplingSpec
+    from grpo_rl.training.learner import Learner, LossSettings
+    from grpo_rl.engines.base import SamplingSpec
 
     batch = engine.generate([[1, 9690, 198, 22]], 4, SamplingSpec(max_new_tokens=6, top_k=50, seed=3))
     batch.set("advantage", torch.tensor([1.0, -1.0, 0.5, -0.5]))

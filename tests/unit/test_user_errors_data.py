@@ -13,14 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_rl import checkpoint as ckpt
-from grpo_rl import data
-from grpo_rl.checkpoint import (Checkpointer, CheckpointMismatchError, DiskFullError, export_model_atomic,
-                                load_model_weights, load_trainer_state, remove_stale_tmp)
-from grpo_rl.data import load_records
+from grpo_rl.run import checkpoint as ckpt
+from grpo_rl.envs import data
+from grpo_rl.run.checkpoint import (
+    Checkpointer,
+    CheckpointMismatchError,
+    DiskFullError,
+    export_model_atomic,
+    load_model_weights,
+    load_trainer_state,
+    remove_stale_tmp,
+)
+from grpo_rl.envs.data import load_records
 from grpo_rl.envs.base import PromptTooLongError
 from grpo_rl.errors import DataError, RunFolderError, UserError
-from grpo_rl.models import ModelFileError, ModelNotFoundError, build_tiny_model, load_causal_lm, load_tokenizer
+from grpo_rl.model.loading import ModelFileError, ModelNotFoundError, build_tiny_model, load_causal_lm, load_tokenizer
 
 CPU = torch.device("cpu")
 
@@ -219,7 +226,7 @@ def test_checkpointer_removes_leftover_tmp_folders(tmp_path, caplog):
     (root / "step_00000001").mkdir()
     (root / "step_00000001" / "trainer_state.pt").write_bytes(b"kept")
 
-    with caplog.at_level(logging.INFO, logger="grpo_rl.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="grpo_rl.run.checkpoint"):
         Checkpointer(tmp_path)
     assert sorted(p.name for p in root.iterdir()) == sorted(["step_00000001", live.name])
     assert "removed 2 unfinished checkpoint folder(s)" in caplog.text

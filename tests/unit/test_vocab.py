@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from grpo_rl.vocab import ChunkedTokenLogprob, token_logprobs
+from grpo_rl.model.vocab import ChunkedTokenLogprob, token_logprobs
 
 
 def _plain(hidden, weight, targets, temperature):

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from grpo_rl.weight_sync import ObjectStoreWeightSync, pack_weights, split_aliases, unpack_weights
+from grpo_rl.weights.sync import ObjectStoreWeightSync, pack_weights, split_aliases, unpack_weights
 
 
 # Tests taking ``ray_local`` start a one-CPU Ray instance (about 5 s, once per module).
@@ -127,7 +127,7 @@ def test_a_collector_that_dies_taking_weights_is_named_on_one_line(ray_local):
 
 
 def test_in_place_sync_reloads_the_engine_and_accepts_a_packet(ray_local):
-    from grpo_rl.weight_sync import InPlaceWeightSync, pack_weights
+    from grpo_rl.weights.sync import InPlaceWeightSync, pack_weights
 
     class Engine:
         loaded = None

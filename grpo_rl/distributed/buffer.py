@@ -1,0 +1,213 @@
+"""Bounded rollout buffer between the collector(s) and the learner, with backpressure and a staleness gate.
+
+The storage is torchrl's :class:`~torchrl.data.ReplayBuffer` over a :class:`~torchrl.data.ListStorage` of
+``capacity`` entries. One entry is one collected batch (a TensorDict ``[N]`` with its own padding, see
+:mod:`grpo_rl.rollout.collector`), so the learner's batch is exactly what the synchronous loop would train on.
+
+* **FIFO, consumed once.** :class:`FIFOSampler` hands entries out in insertion order and forgets them. With
+  torchrl's round-robin writer and at most ``capacity`` live entries, the slot a write lands in always holds
+  an entry that was already consumed, so nothing unread is ever overwritten.
+* **Backpressure.** :meth:`RolloutBuffer.put` blocks while ``capacity`` entries wait to be read; memory is
+  bounded by ``capacity`` batches however slow the learner is.
+* **Staleness, enforced, per group.** A group is the rows of an entry that share a ``group_id`` (the one
+  definition, see :mod:`grpo_rl.engines.base`); its age is that of its oldest row,
+  ``current_version - min(policy_version)``. :meth:`RolloutBuffer.take` keeps a group only while its age is
+  ``<= max_staleness`` and drops (and counts) every row of the others, so group advantages are never computed
+  over part of a group. An entry with no fresh group left is skipped and the next one is read. Oldest-first
+  reading keeps drops to a minimum.
+
+* **Reports ride along.** A :meth:`~RolloutBuffer.put` may carry its producer's counters (``reports``, the newest
+  per producer wins) and failing reward calls (``failure_examples``); each :meth:`~RolloutBuffer.take` that returns
+  a batch hands them over with the buffer's own counters. The learner learns how its producers are doing from the
+  one call it makes per step anyway, however many producers there are.
+
+It is thread-safe and blocking, so it can sit in a threaded Ray actor (:mod:`grpo_rl.distributed.actors`)
+or be used directly in one process.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torchrl.data import ListStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import Sampler
+
+
+class FIFOSampler(Sampler):
+    """Yields storage indices in insertion order, each exactly once."""
+
+    def __init__(self):
+        self._live: deque[int] = deque()
+
+    def add(self, index: int) -> None:
+        self._live.append(int(index))
+
+    def extend(self, index: torch.Tensor) -> None:
+        self._live.extend(int(i) for i in torch.as_tensor(index).reshape(-1))
+
+    def sample(self, storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if len(self._live) < batch_size:
+            raise RuntimeError(f"FIFOSampler: {batch_size} entries asked, {len(self._live)} unread")
+        return torch.tensor([self._live.popleft() for _ in range(batch_size)]), {}
+
+    def _sampleable_count(self, storage, batch_size: int) -> int:
+        return len(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def _empty(self) -> None:
+        self._live.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"live": list(self._live)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._live = deque(state_dict["live"])
+
+    def dumps(self, path) -> None:
+        raise NotImplementedError("rollouts are not checkpointed: they are regenerated after a resume")
+
+    def loads(self, path) -> None:
+        raise NotImplementedError("rollouts are not checkpointed: they are regenerated after a resume")
+
+
+@dataclass
+class TakeResult:
+    """What :meth:`RolloutBuffer.take` returns.
+
+    Attributes:
+        batch: the fresh groups of one entry (``None`` when the buffer was closed or the wait timed out).
+        staleness: ``[n]`` ``current_version - policy_version`` of each returned sample.
+        dropped: samples (rows of whole groups) dropped as too stale during this call.
+        wait_seconds: time spent waiting for an entry.
+        consumed: the ``batch_index`` of every entry this call popped, returned or dropped (entries that carry one).
+        reports: with a batch, the newest counters of every producer (``{producer: {counter: value}}``) and this
+            buffer's own :meth:`RolloutBuffer.stats` under its ``name``; empty otherwise.
+        failure_examples: with a batch, the failing reward calls put since the last batch was taken.
+    """
+
+    batch: TensorDict | None
+    staleness: torch.Tensor
+    dropped: int
+    wait_seconds: float
+    consumed: list = field(default_factory=list)
+    reports: dict = field(default_factory=dict)
+    failure_examples: list = field(default_factory=list)
+
+
+class RolloutBuffer:
+    """A bounded FIFO of collected batches with backpressure and a staleness gate.
+
+    Args:
+        capacity: unread batches held at most; :meth:`put` blocks beyond that.
+        max_staleness: a group is used only while ``current_version - policy_version <= max_staleness`` for
+            every one of its rows; ``None`` disables the gate. With the gate on, entries need ``group_id``.
+        name: the key of this buffer's own counters in :attr:`TakeResult.reports`.
+    """
+
+    def __init__(self, capacity: int, max_staleness: int | None = None, name: str = "buffer"):
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity} must be >= 1")
+        self.capacity = capacity
+        self.max_staleness = max_staleness
+        self.name = name
+        self._reports: dict[str, dict] = {}
+        self._failure_examples: list[dict] = []
+        self._sampler = FIFOSampler()
+        self._rb = ReplayBuffer(storage=ListStorage(max_size=capacity), sampler=self._sampler,
+                                collate_fn=lambda entries: entries, batch_size=1)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._stats = {"puts": 0, "takes": 0, "put_samples": 0, "taken_samples": 0, "dropped_samples": 0,
+                       "put_wait_seconds": 0.0, "take_wait_seconds": 0.0, "max_fill": 0}
+
+    def __len__(self) -> int:
+        return len(self._sampler)
+
+    def put(self, batch: TensorDict, timeout: float | None = None, reports: dict[str, dict] | None = None,
+            failure_examples: list[dict] | None = None) -> bool:
+        """Append ``batch``, waiting while the buffer is full. Returns False if closed or timed out first.
+
+        ``reports`` (``{producer: counters}``) and ``failure_examples`` are kept only when the batch is: a retried
+        put carries them again."""
+        if self.max_staleness is not None and "group_id" not in batch.keys():
+            raise ValueError("the staleness gate keeps or drops whole groups: the batch needs a 'group_id' [N]")
+        t0 = time.perf_counter()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._closed or len(self._sampler) < self.capacity, timeout)
+            self._stats["put_wait_seconds"] += time.perf_counter() - t0
+            if self._closed or not ok:
+                return False
+            self._rb.extend([batch])  # a list is a stack of entries: the batch stays one entry
+            self._reports.update(reports or {})
+            self._failure_examples.extend(failure_examples or ())
+            self._stats["puts"] += 1
+            self._stats["put_samples"] += batch.batch_size[0]
+            self._stats["max_fill"] = max(self._stats["max_fill"], len(self._sampler))
+            self._cond.notify_all()
+        return True
+
+    def take(self, current_version: int, timeout: float | None = None) -> TakeResult:
+        """Pop the oldest entry holding a fresh group; drop and count the samples of stale groups on the way."""
+        t0 = time.perf_counter()
+        deadline = None if timeout is None else t0 + timeout
+        dropped, consumed = 0, []
+        with self._cond:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                ok = self._cond.wait_for(lambda: self._closed or len(self._sampler) > 0, remaining)
+                if not ok or (self._closed and len(self._sampler) == 0):
+                    return self._finish(None, torch.zeros(0, dtype=torch.long), dropped, t0, consumed)
+                entry = self._rb.sample(1)[0]
+                self._cond.notify_all()  # a slot is free: wake a waiting put
+                if "batch_index" in entry.keys():
+                    consumed.extend(sorted(set(entry["batch_index"].tolist())))
+                age = current_version - entry["policy_version"]  # [N]
+                keep = self._fresh_groups(age, entry)  # [N]
+                dropped += int((~keep).sum())
+                if bool(keep.all()):
+                    return self._finish(entry, age, dropped, t0, consumed)
+                if bool(keep.any()):
+                    return self._finish(entry[keep], age[keep], dropped, t0, consumed)
+
+    def _fresh_groups(self, age: torch.Tensor, entry: TensorDict) -> torch.Tensor:
+        """``[N]`` bool: True on every row of a group whose oldest row is within ``max_staleness`` (everywhere
+        when the gate is off)."""
+        if self.max_staleness is None or age.numel() == 0:
+            return torch.ones_like(age, dtype=torch.bool)
+        _, group_N = torch.unique(entry["group_id"], return_inverse=True)  # [N] dense group index
+        oldest_K = age.new_zeros(int(group_N.max()) + 1).scatter_reduce(0, group_N, age, "amax", include_self=False)
+        return oldest_K[group_N] <= self.max_staleness  # [N]
+
+    def _finish(self, batch, age, dropped, t0, consumed) -> TakeResult:
+        wait = time.perf_counter() - t0
+        self._stats["take_wait_seconds"] += wait
+        self._stats["dropped_samples"] += dropped
+        result = TakeResult(batch=batch, staleness=age, dropped=dropped, wait_seconds=wait, consumed=consumed)
+        if batch is not None:
+            self._stats["takes"] += 1
+            self._stats["taken_samples"] += batch.batch_size[0]
+            result.reports = {**self._reports, self.name: self.stats()}
+            result.failure_examples, self._failure_examples = self._failure_examples, []
+        return result
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Wake every waiter; later puts fail, takes drain what is left and then return nothing."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def stats(self) -> dict[str, float]:
+        """Counters since creation plus the current fill (unread entries / capacity)."""
+        with self._cond:
+            return {**self._stats, "size": len(self._sampler), "capacity": self.capacity,
+                    "fill": len(self._sampler) / self.capacity}

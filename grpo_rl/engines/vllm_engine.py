@@ -1,0 +1,141 @@
+"""vLLM rollout engine, run in the caller's process.
+
+Why in-process: on this class of machine (2 CPU cores) the synchronous loop alternates generation and
+training, so a second process buys no overlap and costs a ~25 s start plus a serialisation of the weights on
+every push (tensors sent through ``collective_rpc`` to another process arrive as lists). In-process, start-up
+is 3-5 s after the import and a weight push is an in-place reload of the engine's own tensors
+(0.03-0.1 s for a 135M model). The asynchronous loop gets its process separation from Ray instead: it puts
+this same class inside an actor.
+
+What in-process vLLM does to its host process, which the learner must know:
+
+* it replaces ``torch.set_num_threads`` with a no-op and binds OpenMP threads; we set ``OMP_NUM_THREADS``
+  to the current torch thread count first so that vLLM keeps it instead of dropping to one thread;
+* it starts a one-rank gloo process group and seeds the global RNGs with ``seed``.
+
+Weights are loaded with the worker's ``reload_weights`` (a plain ``model.load_weights`` fails on the CPU,
+where linear weights are repacked) and the prefix cache is reset afterwards: cached keys and values of the
+old weights would otherwise be reused for shared prompt prefixes. Each reload makes vLLM warn that the rotary
+cache was not in the weights (it is a buffer; vLLM keeps its own, the correct result): :mod:`grpo_rl.quiet`
+drops that line with the other known start-up noise.
+
+Log-probs are ``processed_logprobs``: log-softmax of the logits the sampler drew from, temperature-scaled and
+then truncated by top-k and top-p (tokens outside get -inf, the kept ones are renormalised), which is what the
+learner recomputes (``logits / temperature`` under the same truncation, :mod:`grpo_rl.model.vocab`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, Sequence
+
+import torch
+from tensordict import TensorDict
+
+from grpo_rl import quiet
+from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+
+log = logging.getLogger(__name__)
+
+
+class VLLMEngine:
+    """A ``RolloutEngine`` over ``vllm.LLM``.
+
+    Args:
+        model_path: local HF folder.
+        device: where the engine runs (``cpu`` or ``cuda:i``).
+        dtype: ``float32`` or ``bfloat16``.
+        max_model_len: longest prompt + answer.
+        seed: engine seed (also used for requests without their own seed).
+        kv_cache_gb: KV cache size on the CPU, in GiB (fractions allowed).
+        gpu_memory_utilization: memory fraction on a GPU.
+        enforce_eager: skip CUDA-graph capture / compilation.
+        enable_prefix_caching: share the KV cache of a group's common prompt.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        device: torch.device,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 1024,
+        seed: int = 0,
+        kv_cache_gb: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        enable_prefix_caching: bool = True,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        if device.type != "cpu" and device.index is not None:
+            # vLLM addresses "the" GPU of its process; pick ours before it initialises CUDA.
+            os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(device.index))
+        quiet.vllm_logging_config()  # vLLM's default logging, less its known start-up noise
+        from vllm import LLM
+
+        self.device = device
+        self.dtype = getattr(torch, dtype)
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=gpu_memory_utilization,
+            # On the CPU an explicit size in bytes: VLLM_CPU_KVCACHE_SPACE only takes whole GiB (>= 1).
+            kv_cache_memory_bytes=int(kv_cache_gb * 2**30) if device.type == "cpu" else None,
+            # Seeded requests and chunked prefill do not mix on the CPU: rewinding the sampler's generator
+            # after a partial prefill needs generator offsets, which CPU generators lack.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(8192, max_model_len),
+            use_tqdm_on_load=quiet.verbose(),
+        )
+        tokenizer = self.llm.get_tokenizer()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=n,
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                logprobs=0,  # the sampled token's own log-prob at every step
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,  # the stop string's tokens were sampled: they stay
+                seed=None if sampling.seed is None else sampling.seed + i * n,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
+        )
+        responses, logprobs, truncated = [], [], []
+        for out in outputs:
+            for completion in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(completion.token_ids)
+                responses.append(ids)
+                logprobs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
+                truncated.append(completion.finish_reason == "length")  # "stop": an end token or stop string
+        return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # In the engine's dtype: a bf16 engine gets bf16 tensors (half the bytes, and no per-tensor dtype warning).
+        weights = [(name, t.detach().to(self.dtype)) for name, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm

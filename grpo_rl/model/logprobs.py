@@ -1,0 +1,139 @@
+"""Model forward -> per-token log-probs of the sampled answer tokens.
+
+The prompt is left-padded and the answer right-padded (see :mod:`grpo_rl.engines.base`), so in the
+concatenated sequence ``[prompt | answer]`` the logits that predict answer token ``t`` sit at position
+``Lp - 1 + t``. Only those ``Lr`` positions go through the LM head: the vocabulary projection and the
+log-softmax are the largest per-token cost of a small model, and prompt positions would be thrown away.
+
+With ``share_prompt=True`` the answers of a group are packed behind one copy of their prompt
+(:mod:`grpo_rl.model.packing`), so the prompt goes through the model once per group instead of once per answer; only
+real answer tokens reach the LM head. The log-probs are the same up to summation order.
+
+With ``top_p < 1`` or ``top_k > 0`` the log-probs are those of the truncated distribution the engine sampled from
+(:mod:`grpo_rl.model.vocab`), and ``outside`` flags the answer tokens that lie outside the learner's own truncated set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from grpo_rl.model.packing import pack_groups
+from grpo_rl.model.vocab import token_logprobs
+
+
+@dataclass
+class TokenLogprobs:
+    """``logprobs``: ``[B, Lr]`` log-prob of each answer token; ``entropy``: ``[B, Lr]`` or None; ``outside``: bool
+    ``[B, Lr]``, answer tokens outside the truncated sampling set (False at padding), None without truncation."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+    outside: torch.Tensor | None = None
+
+
+def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The decoder stack and the LM head of an HF causal LM (unwrapping PEFT models)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    batch: TensorDict,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    share_prompt: bool = False,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> TokenLogprobs:
+    """Log-probs of ``batch["response_ids"]`` under ``model``.
+
+    Args:
+        model: an HF causal LM.
+        batch: holds ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` and ``response_ids``/``response_mask`` ``[B, Lr]``.
+        temperature: the sampling temperature; logits are divided by it, as the engine did.
+        with_entropy: also return the per-token entropy of the (tempered, truncated) distribution.
+        entropy_grad: give the entropy a gradient (an entropy bonus in the loss); otherwise it is detached.
+        share_prompt: run each group's prompt once (:func:`packed_sequence_logprobs`).
+        top_p, top_k: score under the engine's sampling truncation (1 and 0: none; see :mod:`grpo_rl.model.vocab`).
+
+    Returns:
+        :class:`TokenLogprobs` with zeros at padded answer positions.
+    """
+    if share_prompt:
+        return packed_sequence_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                                        entropy_grad=entropy_grad, top_p=top_p, top_k=top_k)
+    prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
+    response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
+    lp, lr = prompt_ids.shape[1], response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # [B, Lp + Lr]
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # [B, Lp + Lr]
+    # Positions count real tokens only, so a left-padded prompt sees the same positions as an unpadded one.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, Lp + Lr]
+
+    backbone, head = _backbone_and_head(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    hidden = hidden[:, lp - 1 : lp - 1 + lr]  # [B, Lr, H]: the states that predict answer tokens
+    b = response_ids.shape[0]
+    flat_lp, flat_ent, flat_out = token_logprobs(hidden.reshape(b * lr, -1), head, response_ids.reshape(-1),
+                                                 temperature=temperature, with_entropy=with_entropy,
+                                                 entropy_grad=entropy_grad, top_p=top_p, top_k=top_k)
+    mask = response_mask.to(flat_lp.dtype)
+    logprobs = flat_lp.view(b, lr) * mask  # [B, Lr]
+    entropy = flat_ent.view(b, lr) * mask if flat_ent is not None else None
+    outside = flat_out.view(b, lr) & response_mask.bool() if flat_out is not None else None
+    return TokenLogprobs(logprobs=logprobs, entropy=entropy, outside=outside)
+
+
+def _packed_mask(model: torch.nn.Module, mask_bool: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The packed attention mask in the form the model's attention implementation takes as given."""
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl == "sdpa":
+        return mask_bool  # torch's SDPA: True = attend
+    if impl == "eager":
+        return torch.zeros(mask_bool.shape, dtype=dtype, device=mask_bool.device).masked_fill(
+            ~mask_bool, torch.finfo(dtype).min)  # added to the scores
+    raise ValueError(f"share_prompt needs the 'sdpa' or 'eager' attention implementation, not {impl!r}; "
+                     "set train.share_prompt=false or load the model with attn_implementation='sdpa'")
+
+
+def packed_sequence_logprobs(
+    model: torch.nn.Module,
+    batch: TensorDict,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> TokenLogprobs:
+    """:func:`sequence_logprobs` with each group's prompt run once (see :mod:`grpo_rl.model.packing`).
+
+    Same arguments and result layout (``[B, Lr]``, zeros at padding); rows with the same prompt must be
+    consecutive, as every engine returns them.
+    """
+    response_ids = batch["response_ids"]  # [B, Lr]
+    packed = pack_groups(batch)
+    backbone, head = _backbone_and_head(model)
+    dtype = next(model.parameters()).dtype
+    hidden = backbone(
+        input_ids=packed.input_ids,
+        attention_mask=_packed_mask(model, packed.attention_mask, dtype),
+        position_ids=packed.position_ids,
+    ).last_hidden_state  # [R, S, H]
+    hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source_index)  # [T, H]
+    token_lp, token_ent, token_out = token_logprobs(hidden, head, packed.target_ids, temperature=temperature,
+                                                    with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                    top_p=top_p, top_k=top_k)  # [T]
+    where = (packed.target_row, packed.target_col)
+    zeros = torch.zeros(response_ids.shape, dtype=token_lp.dtype, device=token_lp.device)  # [B, Lr]
+    logprobs = zeros.index_put(where, token_lp)  # [B, Lr]
+    entropy = zeros.index_put(where, token_ent) if token_ent is not None else None
+    outside = None
+    if token_out is not None:
+        outside = torch.zeros(response_ids.shape, dtype=torch.bool, device=token_lp.device).index_put(where, token_out)
+    return TokenLogprobs(logprobs=logprobs, entropy=entropy, outside=outside)

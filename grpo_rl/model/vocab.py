@@ -1,0 +1,349 @@
+"""Log-prob of the target token under the LM head, computed in vocabulary chunks that are never all kept.
+
+The plain form, ``logits = head(hidden).float(); logits.log_softmax(-1)``, materialises ``[T, V]`` fp32 tensors
+(``V`` = 49k for SmolLM2) several times over: the logits, their exponentials, the softmax autograd saves and
+its gradient. For ``T`` = 4k answer tokens each one is 0.8 GB (the passes over them were about a quarter of a bf16
+training pass on the CPU; chunking does not make them cheaper, it stops them being held). :class:`ChunkedTokenLogprob`
+instead runs the head over ``chunk`` tokens at a time, keeps only the log-normaliser per token, and recomputes
+each chunk's logits in the backward pass (as Liger's fused linear cross-entropy does). The result is the same
+function: the forward is the same sequence of operations per token, and the gradient is the analytic one,
+``d log p(y) / d z = onehot(y) - softmax(z)``, scaled by ``1 / temperature``. The entropy
+``H = logsumexp(z) - sum_k p_k z_k`` is returned without gradient unless asked for (an entropy bonus in the
+loss), in which case its analytic gradient ``d H / d z_k = -p_k (z_k - sum_j p_j z_j)`` joins the same pass.
+
+Under autocast the matmuls run in the autocast dtype and everything after them in fp32, as
+``head(hidden).float()`` does.
+
+**Sampling truncation.** With ``top_k > 0`` or ``top_p < 1`` the engine samples from, and reports the log-probs of,
+the truncated distribution: vLLM's ``processed_logprobs`` (and transformers' processed scores) are the log-softmax
+after temperature, top-k and top-p, with the tokens outside at ``-inf`` and the kept ones renormalised by their mass
+``Z``. Scored untruncated, every sampled token's learner/engine ratio would be ``Z < 1`` rather than 1 (about 0.93
+at ``top_p = 0.9`` on SmolLM2 and GSM8K, ``benchmarks/truncation_ratio.py``), a bias the engine correction would
+read as drift. :class:`TruncatedTokenLogprob` scores under the same truncation: per row it finds the kept set as
+vLLM v1's ``apply_top_k_top_p`` does (:func:`truncation_threshold`) and returns ``log p~(y) = z_y - logsumexp(z
+over the kept set)``; its gradient is ``onehot(y) - p~`` (the set a constant), over ``temperature``, and the
+entropy is the truncated distribution's. The kept set is stored as one threshold per row (``z >= threshold``), so
+where tokens tie at vLLM's top-p boundary all of them are kept (vLLM keeps those its sort puts last), and the
+backward pass recomputes the set from the recomputed logits.
+
+A sampled token can lie outside the learner's own kept set (its weights or numerics differ from the engine's), and
+its truncated log-prob is then ``-inf``. Such a token gets the untruncated log-prob, entropy and gradient as finite
+stand-ins and is flagged ``outside``; the loss gives it weight 0 (:func:`grpo_rl.algo.loss.grpo_loss`), logged as
+``truncation_masked_fraction``. Masking is preferred over keeping the stand-in: its ratio against the engine's
+log-prob would be meaningless, and a token the policy would no longer sample carries no on-policy signal.
+
+Only the policy's log-probs (current and old) are truncated. The reference model's stay untruncated
+(:mod:`grpo_rl.training.reference`): its own top-p set need not hold the sampled token, which would make its log-prob
+``-inf`` and the KL estimate infinite. The KL penalty is then between the truncated policy and the untruncated
+reference, so it is not 0 at step 0 when the two models are equal: the truncated policy puts ``1 / Z`` times the
+reference's probability on each kept token, so ``KL = -log Z`` per position and every sampled token has
+``log(ref / policy) = log Z``: k1 reads ``-log Z``, k3 ``Z - 1 - log Z`` (about ``(1 - Z)^2 / 2``; k3 is unbiased only
+when the reference's mass on the policy's support is 1, here it is ``Z``). The penalty still pulls the policy towards
+the reference, which is what it is for; scoring the reference truncated too would give a finite KL only where its
+set holds every sampled token.
+
+Cost: without truncation the untouched :class:`ChunkedTokenLogprob` runs (no extra work). With it, each chunk's
+``[c, V]`` logits are also searched for the kept set, in the forward pass only: with ``topk`` of the ``k`` (top-k)
+or :data:`TOP_P_CANDIDATES` (top-p alone) largest, sorting the whole vocabulary only for rows whose top-p set is
+larger; and a few more elementwise passes over ``[c, V]`` mask the logits in both passes. ``benchmarks/kernels.py
+truncation`` (2240 tokens of GSM8K text through SmolLM2's head, 2 threads, three runs on a shared 2-core AMD EPYC):
+the head's forward + backward takes 1.0-1.5x its untruncated time with ``top_k=50`` or ``top_p=0.9`` (3-6 s
+untruncated, bf16 or fp32). The kept-set search there costs 0.1-0.2 s (top-k) and 0.4-1.9 s (top-p: median row
+keeps 6 tokens, 4% keep more than 256, none more than 4096) per 2240 tokens, against 4.5-9 s for sorting every
+chunk as vLLM does; with flat distributions (every row keeping thousands of tokens) top-p costs about that sort.
+"""
+from __future__ import annotations
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 24
+"""Logits per chunk (64 MiB in fp32): ``chunk = CHUNK_ELEMENTS // V`` tokens."""
+
+
+def _compute_dtype(device_type: str, fallback: torch.dtype) -> torch.dtype:
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return fallback
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[c, V]`` fp32 tempered logits of one chunk; ``hidden`` and ``weight`` already in the compute dtype."""
+    z = (hidden @ weight.t()).float()
+    return z / temperature if temperature != 1.0 else z
+
+
+def _logit_grad(p: torch.Tensor, z: torch.Tensor, g: torch.Tensor, grad_entropy: torch.Tensor | None,
+                targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The gradient w.r.t. one chunk's raw logits, overwriting ``p`` (the softmax of ``z``, ``[c, V]``).
+
+    ``d logprob / d z = onehot(y) - p``, scaled by ``g``; with ``grad_entropy``, ``d H / d z = -p (z - E_p[z])`` is
+    added; then through ``z = logits / temperature``. A truncated ``p`` (0 off the kept set) gives the truncated
+    distribution's gradient.
+    """
+    if grad_entropy is not None:
+        ge = grad_entropy.float().unsqueeze(-1)  # [c, 1]
+        mean_z = (p * z).sum(-1, keepdim=True)  # [c, 1]
+        gz = p.mul_(-(g.unsqueeze(-1) + ge * (z - mean_z)))  # [c, V]
+    else:
+        gz = p.mul_(-g.unsqueeze(-1))  # [c, V]
+    gz.scatter_add_(-1, targets.unsqueeze(-1), g.unsqueeze(-1))
+    if temperature != 1.0:
+        gz.div_(temperature)
+    return gz
+
+
+class ChunkedTokenLogprob(torch.autograd.Function):
+    """``(hidden [T, H], weight [V, H], targets [T])`` -> ``(logprob [T], entropy [T])``, chunked over ``T``.
+
+    ``entropy`` is returned only when asked for, and carries a gradient only with ``entropy_grad``.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int,
+                entropy_grad: bool = False):
+        dtype = _compute_dtype(hidden.device.type, hidden.dtype)
+        w = weight.to(dtype)
+        logprob = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        logz = torch.empty_like(logprob)
+        entropy = torch.empty_like(logprob) if with_entropy else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], chunk):
+                z = _chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
+                lz = torch.logsumexp(z, dim=-1)  # [c]
+                logz[s : s + chunk] = lz
+                logprob[s : s + chunk] = z.gather(-1, targets[s : s + chunk].unsqueeze(-1)).squeeze(-1) - lz
+                if entropy is not None:
+                    p = (z - lz.unsqueeze(-1)).exp_()
+                    entropy[s : s + chunk] = lz - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, logz)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.entropy_grad = entropy is not None and entropy_grad
+        if entropy is not None and not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy):
+        hidden, weight, targets, logz = ctx.saved_tensors
+        dtype, chunk, temperature = ctx.dtype, ctx.chunk, ctx.temperature
+        w = weight.to(dtype)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], chunk):
+                h = hidden[s : s + chunk].to(dtype)  # [c, H]
+                z = _chunk_logits(h, w, temperature)  # [c, V]
+                g = grad_logprob[s : s + chunk].float()  # [c]
+                # d logprob / d z = onehot(y) - softmax(z); then through z = logits / temperature.
+                p = (z - logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]
+                ge = grad_entropy[s : s + chunk] if ctx.entropy_grad else None
+                gz = _logit_grad(p, z, g, ge, targets[s : s + chunk], temperature).to(dtype)
+                if grad_hidden is not None:
+                    grad_hidden[s : s + chunk] = (gz @ w).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight += (gz.t() @ h).float()  # [V, H]
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def is_truncated(top_p: float, top_k: int) -> bool:
+    """Whether ``top_p`` / ``top_k`` truncate the sampling distribution at all."""
+    return top_p < 1.0 or top_k > 0
+
+
+TOP_P_CANDIDATES = (256, 4096)
+"""Top-p alone looks for its kept set among the 256 largest logits of each row (``topk``: about 20x cheaper than
+sorting 49k logits on the CPU), then among the 4096 largest for rows that keep more, and sorts the rest whole (at
+once when more than half the rows are left: flat distributions)."""
+
+
+def top_p_threshold_sorted(zs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """vLLM's top-p over ascending-sorted logits ``zs [c, m]`` (``-inf`` where top-k removed a token): the softmax's
+    cumulative sum, tokens where it is ``<= 1 - top_p`` dropped (``1 - top_p`` in fp32, as vLLM forms it), the
+    largest always kept. Returns ``[c]``, the smallest kept logit."""
+    cum = zs.softmax(dim=-1).cumsum_(dim=-1)  # [c, m], non-decreasing, so the dropped tokens are a prefix
+    limit = 1.0 - torch.tensor(top_p, dtype=torch.float32, device=zs.device)
+    dropped = (cum <= limit).sum(-1).clamp_(max=zs.shape[-1] - 1)  # [c]
+    return zs.gather(-1, dropped.unsqueeze(-1)).squeeze(-1)
+
+
+def truncation_threshold(z: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """``[c]``: the smallest logit each row of ``z [c, V]`` keeps under vLLM's top-k then top-p rule (``-inf``: all).
+
+    The rule of vLLM v1's ``apply_top_k_top_p``: top-k keeps the logits ``>=`` the k-th largest; top-p then sorts
+    ascending, takes the cumulative sum of the softmax of what top-k left, drops the tokens where it is
+    ``<= 1 - top_p`` and always keeps the largest. ``z`` are the tempered fp32 logits; the kept set is
+    ``z >= threshold``.
+
+    Computed without sorting the vocabulary where possible: top-k (alone or before top-p) takes the ``k`` largest
+    with ``topk``, and top-p then runs on those ``k`` exactly as vLLM's does (the tokens top-k removed add zeros).
+    Top-p alone keeps a token when the mass of the larger ones is ``< top_p`` (the same condition: vLLM's ascending
+    sum up to a token is 1 minus that mass), found among the 256, then the 4096 largest logits
+    (:data:`TOP_P_CANDIDATES`); rows that keep more are sorted whole (:func:`top_p_threshold_sorted`). The sums run
+    in another order than vLLM's, so a token whose cumulative mass lies within float rounding (~1e-7) of
+    ``1 - top_p`` can fall on the other side.
+    """
+    v = z.shape[-1]
+    k = top_k if 0 < top_k < v else 0
+    if k:
+        top = z.topk(k, dim=-1).values  # [c, k] descending; no sort of the vocabulary, as vLLM's top-k-only path
+        if top_p >= 1.0:
+            return top[:, -1]
+        return top_p_threshold_sorted(top.flip(-1), top_p)
+    if top_p >= 1.0:
+        return z.new_full(z.shape[:1], float("-inf"))
+    threshold = z.new_empty(z.shape[:1])
+    logz = torch.logsumexp(z, dim=-1, keepdim=True)  # [c, 1]
+    rows = None  # all of them
+    for n in TOP_P_CANDIDATES:
+        n = min(n, v)
+        zr, lz = (z, logz) if rows is None else (z[rows], logz[rows])
+        top = zr.topk(n, dim=-1).values  # [r, n] descending
+        probs = (top - lz).exp_()  # [r, n]
+        above = torch.cat([probs.new_zeros(probs.shape[0], 1), probs[:, :-1]], dim=-1).cumsum_(dim=-1)
+        kept = (above < top_p).sum(-1)  # [r], >= 1: no mass is above the largest
+        thr = top.gather(-1, (kept - 1).unsqueeze(-1)).squeeze(-1)
+        done = kept < n if n < v else torch.ones_like(kept, dtype=torch.bool)  # else it may extend past the n
+        rows = torch.arange(z.shape[0], device=z.device) if rows is None else rows
+        threshold[rows[done]] = thr[done]
+        rows = rows[~done]
+        if not rows.numel():
+            return threshold
+        if 2 * rows.numel() > z.shape[0]:  # flat rows: more candidates would not save their sort
+            break
+    if rows.numel() == z.shape[0]:
+        return top_p_threshold_sorted(z.sort(dim=-1).values, top_p)
+    threshold[rows] = top_p_threshold_sorted(z[rows].sort(dim=-1).values, top_p)
+    return threshold
+
+
+def _kept_logits(z: torch.Tensor, targets: torch.Tensor, top_p: float,
+                 top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(kept [c, V], threshold [c], outside [c])`` of one chunk: the logits with the truncated-away ones at
+    ``-inf``, the threshold, and where the target lies outside the kept set; those rows keep every logit (threshold
+    ``-inf``), so that their log-prob, entropy and gradient are the untruncated ones."""
+    threshold = truncation_threshold(z, top_p, top_k)
+    outside = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) < threshold  # [c]
+    if outside.any():
+        threshold = threshold.masked_fill(outside, float("-inf"))
+    return z.masked_fill(z < threshold.unsqueeze(-1), float("-inf")), threshold, outside
+
+
+class TruncatedTokenLogprob(torch.autograd.Function):
+    """:class:`ChunkedTokenLogprob` under top-k / top-p truncation:
+    ``(hidden, weight, targets, ...)`` -> ``(logprob [T], entropy [T], outside [T])``.
+
+    Per token, ``log p~(y) = z_y - logsumexp(z over the kept set)``, gradient ``onehot(y) - p~`` (``p~`` the
+    softmax over the kept set, 0 elsewhere; the set is a constant), over ``temperature``. Rows whose target is
+    outside the kept set (``outside``) get the untruncated log-prob, entropy and gradient instead: finite
+    stand-ins that the loss gives weight 0. Only the per-row threshold is saved; the backward pass recomputes the
+    chunk's logits and its kept set ``z >= threshold`` from them.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int,
+                entropy_grad: bool, top_p: float, top_k: int):
+        dtype = _compute_dtype(hidden.device.type, hidden.dtype)
+        w = weight.to(dtype)
+        n = hidden.shape[0]
+        logprob = hidden.new_empty(n, dtype=torch.float32)
+        logz, threshold = torch.empty_like(logprob), torch.empty_like(logprob)
+        outside = torch.empty(n, dtype=torch.bool, device=hidden.device)
+        entropy = torch.empty_like(logprob) if with_entropy else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, n, chunk):
+                z = _chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
+                y = targets[s : s + chunk]
+                kept, thr, out = _kept_logits(z, y, top_p, top_k)  # [c, V], [c], [c]
+                lz = torch.logsumexp(kept, dim=-1)  # [c]
+                logz[s : s + chunk], threshold[s : s + chunk], outside[s : s + chunk] = lz, thr, out
+                logprob[s : s + chunk] = z.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lz
+                if entropy is not None:
+                    p = kept.sub_(lz.unsqueeze(-1)).exp_()  # [c, V], 0 off the kept set
+                    entropy[s : s + chunk] = lz - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, logz, threshold)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.entropy_grad = entropy is not None and entropy_grad
+        ctx.mark_non_differentiable(outside)
+        if entropy is not None and not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logprob, entropy, outside
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy, _grad_outside):
+        hidden, weight, targets, logz, threshold = ctx.saved_tensors
+        dtype, chunk, temperature = ctx.dtype, ctx.chunk, ctx.temperature
+        w = weight.to(dtype)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], chunk):
+                h = hidden[s : s + chunk].to(dtype)  # [c, H]
+                z = _chunk_logits(h, w, temperature)  # [c, V]
+                g = grad_logprob[s : s + chunk].float()  # [c]
+                p = z.masked_fill(z < threshold[s : s + chunk].unsqueeze(-1), float("-inf"))
+                p = p.sub_(logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]: softmax over the kept set, 0 elsewhere
+                ge = grad_entropy[s : s + chunk] if ctx.entropy_grad else None
+                gz = _logit_grad(p, z, g, ge, targets[s : s + chunk], temperature).to(dtype)  # 0 off the kept set
+                if grad_hidden is not None:
+                    grad_hidden[s : s + chunk] = (gz @ w).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight += (gz.t() @ h).float()  # [V, H]
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-prob (and optionally entropy) of ``targets`` under ``head(hidden) / temperature``, truncated by
+    ``top_k`` / ``top_p`` as the engine sampled.
+
+    Args:
+        hidden: ``[T, H]`` hidden states that predict the targets.
+        head: the LM head; a bias-free ``nn.Linear`` takes the chunked path, anything else the plain one.
+        targets: ``[T]`` token ids.
+        with_entropy: also return the entropy of each position's distribution (the truncated one).
+        entropy_grad: give that entropy a gradient (for an entropy bonus); otherwise it is detached.
+        top_p, top_k: the sampling truncation (1 and 0: none, the untouched untruncated path).
+
+    Returns:
+        ``logprob [T]`` and ``entropy [T]`` (or None), both fp32, and ``outside [T]`` (None without truncation):
+        targets outside the truncated set, whose log-prob and entropy are the untruncated stand-ins.
+    """
+    truncated = is_truncated(top_p, top_k)
+    if type(head) is torch.nn.Linear and head.bias is None:
+        chunk = max(1, CHUNK_ELEMENTS // head.weight.shape[0])
+        if truncated:
+            return TruncatedTokenLogprob.apply(hidden, head.weight, targets, float(temperature), with_entropy, chunk,
+                                               entropy_grad, float(top_p), int(top_k))
+        logprob, entropy = ChunkedTokenLogprob.apply(hidden, head.weight, targets, float(temperature), with_entropy,
+                                                     chunk, entropy_grad)
+        return logprob, entropy, None
+    logits = head(hidden).float()  # [T, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    outside = None
+    if truncated:
+        with torch.no_grad():
+            _, thr, outside = _kept_logits(logits, targets, top_p, top_k)
+        kept = logits.masked_fill(logits < thr.unsqueeze(-1), float("-inf"))  # [T, V]
+    else:
+        kept = logits
+    logz = torch.logsumexp(kept, dim=-1)  # [T]
+    logprob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = logz - (torch.softmax(kept, dim=-1) * logits).sum(-1)
+    return logprob, entropy, outside

@@ -1,0 +1,128 @@
+"""From prompts to a scored, advantage-annotated batch: the collector and the advantage stage (the reference scorer
+between them is :mod:`grpo_rl.training.reference`).
+
+Each stage adds keys to the batch TensorDict (batch size ``[N]``, ``N = P * G``) and rewrites none. A group is
+the set of rows sharing a ``group_id`` (:mod:`grpo_rl.engines.base`), the one definition every later stage uses:
+
+=====================  ==========  =================================================
+stage                  key         shape / meaning
+=====================  ==========  =================================================
+engine                 see :mod:`grpo_rl.engines.base`
+:class:`Collector`     ``response_text``, ``prompt``, ``reference``   text, for rewards and logging
+                       ``reward``  ``[N]`` total task reward
+                       ``reward_<name>``  ``[N]`` each reward component, unweighted
+                       ``policy_version``  ``[N]`` learner version whose weights sampled it
+:class:`~grpo_rl.training.reference.RefScorer`  ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
+:func:`assign_advantages`  ``advantage``  ``[N]``; ``zero_variance`` ``[N]`` bool
+                       ``reward_overlong``  ``[N]`` DAPO's length shaping, with ``policy.overlong_buffer > 0``
+=====================  ==========  =================================================
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tensordict import NonTensorStack, TensorDict
+
+from grpo_rl.envs import make_env
+from grpo_rl.envs.base import PromptEnv, group_answers, rewards_per_answer
+from grpo_rl.envs.multiturn import ToolMessages, ToolUse, pack_episodes, run_episodes
+from grpo_rl.engines.base import RolloutEngine, SamplingSpec
+from grpo_rl.placement.context import RunContext
+
+
+@dataclass
+class CollectStats:
+    generation_seconds: float = 0.0
+    reward_seconds: float = 0.0
+    num_tokens: int = 0
+    reward_failures: dict = field(default_factory=dict)
+    failure_examples: list = field(default_factory=list)
+    """The failing reward calls (component, error, answer) of this batch."""
+
+
+class Collector:
+    """Draws prompts from ``env``, samples ``group_size`` answers each with ``engine``, and scores them.
+
+    Args:
+        env: the environment.
+        engine: the rollout engine.
+        tokenizer: decodes sampled tokens.
+        group_size: ``G``.
+        max_new_tokens, temperature, top_p, top_k: sampling.
+        seed: base seed; the request for prompt ``i`` of step ``s`` is seeded from ``(seed, s, i)``.
+        tools: with tools and ``max_turns > 1``, each answer is a multi-turn episode in which the model may call them
+            (:mod:`grpo_rl.envs.multiturn`); the reward scores its last turn.
+        max_turns: model turns per episode, at most.
+        max_total_tokens: the engine's context length (prompt and every turn), for multi-turn episodes.
+    """
+
+    def __init__(self, env: PromptEnv, engine: RolloutEngine, tokenizer, *, group_size: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                 tools: ToolUse | None = None, max_turns: int = 1, max_total_tokens: int = 1 << 30):
+        self.env = env
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.seed = seed
+        self.tools = tools if max_turns > 1 else None
+        self.max_turns = max_turns
+        self.max_total_tokens = max_total_tokens
+        self.tool_messages = ToolMessages(tokenizer) if self.tools is not None else None
+
+    def collect(self, step: int, policy_version: int) -> tuple[TensorDict, CollectStats]:
+        t0 = time.perf_counter()
+        prompts = self.env.reset()
+        n = self.group_size
+        # One seed per (run seed, step): resuming at step s reproduces its samples exactly.
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step)))
+        sampling = SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                                top_k=self.top_k, seed=seed)
+        prompt_tokens = list(prompts["prompt_tokens"])
+        if self.tools is None:
+            batch = self.engine.generate(prompt_tokens, n, sampling)
+            answers = [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])]
+        else:  # the reward scores each episode's last turn
+            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            episodes = run_episodes(self.engine, prompt_tokens, n, sampling, tools=self.tools,
+                                    messages=self.tool_messages, decode=decode, max_turns=self.max_turns,
+                                    max_total_tokens=self.max_total_tokens)
+            batch = pack_episodes(prompt_tokens, episodes, n, pad_id=self.tokenizer.pad_token_id or 0)
+            answers = [e.answer_ids for e in episodes]
+            # The whole episode as the model saw it (calls, tool messages, answer): what samples.jsonl shows.
+            batch.set("episode_text", NonTensorStack(*[self.tokenizer.decode(e.ids) for e in episodes]))
+        t1 = time.perf_counter()
+        texts = self.tokenizer.batch_decode(answers, skip_special_tokens=True)
+        rows = batch["group_id"].tolist()
+        batch.set("response_text", NonTensorStack(*texts))
+        prompts.set("response_text", group_answers(batch.get("response_text"), n, batch["group_id"]))  # [P, G]
+        for key in ("prompt", "reference", "extra"):
+            values = list(prompts[key])
+            batch.set(key, NonTensorStack(*[values[g] for g in rows]))
+        batch.set("prompt_index", prompts["prompt_index"][batch["group_id"]])
+        for key, val in rewards_per_answer(self.env.step(prompts).get("next"), batch["group_id"]).items():  # [N]
+            batch.set(key, val)
+        batch.set("policy_version", torch.full((batch.batch_size[0],), policy_version, dtype=torch.long))
+        t2 = time.perf_counter()
+        stats = CollectStats(
+            generation_seconds=t1 - t0, reward_seconds=t2 - t1,
+            num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
+            failure_examples=list(self.env.last_failure_examples),
+        )
+        return batch, stats
+
+
+def make_collector(run: RunContext, engine, env=None) -> Collector:
+    cfg = run.cfg
+    # An actor's own copy of the environment: its cfg already holds the driver's train.steps (make_train_env).
+    env = env if env is not None else make_env(cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
+    return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
+                     max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
+                     top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, seed=cfg.seed,
+                     tools=getattr(env, "tool_use", None), max_turns=cfg.env.max_turns,
+                     max_total_tokens=cfg.inference_model.max_model_len)

@@ -1,0 +1,103 @@
+"""The one training loop, run by both entry scripts and by the Python API.
+
+GRPO (Shao et al., 2024, "DeepSeekMath", Algorithm 1) as an actor/learner loop: each step takes a batch of
+``G`` answers per prompt, scored and stamped with the policy version that sampled them, from the rollout source;
+scores it with the reference and turns rewards into group-relative advantages; takes the learner's update; pushes
+the new weights to the engines when the push policy says so; evaluates on schedule; and records the step (logs,
+checkpoint). The two scripts differ only in the :class:`~grpo_rl.run.roles.Roles` they are given
+(:func:`~grpo_rl.run.roles.make_roles`):
+
+* ``sota/grpo.py``: the source collects the batch now, in this process, with the current weights (policy lag 0);
+  the weights are reloaded in place after every update.
+* ``sota/grpo-async.py``: the source hands over what collector actors generated meanwhile, within
+  ``pipeline.max_staleness`` versions; the weights go out every ``pipeline.push_every`` updates.
+
+Stopping (``train.steps``, ``train.max_time_minutes``, Ctrl-C, SIGTERM) checkpoints the last completed step;
+:mod:`grpo_rl.run.lifecycle` owns that, the resume and the logs.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from grpo_rl.errors import RoleFailed
+from grpo_rl.rollout.evaluation import due_for_evaluation, make_eval_env
+from grpo_rl.run.lifecycle import GracefulStop, RunState, StopRun
+from grpo_rl.run.metrics import RunLogger, pipeline_suffix
+from grpo_rl.run.roles import Roles, make_roles, start_roles
+from grpo_rl.run.setup import make_run, make_train_env
+from grpo_rl.training.step import train_on_batch
+
+
+def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunState:
+    """Build the run and its roles, resume if asked, and run steps until the run stops; returns its state."""
+    # Cleanup runs in reverse order of registration, every step even if an earlier one fails: stop the rollout
+    # source (its actors free the cores), the final checkpoint and export of the last completed step, the logs,
+    # the roles, the Ray instance this run started, the signal handlers.
+    with contextlib.ExitStack() as cleanup:
+        stop = GracefulStop().install()  # Ctrl-C / SIGTERM: stop at the step's next phase, checkpoint, exit
+        cleanup.callback(stop.restore)
+        # Create the run: validate config and run folder, allocate devices, place the roles, resolve precision;
+        # then read and check the data, before any engine starts.
+        run = make_run(cfg, run_dir, mode=mode, rewards=rewards)
+        env, eval_env = make_train_env(run), make_eval_env(run)
+        # Create the roles: rollout source (engines, collectors), learner, reference, weight sync.
+        start_roles(run, cleanup)
+        roles = make_roles(run, env, eval_env, cleanup)
+        logger = RunLogger.from_config(cfg, run.run_dir)
+        cleanup.callback(logger.close)
+        state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
+        # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engines get the weights.
+        state.resume(roles.learner, roles.source, roles.weight_sync)
+        cleanup.callback(state.finish, roles.learner, roles.source, run.tokenizer)
+        cleanup.callback(roles.source.close)  # before the final checkpoint (a second close does nothing)
+        try:
+            run_steps(state, roles, tokenizer=run.tokenizer)
+        except StopRun as e:
+            print(f"stopping: {e}", flush=True)
+    return state
+
+
+def run_steps(state: RunState, roles: Roles, *, tokenizer) -> None:
+    """Steps until ``train.steps``, the time limit or a signal; a failed push ends the run after its step is kept."""
+    cfg = state.cfg
+    source, learner, push = roles.source, roles.learner, roles.push
+    stopping = lambda: state.should_stop() is not None  # noqa: E731
+    between_phases = state.between_phases if push.stop_between_phases else None
+    pushed = learner.version  # the policy version the engines hold
+    while state.running():
+        t0 = time.perf_counter()
+        rollout = source.next_batch(learner.version, stopping)  # G answers per prompt, rewarded, versioned
+        if rollout is None:  # stopped while waiting for it
+            break
+        if between_phases is not None:
+            between_phases("generation")
+        t1 = time.perf_counter()
+        batch, metrics = train_on_batch(learner, roles.reference, rollout.batch, cfg.policy,
+                                        cfg.sampling.max_new_tokens, between_phases=between_phases)
+        step = state.step + 1
+        evaluate = not stopping() and due_for_evaluation(cfg.eval.every, step, cfg.train.steps)
+        push_seconds, push_failed = 0.0, None
+        try:
+            if push.due(learner.version, pushed, evaluate):
+                push_seconds, pushed = roles.weight_sync.push(learner.weights_for_push(), learner.version), learner.version
+            if evaluate:  # the engines must hold the push before they are evaluated
+                push_seconds += roles.weight_sync.delivered()
+        except RoleFailed as e:  # the step is trained: it is logged and checkpointed before the failure ends the run
+            push_failed, evaluate = e, False
+        t2 = time.perf_counter()
+
+        step_seconds = t2 - t0
+        metrics.update(rollout.metrics)
+        metrics.update(
+            policy_version=learner.version, weight_sync_seconds=push_seconds, step_seconds=step_seconds,
+            learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,
+            learner_samples_per_second=rollout.batch.batch_size[0] / step_seconds,
+        )
+        if evaluate:
+            metrics.update(source.evaluate(step, cfg.train.steps))
+        state.record_step(learner, source, tokenizer, metrics, batch, rollout.failure_examples,
+                          console_suffix=pipeline_suffix(metrics))
+        if push_failed is not None:
+            raise push_failed

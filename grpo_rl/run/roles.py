@@ -1,0 +1,180 @@
+"""The roles of a run, built from its placement: learner, reference, rollout source and weight sync.
+
+Both entry scripts build their roles here, so that where a role runs (in the driver, or as Ray actors) is decided
+once, by :mod:`grpo_rl.placement.context`, and never by a script:
+
+* :func:`make_learner`: the learner in the driver, or a data-parallel / FSDP2 group of ranks;
+* :func:`make_reference`: the reference scorer in the driver, or a stage of its own (:class:`ReferenceActors`);
+* :func:`make_rollout_source`: the synchronous loop's in-process collector, or the asynchronous loop's actors;
+* :func:`make_weight_sync`: in-place reload, Ray's object store, or a collective broadcast;
+* :func:`make_roles`: all of them for one loop, with its :class:`PushPolicy`.
+
+Ray is started once, by :func:`start_roles`, when some role runs as actors.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from grpo_rl.distributed.learner_group import LearnerGroup
+from grpo_rl.distributed.pipeline import AsyncRollouts
+from grpo_rl.distributed.reference_actors import ReferenceActors
+from grpo_rl.engines.build import make_engine
+from grpo_rl.placement.context import RunContext
+from grpo_rl.placement.ray import start_ray, stop_ray
+from grpo_rl.rollout.collector import make_collector
+from grpo_rl.rollout.dynamic_sampling import DynamicSampling
+from grpo_rl.rollout.evaluation import Evaluator, make_evaluator
+from grpo_rl.rollout.source import InProcessRollouts, RolloutSource
+from grpo_rl.training.build import seed_everything
+from grpo_rl.training.build import make_local_learner, make_ref_scorer
+from grpo_rl.training.protocols import LearnerProtocol, ReferenceScorer
+from grpo_rl.weights.sync import InPlaceWeightSync, ObjectStoreWeightSync, WeightSync
+
+log = logging.getLogger(__name__)
+
+
+def start_roles(run: RunContext, cleanup: contextlib.ExitStack) -> None:
+    """Start (or join) Ray if a role runs as actors, sized for them; it is stopped when ``cleanup`` closes."""
+    placement = run.placement
+    if placement.uses_ray:
+        started = start_ray(run.cfg.ray, min_cpus=placement.ray_cpus, actor_gpus=placement.actor_gpus)
+        cleanup.callback(stop_ray, started)
+
+
+def make_learner(run: RunContext):
+    """The learner: in this process on one device, or ``train_model.num_devices`` ranks as actors."""
+    if run.placement.learner.actors:
+        return LearnerGroup(run)
+    return make_local_learner(run)
+
+
+def make_reference(run: RunContext, learner=None):
+    """The reference scorer (``score(batch)`` adds ``ref_logprobs``), or None without a KL penalty: in the driver
+    (for LoRA, ``learner``'s model with its adapters off), or :class:`ReferenceActors` when it is a stage of its
+    own (``ref_model.placement``)."""
+    placement = run.placement.reference
+    if placement is not None and placement.actors:
+        return ReferenceActors(run, timeout=run.cfg.pipeline.timeout_seconds)
+    return make_ref_scorer(run, learner)
+
+
+def make_rollout_source(run: RunContext, env, *, engine=None, reference=None, evaluator: Evaluator | None = None,
+                        ) -> tuple[RolloutSource, ReferenceScorer | None]:
+    """The rollout source, and the reference scorer the learner still applies (None when the source scores).
+
+    With ``engine``: the synchronous loop's :class:`InProcessRollouts` over ``engine`` and ``env`` (evaluating with
+    ``evaluator``); the learner scores with ``reference`` wherever it runs. Without: the asynchronous loop's
+    :class:`AsyncRollouts`, whose collector actors build their own engines and whose driver-side ``env`` tracks the
+    stream position; a reference of its own actors becomes its stage between the buffer and the learner, so the
+    three roles overlap. DAPO's dynamic sampling wraps either.
+    """
+    source, reference = _collecting_source(run, env, engine=engine, reference=reference, evaluator=evaluator)
+    return with_dynamic_sampling(run, source), reference
+
+
+def _collecting_source(run: RunContext, env, *, engine, reference, evaluator):
+    if engine is not None:
+        return InProcessRollouts(make_collector(run, engine, env), evaluator), reference
+    stage = reference if isinstance(reference, ReferenceActors) else None
+    return AsyncRollouts(run, env, reference=stage), (None if stage is not None else reference)
+
+
+def with_dynamic_sampling(run: RunContext, source: RolloutSource) -> RolloutSource:
+    """``source``, drawn from until a step has ``env.prompts_per_step`` varied groups when
+    ``policy.dynamic_sampling`` is on (DAPO)."""
+    policy = run.cfg.policy
+    if not policy.dynamic_sampling:
+        return source
+    return DynamicSampling(source, groups=run.cfg.env.prompts_per_step, pad_id=run.tokenizer.pad_token_id or 0,
+                           max_extra_rounds=policy.dynamic_sampling_max_rounds)
+
+
+def make_weight_sync(run: RunContext, *, engine=None, rollouts: AsyncRollouts | None = None) -> WeightSync:
+    """In-place reload of ``engine`` (synchronous loop), or a push to ``rollouts``' collectors by
+    ``pipeline.weight_transport`` (auto: a collective broadcast between GPUs, the object store on the CPU)."""
+    if engine is not None:
+        return InPlaceWeightSync(engine)
+    transport = run.cfg.pipeline.weight_transport
+    if transport == "auto":  # NCCL needs a GPU per rank: not between roles that share one
+        transport = "collective" if run.devices.on_gpu and not run.devices.engine_shares_a_gpu else "object_store"
+    if transport == "collective" and run.placement.learner.actors and run.devices.on_gpu:
+        log.warning("pipeline.weight_transport=collective broadcasts from the driver, which holds no GPU when the "
+                    "learner runs as ranks: using the object store")
+        transport = "object_store"
+    if transport == "collective":
+        from grpo_rl.weights.collective_sync import CollectiveWeightSync
+
+        return CollectiveWeightSync(rollouts.collectors, device=run.devices.train[0],
+                                    timeout=run.cfg.pipeline.timeout_seconds)
+    return ObjectStoreWeightSync(rollouts.collectors, timeout=run.cfg.pipeline.timeout_seconds)
+
+
+@dataclass(frozen=True)
+class PushPolicy:
+    """When the loop pushes the learner's weights to the engines, and what a stop does to a step under way.
+
+    Attributes:
+        every: push once the learner is this many optimizer steps past the engines' weights (and before an
+            evaluation); None: never, the engine generates with the learner's own model.
+        stop_between_phases: a stop (a signal, the time limit) abandons the step at its next phase, before the
+            update: the synchronous loop's batch was collected for this step alone and is collected again on
+            resume. Off in the asynchronous loop, whose batch was already taken from the buffer: the step finishes.
+    """
+
+    every: int | None = 1
+    stop_between_phases: bool = True
+
+    def due(self, version: int, pushed: int, evaluate: bool) -> bool:
+        """Push now, with the learner at ``version`` and the engines at ``pushed``?"""
+        if self.every is None or version == pushed:
+            return False
+        return version - pushed >= self.every or evaluate
+
+
+@dataclass
+class Roles:
+    """What the loop runs a step with: where each one runs is decided here, from the run's placement."""
+
+    source: RolloutSource
+    learner: LearnerProtocol
+    reference: ReferenceScorer | None
+    """The reference the loop scores with; None without a KL penalty or when the source scores (a stage)."""
+    weight_sync: WeightSync
+    push: PushPolicy
+
+
+def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) -> Roles:
+    """The roles of ``run.mode``'s loop; each is shut down when ``cleanup`` closes.
+
+    ``sync`` (sota/grpo.py): the engine in this process, built before the seeding (in-process vLLM seeds the global
+    RNGs), or after the learner when it generates with the learner's model (``inference_model.share_weights``);
+    weights reloaded in place after every update. ``async`` (sota/grpo-async.py): collector actors with their
+    own engines, started before the learner; a push every ``pipeline.push_every`` optimizer steps.
+    """
+    cfg = run.cfg
+    if run.mode == "sync":
+        shared = cfg.inference_model.share_weights
+        engine = None if shared else make_engine(run)
+        seed_everything(cfg.seed)
+        learner = make_learner(run)
+        cleanup.callback(learner.shutdown)
+        if shared:
+            engine = make_engine(run, policy=learner.model)
+        cleanup.callback(engine.shutdown)
+        source, reference = make_rollout_source(run, env, engine=engine, reference=make_reference(run, learner),
+                                                evaluator=make_evaluator(run, engine, env=eval_env))
+        weight_sync = make_weight_sync(run, engine=engine)
+        push = PushPolicy(every=None if shared else 1, stop_between_phases=True)
+    else:
+        rollouts, reference = _collecting_source(run, env, engine=None, reference=make_reference(run), evaluator=None)
+        cleanup.callback(rollouts.close)
+        source = with_dynamic_sampling(run, rollouts)
+        seed_everything(cfg.seed)
+        learner = make_learner(run)
+        cleanup.callback(learner.shutdown)
+        weight_sync = make_weight_sync(run, rollouts=rollouts)
+        push = PushPolicy(every=cfg.pipeline.push_every, stop_between_phases=False)
+    cleanup.callback(weight_sync.close)
+    return Roles(source=source, learner=learner, reference=reference, weight_sync=weight_sync, push=push)

@@ -1,0 +1,110 @@
+"""The run's start: check everything that can be checked (:mod:`grpo_rl.run.preflight`), place the roles, load the
+tokenizer and the training environment, and say what the run is; nothing here starts an engine or Ray."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from grpo_rl.config.schema import needs_reference_model
+from grpo_rl.envs import make_env
+from grpo_rl.envs.rewards.custom import RewardFunction
+from grpo_rl.model.loading import check_model_folder, load_tokenizer, resolve_model
+from grpo_rl.model.precision import cpu_flags
+from grpo_rl.placement.context import RunContext, plan_placement, resolve_run_precision
+from grpo_rl.placement.devices import allocate_devices, available_cpus
+from grpo_rl.run.lifecycle import check_run_folder
+from grpo_rl.run.preflight import check_roles, validate
+
+log = logging.getLogger(__name__)
+
+
+def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[RewardFunction] = ()) -> RunContext:
+    """Validate the config and the run folder, allocate devices, resolve the model and the precisions, and log
+    what the run is; everything here fails fast, before any engine or Ray starts.
+
+    Args:
+        cfg: the run config.
+        run_dir: the run folder.
+        mode: ``sync`` (sota/grpo.py) or ``async`` (sota/grpo-async.py); some settings suit one loop only.
+        rewards: reward functions given as Python objects, checked now and added wherever an environment is built.
+    """
+    started = time.monotonic()
+    rewards = tuple(rewards)
+    validate(cfg, rewards, mode=mode)
+    # Simulated workers sleep: they need no core of their own (grpo_rl/training/simulated.py).
+    devices = allocate_devices(cfg, need_ref=needs_reference_model(cfg), num_cpus=1024 if cfg.simulate.enabled else None)
+    precision = resolve_run_precision(cfg, devices)
+    check_roles(cfg, devices, precision, mode)
+    placement = plan_placement(cfg, devices, mode)
+    run_dir = Path(run_dir)
+    check_run_folder(cfg, run_dir)
+    model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
+    check_model_folder(model_path)
+    tokenizer = load_tokenizer(model_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
+                     precision=precision, placement=placement, mode=mode, started=started,
+                     rewards=rewards)
+    torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
+    log.info("%s", describe_run(run, mode))
+    return run
+
+
+def describe_run(run: RunContext, mode: str) -> str:
+    """What the run is, for the start-up log: loop, workload, model, devices, precision and why, outputs."""
+    cfg = run.cfg
+    loop = "synchronous, sota/grpo.py" if mode == "sync" else "asynchronous, sota/grpo-async.py"
+    limit = f", stops after {cfg.train.max_time_minutes:g} min" if cfg.train.max_time_minutes else ""
+    model = cfg.model.name if cfg.model.name == run.model_path else f"{cfg.model.name} ({run.model_path})"
+    cpu = f" | CPU: {cpu_flags()}, {available_cpus()} cores" if not run.devices.on_gpu else ""
+    mode_ = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    wandb = {"wandb": f"wandb {mode_}", "none": "no wandb"}
+    steps = (f"{cfg.train.steps} steps" if cfg.train.prompt_epochs is None else
+             f"{cfg.train.prompt_epochs:g} passes over the prompts (train.prompt_epochs) in steps")
+    lines = [
+        f"GRPO ({loop}): {steps} of {cfg.env.prompts_per_step} {cfg.env.dataset} prompts x "
+        f"{cfg.env.group_size} answers, up to {cfg.sampling.max_new_tokens} new tokens{limit}",
+        f"  model:     {model}",
+        f"  devices:   {run.devices.describe()}{cpu}",
+        run.placement.describe(),
+        f"  precision: {run.precision.describe()}",
+        f"  outputs:   {run.run_dir} (metrics.jsonl, {wandb[cfg.logger.backend]}, checkpoints/)",
+    ]
+    return "\n".join(lines)
+
+
+def make_train_env(run: RunContext):
+    """The training environment: ``cfg.env``'s task with the run's reward functions, on the run's devices. Built
+    once by the driver before any engine starts; with ``train.prompt_epochs`` set it then fixes ``cfg.train.steps``
+    (:func:`resolve_prompt_epochs`), which everything after it reads (stopping, evaluation, actors' copies)."""
+    env = make_env(run.cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
+    resolve_prompt_epochs(run.cfg, len(env))
+    return env
+
+
+def resolve_prompt_epochs(cfg, num_prompts: int) -> int:
+    """Set ``cfg.train.steps`` to ``ceil(train.prompt_epochs * num_prompts / env.prompts_per_step)`` when
+    ``train.prompt_epochs`` is set (it wins over ``train.steps``), log the count and return the run's steps.
+
+    ``num_prompts``: the training prompts after loading and skipping over-long ones (``len(env)``). The product is
+    taken on the decimal value of ``prompt_epochs`` (0.1 is 1/10, not the float just above it), so a whole number
+    of steps is not rounded up to the next one.
+    """
+    epochs = cfg.train.prompt_epochs
+    if epochs is None:
+        return cfg.train.steps
+    per_step = cfg.env.prompts_per_step
+    steps = max(1, math.ceil(Fraction(repr(float(epochs))) * num_prompts / per_step))
+    cfg.train.steps = steps
+    log.info("train.steps = %d (train.prompt_epochs=%g over %d prompts, %d per step)", steps, epochs, num_prompts,
+             per_step)
+    return steps
+
+

@@ -1,0 +1,56 @@
+"""The collective weight sync: the driver's learner broadcasts to every collector's engine (gloo or NCCL).
+
+A :class:`~grpo_rl.weights.sync.WeightSync` over :class:`~grpo_rl.weights.collective.WeightBroadcast`. The
+learner is rank 0, collector replica ``i`` is rank ``1 + i``. A push announces itself to every collector (a Ray
+call that makes it :meth:`~grpo_rl.distributed.actors.CollectorWorker.receive_weights` in a thread of its own, next
+to generation), broadcasts, and waits for every receiver; the collectors load the weights between two generation
+calls, as with the object store. Every step has ``pipeline.timeout_seconds``: a dead or stuck collector ends the
+push with :class:`~grpo_rl.errors.RoleFailed` naming it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from grpo_rl.weights.collective import WeightBroadcast
+from grpo_rl.placement.ray import free_port
+from grpo_rl.weights.sync import WeightPacket, unpack_weights, wait_for_collectors
+
+
+class CollectiveWeightSync:
+    """Broadcast pushes from this process to ``collectors``.
+
+    Args:
+        collectors: collector actor handles.
+        device: the learner's device (``cuda``: NCCL; ``cpu``: gloo).
+        timeout: seconds any step may take (``pipeline.timeout_seconds``).
+    """
+
+    def __init__(self, collectors: Sequence[Any], *, device: torch.device, timeout: float):
+        import ray
+
+        self.collectors, self.timeout = list(collectors), timeout
+        address, port, world = ray.util.get_node_ip_address(), free_port(), 1 + len(self.collectors)
+        joins = [c.connect_collective.remote(address, port, world) for c in self.collectors]
+        self.group = WeightBroadcast.connect(address, port, 0, world, device, timeout)
+        self._wait(joins, "joining the weight broadcast")
+
+    def _wait(self, calls: list, what: str) -> list:
+        return wait_for_collectors(calls, what, self.timeout)
+
+    def push(self, weights, version: int) -> float:
+        t0 = time.perf_counter()
+        named = unpack_weights(weights) if isinstance(weights, WeightPacket) else list(weights)
+        receipts = [c.receive_weights.remote() for c in self.collectors]
+        self.group.send(named, version)
+        self._wait(receipts, "receiving weights")
+        return time.perf_counter() - t0
+
+    def delivered(self) -> float:
+        """A push returns once every collector holds it."""
+        return 0.0
+
+    def close(self) -> None:
+        self.group.close()
