@@ -16,7 +16,7 @@ asynchronous pipeline filling up):
 
 ``--sync-one-thread`` adds the synchronous loop with one torch thread: the asynchronous loop gives each of
 its two busy processes one thread, and on a 2-core machine that other jobs also use, a 2-thread process slows
-far more than a 1-thread one (DESIGN.md), so that run separates the gain from overlapping generation with
+far more than a 1-thread one (busy_neighbour.py), so that run separates the gain from overlapping generation with
 training from the gain of avoiding thread contention.
 
 Prints a table and writes JSON (per-step times included). Never asserts a time.

@@ -6,7 +6,7 @@ becomes one row ``[prompt | answer_1 | ... | answer_G]`` with an attention mask 
 see the prompt and the earlier tokens of its own answer, and nothing else, and with position ids that restart
 at ``len(prompt)`` for every answer. Each answer token therefore sees exactly the keys, values and positions it
 sees unpacked, so its log-prob is the same up to floating-point summation order (checked to 1e-5 in fp32 by
-``tests/unit/test_packing.py``, gradients included). This is the "shared-prefix" or tree-attention trick of
+``tests/unit/model/test_packing.py``, gradients included). This is the "shared-prefix" or tree-attention trick of
 packed RL trainers; the saving is ``(G - 1) * len(prompt)`` tokens per group in every reference and policy pass.
 
 What this module does: find the groups, lay them out, build the mask, and say where each answer token's

@@ -19,7 +19,7 @@ reference       the driver, or one actor per           the same (``ref_model.pla
 reward_model    inside the collector                   inside each collector actor, on its device
 ==============  =====================================  ============================================
 
-Threads (DESIGN.md, facts about this machine): when roles compute at the same time, more torch threads than cores
+Threads (benchmarks/busy_neighbour.py): when roles compute at the same time, more torch threads than cores
 in total slows every matmul 10-30x. In the synchronous loop the roles in the driver take turns and use every
 core; workers that compute at once (learner ranks, reference replicas, and in the asynchronous loop the
 collectors next to the learner) split the cores between them, one thread at least.

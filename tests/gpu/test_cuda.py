@@ -14,8 +14,8 @@ import torch
 from grpo_rl.training.learner import Learner, LossSettings
 from grpo_rl.model.logprobs import sequence_logprobs
 from tests.integration.helpers import read_metrics, run_script, tiny_overrides
-from tests.unit.test_learner import _accum_batch
-from tests.unit.test_packing import GROUPS, grouped_batch
+from tests.unit.training.test_learner import _accum_batch
+from tests.unit.model.test_packing import GROUPS, grouped_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

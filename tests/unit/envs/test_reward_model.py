@@ -17,7 +17,7 @@ from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 from grpo_rl.envs.rewards.reward_model import RewardModelScorer, build_tiny_reward_model
 
 CPU = torch.device("cpu")
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_reward_model_gets_its_own_gpu_after_the_others():
 def test_reward_model_gpu_errors():
     with pytest.raises(ConfigError, match="needs more GPUs than the 3"):
         allocate_devices(_cfg(**{"reward.model_path": "/rm", "reward_model.num_devices": 2}), num_gpus=3)
-    # One device per role on fewer GPUs than roles: they share (tests/unit/test_devices.py).
+    # One device per role on fewer GPUs than roles: they share (tests/unit/placement/test_devices.py).
     assert allocate_devices(_cfg(**{"reward.model_path": "/rm"}), num_gpus=3).reward_model == (torch.device("cuda", 1),)
     with pytest.raises(ConfigError, match="share GPUs"):
         allocate_devices(_cfg(**{"reward.model_path": "/rm", "reward_model.devices": [0], "train_model.devices": [0]}),

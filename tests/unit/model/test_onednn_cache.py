@@ -34,7 +34,7 @@ for n in range(300):
     torch.nn.functional.linear(x, w).sum().backward()
     w.grad = None
 print(json.dumps({"grown_mib": in_use() - marks[0], "env": {k: os.environ.get(k) for k in %r}}))
-""" % (str(Path(__file__).resolve().parents[2] / "benchmarks"), CAPS)
+""" % (str(Path(__file__).resolve().parents[3] / "benchmarks"), CAPS)
 
 
 def probe(**env_given: str) -> dict:

@@ -20,7 +20,7 @@ from grpo_rl.model.vocab import (
     truncation_threshold,
 )
 
-from .helpers import compose_config
+from tests.unit.helpers import compose_config
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,7 @@ from grpo_rl.config.schema import GRPOConfig, register_configs
 from grpo_rl.config.checks import resolve_loss_type
 from grpo_rl.run.preflight import validate
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 
 
 def _compose(overrides: list[str] = (), name: str = "grpo_gsm8k", config_dir: Path = CONFIG_DIR):

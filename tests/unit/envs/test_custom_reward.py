@@ -16,7 +16,7 @@ from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent, RewardEr
 from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
 from tests.unit.helpers import file_env, score_answers, write_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG_DIR = ROOT / "config"
 EXAMPLE_REWARD = ROOT / "examples" / "custom_reward.py"
 EXAMPLE_PROMPTS = ROOT / "examples" / "prompts.jsonl"

@@ -10,7 +10,7 @@ from grpo_rl.run.preflight import validate
 from grpo_rl.envs.arithmetic import ArithmeticSpec, arithmetic_records, problem_count
 from grpo_rl.envs.rewards.gsm8k import reference_answer
 
-from .helpers import compose_config, score_answers
+from tests.unit.helpers import compose_config, score_answers
 
 SPECS = [ArithmeticSpec(("add",), 3, held_out=300), ArithmeticSpec(("add", "sub"), 2, held_out=300),
          ArithmeticSpec(("mul",), 2, 1, held_out=300), ArithmeticSpec(("add", "sub", "mul"), 1, 1, held_out=40)]

@@ -15,7 +15,7 @@ from grpo_rl.training.learner import Learner, LossSettings
 from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.training.reference import RefScorer
 
-from tests.unit.test_learner import make_batch
+from tests.unit.training.test_learner import make_batch
 
 CPU = torch.device("cpu")
 

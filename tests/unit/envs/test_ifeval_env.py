@@ -20,7 +20,7 @@ from grpo_rl.envs.rewards.ifeval_reward import (
     ifeval_components,
 )
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 LOWER_NO_COMMA = {"instruction_id_list": ["change_case:english_lowercase", "punctuation:no_comma"],
                   "kwargs": [{}, {}], "prompt": "Reply in lowercase without commas."}
 

@@ -14,7 +14,7 @@ from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.errors import RunFolderError
 from grpo_rl.run.lifecycle import GracefulStop, RunState, StopRun, check_run_folder
 from grpo_rl.run.metrics import RunLogger, read_jsonl
-from tests.unit.test_checkpoint_atomic import _Env, _Learner
+from tests.unit.run.test_checkpoint_atomic import _Env, _Learner
 
 
 def _cfg(tmp_path, **train):

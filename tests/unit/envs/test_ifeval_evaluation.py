@@ -217,7 +217,7 @@ def test_mismatched_lists_raise() -> None:
 def _ifeval_data_file() -> Path:
     root = os.environ.get("GRPO_DATA_DIR")
     data_dir = (
-        Path(root) if root else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+        Path(root) if root else Path(__file__).resolve().parents[3].parent / "shared" / "data"
     )
     return data_dir / "ifeval" / "input_data.jsonl"
 

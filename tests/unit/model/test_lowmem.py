@@ -19,7 +19,7 @@ from grpo_rl.config.checks import validate_async
 from grpo_rl.model.optim import check_optimizer, make_optimizer
 from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines.transformers_engine import TransformersEngine
-from tests.unit.test_config import CONFIG_DIR, _compose
+from tests.unit.config.test_config import CONFIG_DIR, _compose
 
 CPU = torch.device("cpu")
 PROMPTS = [[1, 9690, 198, 22, 23, 24, 25], [1, 4093, 198]]
