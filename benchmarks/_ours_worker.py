@@ -2,7 +2,7 @@
 
     python benchmarks/_ours_worker.py --prompts P.json --threads 2 [hydra overrides ...]
 
-Builds every component through the same ``make_*`` factories as ``sota/grpo.py`` and runs its loop body
+Builds every component through the same ``make_*`` factories as ``sota/grpo.py`` and runs its step
 (collect -> reference + advantages -> train -> push weights), timing each phase. Emits protocol lines (see
 ``_bench_common.py``). Run by the orchestrator, not by hand.
 """

@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from grpo_rl.algo.loss import aggregate, grpo_loss, kl_estimate
+from grpo_rl.algo.loss import LossSettings, aggregate, grpo_loss, kl_estimate
 
 GROUPS, GROUP_SIZE, T_MAX, MIN_LEN = 8, 4, 64, 4
 KL_COEF = 0.04
@@ -170,19 +170,18 @@ def trl_side(case: Case, x: dict[str, torch.Tensor], is_block: str) -> dict:
 def our_side(case: Case, x: dict[str, torch.Tensor]) -> dict:
     """Our loss and its gradient w.r.t. the current log-probs."""
     current = x["current"].clone().requires_grad_(True)
-    kwargs = dict(ref_logprobs=x["ref"], kl_coef=KL_COEF, kl_estimator="k3", tis_cap=None)
-    kwargs.update(case.ours)
-    if kwargs["tis_cap"] is not None:
-        kwargs["behavior_logprobs"] = x["engine"]
+    settings = LossSettings(**{**dict(kl_coef=KL_COEF, kl_estimator="k3", tis_cap=None), **case.ours})
+    behavior = x["engine"] if settings.tis_cap is not None else None
     old = current.detach() if case.on_policy else x["old"]
-    out = grpo_loss(current, old, x["advantages"], x["mask"], **kwargs)
+    out = grpo_loss(current, old, x["advantages"], x["mask"], ref_logprobs=x["ref"], behavior_logprobs=behavior,
+                    settings=settings)
     out.loss.backward()
     result = dict(loss=out.loss.detach(), grad=current.grad, diag=out.diagnostics())
     if case.kl_times_ratio:  # TRL's use_bias_correction_kl: per-token KL times the differentiable ratio pi / pi_old
         again = x["current"].clone().requires_grad_(True)
         old = again.detach() if case.on_policy else x["old"]
         extra = KL_COEF * aggregate(kl_estimate(again, x["ref"], "k3") * (torch.exp(again - old) - 1.0), x["mask"],
-                                    kwargs["aggregation"], kwargs.get("max_tokens"))
+                                    settings.aggregation, settings.max_tokens)
         extra.backward()
         result.update(loss_weighted=result["loss"] + extra.detach(), grad_weighted=current.grad + again.grad)
     return result

@@ -102,6 +102,6 @@ def quiet_start() -> None:
     try:
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars for 0.1 s jobs
+        hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars for sub-second jobs
     except ImportError:
         pass

@@ -50,9 +50,67 @@ import torch
 
 from grpo_rl.algo.engine_correction import EngineCorrection, engine_weights, weight_quantiles
 from grpo_rl.algo.objectives import PolicyObjective, policy_term
+from grpo_rl.config.checks import resolve_loss_type
+from grpo_rl.config.schema import PolicyConfig, SamplingConfig
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss's scalars, resolved once from the ``policy`` and ``sampling`` config groups
+    (:meth:`from_config`) and passed as they are: to :func:`grpo_loss`, and to the learner, which takes its
+    log-probs under the distribution the engine sampled from (``temperature``, ``top_p``, ``top_k``).
+
+    Attributes:
+        loss_type: the policy term, ``grpo``, ``gspo``, ``gspo_token`` or ``cispo`` (:mod:`grpo_rl.algo.objectives`;
+            aliases such as ``dapo`` are resolved by :func:`~grpo_rl.config.checks.resolve_loss_type`).
+        clip_eps_low, clip_eps_high: the surrogates' ratio is clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]``.
+        cispo_ratio_max, cispo_ratio_min: bounds of CISPO's stop-gradient weight (``None``: no lower bound).
+        kl_coef: weight of the KL term (0 disables it; 0 too when the KL is in the reward).
+        kl_estimator: ``k1``, ``k2`` or ``k3``.
+        aggregation: token aggregation, see the module docstring.
+        max_tokens: normaliser for ``seq_mean_token_sum_norm`` (``sampling.max_new_tokens``).
+        tis_cap: upper bound of the engine importance weight; ``None`` disables the correction.
+        engine_correction: ``token_truncate``, ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
+        engine_correction_min: lower bound of the engine weight; ``None`` for none.
+        entropy_coef: weight of the entropy bonus ``-entropy_coef * aggregate(entropy)`` (0 disables it).
+        temperature, top_p, top_k: the engine's sampling distribution, which the policy's log-probs are taken under
+            (:mod:`grpo_rl.model.vocab`); tokens outside its truncated set get weight 0 in the loss.
+    """
+
+    loss_type: PolicyObjective = "grpo"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    cispo_ratio_max: float = 5.0
+    cispo_ratio_min: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    aggregation: Aggregation = "token_mean"
+    max_tokens: int | None = None
+    tis_cap: float | None = 2.0
+    engine_correction: EngineCorrection = "token_truncate"
+    engine_correction_min: float | None = None
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @classmethod
+    def from_config(cls, policy: PolicyConfig, sampling: SamplingConfig) -> "LossSettings":
+        """The settings ``policy`` and ``sampling`` name (the loss type's alias resolved, the KL penalty moved out
+        of the loss when it is in the reward)."""
+        objective, aggregation = resolve_loss_type(policy.loss_type, policy.aggregation)
+        return cls(
+            loss_type=objective, clip_eps_low=policy.clip_eps_low, clip_eps_high=policy.clip_eps_high,
+            cispo_ratio_max=policy.cispo_ratio_max, cispo_ratio_min=policy.cispo_ratio_min,
+            kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef, kl_estimator=policy.kl_estimator,
+            aggregation=aggregation, max_tokens=sampling.max_new_tokens, tis_cap=policy.tis_cap,
+            engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
+            entropy_coef=policy.entropy_coef, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k,
+        )
 
 
 @dataclass
@@ -147,20 +205,8 @@ def grpo_loss(
     *,
     ref_logprobs: torch.Tensor | None = None,
     behavior_logprobs: torch.Tensor | None = None,
-    loss_type: PolicyObjective = "grpo",
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.2,
-    cispo_ratio_max: float = 5.0,
-    cispo_ratio_min: float | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
-    aggregation: Aggregation = "token_mean",
-    max_tokens: int | None = None,
-    tis_cap: float | None = 2.0,
-    engine_correction: EngineCorrection = "token_truncate",
-    engine_correction_min: float | None = None,
+    settings: LossSettings = LossSettings(),
     entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
     scale: float = 1.0,
     outside: torch.Tensor | None = None,
 ) -> GRPOLossOutput:
@@ -175,19 +221,9 @@ def grpo_loss(
         ref_logprobs: reference-policy log-probs, ``[B, T]``; required when ``kl_coef > 0``.
         behavior_logprobs: log-probs recorded by the sampling engine, ``[B, T]``; enables the engine importance
             weight ``exp(old - behavior)`` (:mod:`grpo_rl.algo.engine_correction`).
-        loss_type: the policy term, ``grpo``, ``gspo``, ``gspo_token`` or ``cispo`` (:mod:`grpo_rl.algo.objectives`).
-        clip_eps_low, clip_eps_high: the surrogates' ratio is clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]``.
-        cispo_ratio_max, cispo_ratio_min: bounds of CISPO's stop-gradient weight (``None``: no lower bound).
-        kl_coef: weight of the KL term (0 disables it).
-        kl_estimator: ``k1``, ``k2`` or ``k3``.
-        aggregation: token aggregation, see the module docstring.
-        max_tokens: normaliser for ``seq_mean_token_sum_norm``.
-        tis_cap: upper bound of the engine importance weight; ``None`` disables the correction.
-        engine_correction: ``token_truncate`` (default), ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
-        engine_correction_min: lower bound of the engine weight; ``None`` for none.
+        settings: the scalars (:class:`LossSettings`; its sampling fields are not used here).
         entropy: per-token entropy ``[B, T]``; reported as a diagnostic, and with ``entropy_coef > 0`` rewarded,
             in which case it must carry a gradient.
-        entropy_coef: weight of the entropy bonus ``-entropy_coef * aggregate(entropy)`` (0 disables it).
         scale: multiplies the loss terms, e.g. a micro-batch's share of the gradient-accumulation step.
         outside: bool ``[B, T]``, tokens outside the policy's truncated sampling set (their log-probs are
             stand-ins, :mod:`grpo_rl.model.vocab`): weight 0 in the policy and KL terms, the engine weights and the
@@ -207,44 +243,47 @@ def grpo_loss(
     adv_BT = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
     adv_BT = adv_BT.to(logprobs.dtype)
 
-    term = policy_term(logprobs, old_logprobs, adv_BT, keep_f, objective=loss_type, clip_eps_low=clip_eps_low,
-                       clip_eps_high=clip_eps_high, cispo_ratio_max=cispo_ratio_max, cispo_ratio_min=cispo_ratio_min)
+    term = policy_term(logprobs, old_logprobs, adv_BT, keep_f, objective=settings.loss_type,
+                       clip_eps_low=settings.clip_eps_low, clip_eps_high=settings.clip_eps_high,
+                       cispo_ratio_max=settings.cispo_ratio_max, cispo_ratio_min=settings.cispo_ratio_min)
     pg_loss_BT = term.loss_BT  # [B, T]
     if outside is not None:
         pg_loss_BT = pg_loss_BT * keep_f
 
     engine = None
-    if behavior_logprobs is not None and tis_cap is not None:
-        engine = engine_weights(old_logprobs, behavior_logprobs, keep_f, mode=engine_correction, cap=tis_cap,
-                                min_weight=engine_correction_min)
+    if behavior_logprobs is not None and settings.tis_cap is not None:
+        engine = engine_weights(old_logprobs, behavior_logprobs, keep_f, mode=settings.engine_correction,
+                                cap=settings.tis_cap, min_weight=settings.engine_correction_min)
         pg_loss_BT = pg_loss_BT * engine.weight_BT
 
-    loss_policy = aggregate(pg_loss_BT, mask_f, aggregation, max_tokens) * scale
+    loss_policy = aggregate(pg_loss_BT, mask_f, settings.aggregation, settings.max_tokens) * scale
 
-    if kl_coef > 0.0:
+    if settings.kl_coef > 0.0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs (enable the reference model or set kl_coef=0)")
-        kl_BT = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator)  # [B, T]
+        kl_BT = kl_estimate(logprobs, ref_logprobs.detach(), settings.kl_estimator)  # [B, T]
         if outside is not None:
             kl_BT = kl_BT * keep_f
-        loss_kl = kl_coef * aggregate(kl_BT, mask_f, aggregation, max_tokens) * scale
+        loss_kl = settings.kl_coef * aggregate(kl_BT, mask_f, settings.aggregation, settings.max_tokens) * scale
         kl_ref = (kl_BT.detach() * keep_f).sum() / keep_f.sum().clamp(min=1.0)
     else:
         loss_kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
         if ref_logprobs is not None:
-            kl_BT = kl_estimate(logprobs.detach(), ref_logprobs, kl_estimator)
+            kl_BT = kl_estimate(logprobs.detach(), ref_logprobs, settings.kl_estimator)
             kl_ref = (kl_BT * keep_f).sum() / keep_f.sum().clamp(min=1.0)
         else:
             kl_ref = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
 
     loss = loss_policy + loss_kl
-    if entropy_coef > 0.0:
+    if settings.entropy_coef > 0.0:
         if entropy is None:
-            raise ValueError("entropy_coef > 0 needs the per-token entropy (sequence_logprobs(..., with_entropy=True))")
+            raise ValueError("entropy_coef > 0 needs the per-token entropy (sequence_logprobs(..., "
+                             "with_entropy=True))")
         if logprobs.requires_grad and not entropy.requires_grad:
             raise ValueError("entropy_coef > 0 needs an entropy with gradient (sequence_logprobs(..., "
                              "entropy_grad=True)); this one is detached, so the bonus would train nothing")
-        loss_entropy = -entropy_coef * aggregate(entropy, mask_f, aggregation, max_tokens) * scale
+        loss_entropy = -settings.entropy_coef * aggregate(entropy, mask_f, settings.aggregation,
+                                                          settings.max_tokens) * scale
         loss = loss + loss_entropy
     else:
         loss_entropy = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

@@ -88,9 +88,9 @@ class RefModelConfig(RoleDevices):
     (batches are sharded over them), overlapping with generation and training in sota/grpo-async.py. learner:
     scored in the driver between taking a batch and training on it. auto: actor in the asynchronous loop, with GPUs
     of its own, or with num_devices > 1; learner in the synchronous loop on shared devices, where the roles take
-    turns and a stage only adds a transfer. Measured on a 2-core CPU (benchmarks/README.md): the asynchronous loop
-    ran 1.20x faster with the stage, although three processes then share two cores. LoRA: always learner (the
-    reference is the learner's model with the adapters off)."""
+    turns and a stage only adds a transfer. The stage pays in the asynchronous loop even on shared cores: it takes
+    the reference pass out of the learner's step (measured; benchmarks/README.md, "The reference as a stage of its
+    own"). LoRA: always learner (the reference is the learner's model with the adapters off)."""
     precision: str = "auto"
     """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
     dtype: Optional[str] = None
@@ -109,8 +109,8 @@ class InferenceModelConfig(RoleDevices):
     compile: bool = False
     """engine=transformers on a GPU: a static KV cache, whose decoding step transformers compiles (CUDA graphs).
     Prompts are left-padded to a multiple of 64 tokens so that few shapes compile; each new shape compiles once
-    (about 50 s the first time). On an H100 with SmolLM2-135M's shape, 32 answers x 128 tokens took 0.61 s against
-    3.4-4.2 s (benchmarks/gpu_engine.py): where vLLM is not installed, it pays from about the seventh step."""
+    (tens of seconds the first time). Eager decoding is bound by the host's kernel launches, so where vLLM is not
+    installed this pays back its compile within a few steps (measured; see benchmarks/gpu_engine.py)."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache (GPU only)."""
     kv_cache_gb: float = 1.0
@@ -385,8 +385,9 @@ class TrainConfig:
     compile: str = "false"
     """torch.compile the decoder layers of the learner and the reference: false | true | auto. auto starts eager
     and compiles after the first steps when the time it expects to save over the steps left exceeds the time
-    compiling takes (grpo_rl/model/compile.py). Off by default: on a 2-core CPU it sped up an isolated fp32 training
-    pass 1.13-1.28x but not the whole step (benchmarks/README.md). LoRA and FSDP learners stay eager."""
+    compiling takes (grpo_rl/model/compile.py). Off by default: where it was measured (a CPU), it sped up a training
+    pass timed alone but not the whole step (benchmarks/kernels.py compile, benchmarks/trl_compare.py). LoRA and
+    FSDP learners stay eager."""
     checkpoint_frequency: int = 0
     """Save every N steps (0: only at the end)."""
     keep_checkpoints: int = 2

@@ -7,10 +7,10 @@ model, so ``update_weights`` copies tensors, or, built with :meth:`TransformersE
 learner's own model (``inference_model.share_weights``: no second copy of the weights and nothing to push). There
 is no KV-cache reuse across a group's answers.
 
-On a GPU, eager decoding is bound by the host launching kernels (an H100 with SmolLM2-135M's shape: 43 ms a
-decoding step, of which about 3.4 ms on the GPU). ``inference_model.compile`` gives ``generate`` a static KV cache,
-whose decoding step transformers compiles into CUDA graphs: 10x faster generation there after a compile of about
-50 s (``benchmarks/gpu_engine.py``, benchmarks/README.md).
+On a GPU, eager decoding of a small model is bound by the host launching kernels, not by the GPU.
+``inference_model.compile`` gives ``generate`` a static KV cache, whose decoding step transformers compiles into
+CUDA graphs: generation many times faster after a compile of tens of seconds (measured; see
+``benchmarks/gpu_engine.py`` and benchmarks/README.md, "One GPU").
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """vLLM rollout engine, run in the caller's process.
 
-Why in-process: on this class of machine (2 CPU cores) the synchronous loop alternates generation and
-training, so a second process buys no overlap and costs a ~25 s start plus a serialisation of the weights on
-every push (tensors sent through ``collective_rpc`` to another process arrive as lists). In-process, start-up
-is 3-5 s after the import and a weight push is an in-place reload of the engine's own tensors
-(0.03-0.1 s for a 135M model). The asynchronous loop gets its process separation from Ray instead: it puts
-this same class inside an actor.
+Why in-process: on a CPU box of a few cores the synchronous loop alternates generation and training, so a second
+process buys no overlap, and it costs a slower start plus a serialisation of the weights on every push (tensors
+sent through ``collective_rpc`` to another process arrive as lists). In-process, a weight push is an in-place
+reload of the engine's own tensors (start and push times: benchmarks/README.md, "Measurements behind library
+defaults"). The asynchronous loop gets its process separation from Ray instead: it puts this same class inside an
+actor.
 
 What in-process vLLM does to its host process, which the learner must know:
 

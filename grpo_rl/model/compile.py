@@ -1,18 +1,16 @@
 """Compiling the decoder layers of the learner and the reference model (``train.compile``).
 
 ``torch.compile`` fuses the elementwise work between the matmuls of a decoder layer (norms, rotary embeddings,
-activations, casts) into generated kernels. On a packed training forward + backward of SmolLM2-135M (4 groups of
-4 answers, 2 CPU threads) it measured 1.23x in fp32 and 1.36x under bf16 autocast (``benchmarks/kernels.py
-compile``, ``benchmarks/README.md``). The price is the
-compilation: Dynamo traces a layer and Inductor generates and builds its kernels, seconds to a minute on the first
-call, which a short run never earns back. Each decoder layer is compiled on its own (``dynamic=True``: micro-batches
-of every shape share one graph; the layers share their code, so one trace serves all of them); the LM head stays
-eager (:mod:`grpo_rl.model.vocab` already chunks it).
+activations, casts) into generated kernels, which speeds up a packed training forward + backward timed alone
+(measured; see ``benchmarks/kernels.py compile``). The price is the compilation: Dynamo traces a layer and Inductor
+generates and builds its kernels, seconds to a minute on the first call, which a short run never earns back.
+Each decoder layer is compiled on its own (``dynamic=True``: micro-batches of every shape share one graph; the
+layers share their code, so one trace serves all of them); the LM head stays eager (:mod:`grpo_rl.model.vocab`
+already chunks it).
 
-Whether it pays is a measurement, not a given: in ``benchmarks/trl_compare.py`` on a 2-core AMD EPYC the whole
-fp32 step of the TRL-comparison workload took 20.94 s compiled against 20.82 s eager (training 11.36 vs 11.16 s),
-although the same pass timed alone, alternating eager and compiled layers in one process, ran 1.13-1.28x faster.
-So the default is ``false``; measure your own step with ``true``.
+Whether it pays is a measurement, not a given: on a CPU where the pass timed alone gained, the whole step did not
+(``benchmarks/trl_compare.py``; benchmarks/README.md, "Levers"). So the default is ``false``; measure your own step
+with ``true``.
 
 ``train.compile``:
 
@@ -20,17 +18,16 @@ So the default is ``false``; measure your own step with ``true``.
 * ``true``: compile before the first step.
 * ``auto``: start eager, time the reference and training phases of the first :data:`DECIDE_AFTER` steps,
   and compile once the expected saving over the steps left, ``SAVING x seconds per step x steps left``, exceeds
-  :data:`COMPILE_COST_S`. With about 20 s of reference and training a step (the default GSM8K run's first steps
-  on a 2-core CPU), the 28 steps left of a 30-step run are worth ~110 s: it compiles; a smoke run of a tiny model
-  (well under a second a step) never does. Inductor keeps the kernels it built in its on-disk cache
-  (``TORCHINDUCTOR_CACHE_DIR``), so the next run with the same shapes pays less.
+  :data:`COMPILE_COST_S`. At 20 s of reference and training a step, the 28 steps left of a 30-step run are worth
+  ~110 s: it compiles; a smoke run of a tiny model (well under a second a step) never does. Inductor keeps the
+  kernels it built in its on-disk cache (``TORCHINDUCTOR_CACHE_DIR``), so the next run with the same shapes pays
+  less.
 
 The decision is the learner's state: a checkpoint records it, and a resumed run with ``train.compile`` true or auto
 compiles from its first step, so it computes with the same kernels as the run it continues (``false`` keeps it
-eager). LoRA and FSDP-sharded learners stay eager (untested under
-compilation). Before the first compilation a small function is compiled through the same backend, forward and
-backward; where that fails (no C++ compiler on the CPU, an unsupported GPU) the run stays eager and logs one line
-that says why.
+eager). LoRA and FSDP-sharded learners stay eager (untested under compilation). Before the first compilation a small
+function is compiled through the same backend, forward and backward; where that fails (no C++ compiler on the CPU,
+an unsupported GPU) the run stays eager and logs one line that says why.
 """
 from __future__ import annotations
 
@@ -47,7 +44,8 @@ log = logging.getLogger(__name__)
 DECIDE_AFTER = 2
 """Steps timed eagerly before ``auto`` decides (the first step of a process carries one-off costs)."""
 SAVING = 0.2
-"""Share of the reference + training time compilation saves (1.23x in fp32 -> 0.19, 1.36x in bf16 -> 0.26)."""
+"""Share of the reference + training time compilation saves: ``1 - 1 / speedup`` of the pass timed alone, between
+its fp32 and bf16 values (``benchmarks/kernels.py compile``; benchmarks/README.md, "Levers")."""
 COMPILE_COST_S = 60.0
 """What ``auto`` budgets for compiling: the first compiled forward + backward and the reference's no-grad graph."""
 

@@ -6,15 +6,14 @@
 bits (2 bytes per parameter instead of 8: 0.75 GiB less for a 135M model), dequantized, updated and requantized
 inside one compiled kernel per parameter; bf16 weights (``train_model.dtype``) take each update with stochastic
 rounding, so that updates below a weight's last bf16 bit are kept in expectation instead of lost. It is the
-optimizer of the ``lowmem`` preset (``+preset=lowmem``).
+optimizer of the ``lowmem`` preset (``+preset=lowmem``): it trades a much slower step than fused AdamW's for the
+memory (measured; see ``benchmarks/optimizer_step.py``).
 
 Why torchao: it is PyTorch's own library, runs on the CPU through ``torch.compile``, rounds bf16 weights
 stochastically, and its state is tensor subclasses that ``torch.save``/``torch.load(weights_only=True)`` round-trip,
 so checkpoints and bit-exact resume work unchanged. bitsandbytes' CPU ``AdamW8bit`` also runs here, and faster
-over fp32 weights, but has no stochastic rounding, which bf16 weights need. ``benchmarks/optimizer_step.py``, over
-SmolLM2-135M's shapes (AMD EPYC, avx512_bf16, 2 threads, 2026-11-24): fused AdamW 0.074 s a step; torchao
-``AdamW8bit`` 2.49 s over fp32 weights, 3.68 s over bf16 weights; bitsandbytes 1.61 s over fp32 weights. The first
-torchao step also compiles its kernels (20-30 s the first time, then cached on disk by inductor).
+over fp32 weights, but has no stochastic rounding, which bf16 weights need. The first torchao step also compiles
+its kernels (tens of seconds the first time, then cached on disk by inductor).
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Compute precision from the hardware: bf16 only where it is fast on the device at hand.
 
 On CPUs the cost of a bf16 matmul varies by two orders of magnitude between machines of one kind: with AMX or
-avx512_bf16 oneDNN runs it 2.5-4x faster than fp32, while on an AVX2-only CPU it falls back to a path about 50x
-slower than fp32. A default that assumes either one is wrong on the other, so ``precision: auto`` (the default
-of the learner, the reference and the engine) decides from a measurement:
+avx512_bf16 oneDNN runs it several times faster than fp32, while on an AVX2-only CPU it falls back to a path tens
+of times slower (rates per CPU in benchmarks/README.md; ``benchmarks/flops.py`` measures them). A default that
+assumes either one is wrong on the other, so ``precision: auto`` (the default of the learner, the reference and the
+engine) decides from a measurement:
 
 * CUDA: bf16 when ``torch.cuda.is_bf16_supported()``.
 * CPU: bf16 when oneDNN reports bf16 support and a short bf16 matmul, timed against the same fp32 matmul on

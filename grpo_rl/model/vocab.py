@@ -1,56 +1,41 @@
 """Log-prob of the target token under the LM head, computed in vocabulary chunks that are never all kept.
 
-The plain form, ``logits = head(hidden).float(); logits.log_softmax(-1)``, materialises ``[T, V]`` fp32 tensors
-(``V`` = 49k for SmolLM2) several times over: the logits, their exponentials, the softmax autograd saves and
-its gradient. For ``T`` = 4k answer tokens each one is 0.8 GB (the passes over them were about a quarter of a bf16
-training pass on the CPU; chunking does not make them cheaper, it stops them being held). :class:`ChunkedTokenLogprob`
-instead runs the head over ``chunk`` tokens at a time, keeps only the log-normaliser per token, and recomputes
-each chunk's logits in the backward pass (as Liger's fused linear cross-entropy does). The result is the same
-function: the forward is the same sequence of operations per token, and the gradient is the analytic one,
-``d log p(y) / d z = onehot(y) - softmax(z)``, scaled by ``1 / temperature``. The entropy
-``H = logsumexp(z) - sum_k p_k z_k`` is returned without gradient unless asked for (an entropy bonus in the
-loss), in which case its analytic gradient ``d H / d z_k = -p_k (z_k - sum_j p_j z_j)`` joins the same pass.
+The plain form, ``head(hidden).float().log_softmax(-1)``, holds several ``[T, V]`` fp32 tensors (the logits, their
+exponentials, what softmax's autograd saves, its gradient): 0.8 GB each at ``T`` = 4k tokens and SmolLM2's ``V`` =
+49k. :class:`ChunkedTokenLogprob` runs the head over ``chunk`` tokens at a time, keeps only the per-token
+log-normaliser and recomputes each chunk's logits in the backward pass, as Liger's fused linear cross-entropy does.
+It is the same function: the same forward per token, and the analytic gradient
+``d log p(y) / d z = onehot(y) - softmax(z)`` over ``temperature``. The entropy ``H = logsumexp(z) - sum_k p_k z_k``
+has a gradient only when asked for (an entropy bonus), then ``d H / d z_k = -p_k (z_k - sum_j p_j z_j)`` joins the
+same pass. Chunking saves memory, not time (``benchmarks/kernels.py lm-head``). Under autocast the matmuls run in
+the autocast dtype and the rest in fp32, as ``head(hidden).float()`` does.
 
-Under autocast the matmuls run in the autocast dtype and everything after them in fp32, as
-``head(hidden).float()`` does.
+**Sampling truncation.** With ``top_k > 0`` or ``top_p < 1`` the engine reports log-probs of the truncated
+distribution (vLLM's ``processed_logprobs``, transformers' processed scores: tempered, then top-k, then top-p, the
+kept tokens renormalised by their mass ``Z``). Scored untruncated, each sampled token's learner/engine ratio would
+be ``Z < 1``, which the engine correction reads as drift (``benchmarks/truncation_ratio.py``).
+:class:`TruncatedTokenLogprob` scores under the same truncation, with the kept set of vLLM v1's
+``apply_top_k_top_p`` (:func:`truncation_threshold`): ``log p~(y) = z_y - logsumexp(z over the kept set)``, gradient
+``onehot(y) - p~`` (the set a constant) over ``temperature``, the entropy the truncated distribution's. Departure
+from vLLM: the kept set is one threshold per row (``z >= threshold``), so tokens tied at the top-p boundary are all
+kept (vLLM keeps those its sort puts last); the backward pass recomputes the set from the recomputed logits.
 
-**Sampling truncation.** With ``top_k > 0`` or ``top_p < 1`` the engine samples from, and reports the log-probs of,
-the truncated distribution: vLLM's ``processed_logprobs`` (and transformers' processed scores) are the log-softmax
-after temperature, top-k and top-p, with the tokens outside at ``-inf`` and the kept ones renormalised by their mass
-``Z``. Scored untruncated, every sampled token's learner/engine ratio would be ``Z < 1`` rather than 1 (about 0.93
-at ``top_p = 0.9`` on SmolLM2 and GSM8K, ``benchmarks/truncation_ratio.py``), a bias the engine correction would
-read as drift. :class:`TruncatedTokenLogprob` scores under the same truncation: per row it finds the kept set as
-vLLM v1's ``apply_top_k_top_p`` does (:func:`truncation_threshold`) and returns ``log p~(y) = z_y - logsumexp(z
-over the kept set)``; its gradient is ``onehot(y) - p~`` (the set a constant), over ``temperature``, and the
-entropy is the truncated distribution's. The kept set is stored as one threshold per row (``z >= threshold``), so
-where tokens tie at vLLM's top-p boundary all of them are kept (vLLM keeps those its sort puts last), and the
-backward pass recomputes the set from the recomputed logits.
+A sampled token outside the learner's own kept set (its weights or numerics differ from the engine's) would get
+``-inf``. It gets the untruncated log-prob, entropy and gradient as finite stand-ins, is flagged ``outside``, and
+the loss gives it weight 0 (:func:`grpo_rl.algo.loss.grpo_loss`; logged as ``truncation_masked_fraction``): its
+ratio against the engine would be meaningless, and a token the policy would no longer sample carries no on-policy
+signal.
 
-A sampled token can lie outside the learner's own kept set (its weights or numerics differ from the engine's), and
-its truncated log-prob is then ``-inf``. Such a token gets the untruncated log-prob, entropy and gradient as finite
-stand-ins and is flagged ``outside``; the loss gives it weight 0 (:func:`grpo_rl.algo.loss.grpo_loss`), logged as
-``truncation_masked_fraction``. Masking is preferred over keeping the stand-in: its ratio against the engine's
-log-prob would be meaningless, and a token the policy would no longer sample carries no on-policy signal.
+Only the policy's log-probs are truncated. The reference's stay untruncated (:mod:`grpo_rl.training.reference`):
+its own top-p set need not hold the sampled token, which would make the KL infinite. So with equal models at step 0
+the KL is not 0: ``log(ref / policy) = log Z`` for every sampled token, k1 reads ``-log Z`` and k3
+``Z - 1 - log Z`` (k3 is unbiased only when the reference's mass on the policy's support is 1; here it is ``Z``).
 
-Only the policy's log-probs (current and old) are truncated. The reference model's stay untruncated
-(:mod:`grpo_rl.training.reference`): its own top-p set need not hold the sampled token, which would make its log-prob
-``-inf`` and the KL estimate infinite. The KL penalty is then between the truncated policy and the untruncated
-reference, so it is not 0 at step 0 when the two models are equal: the truncated policy puts ``1 / Z`` times the
-reference's probability on each kept token, so ``KL = -log Z`` per position and every sampled token has
-``log(ref / policy) = log Z``: k1 reads ``-log Z``, k3 ``Z - 1 - log Z`` (about ``(1 - Z)^2 / 2``; k3 is unbiased only
-when the reference's mass on the policy's support is 1, here it is ``Z``). The penalty still pulls the policy towards
-the reference, which is what it is for; scoring the reference truncated too would give a finite KL only where its
-set holds every sampled token.
-
-Cost: without truncation the untouched :class:`ChunkedTokenLogprob` runs (no extra work). With it, each chunk's
-``[c, V]`` logits are also searched for the kept set, in the forward pass only: with ``topk`` of the ``k`` (top-k)
-or :data:`TOP_P_CANDIDATES` (top-p alone) largest, sorting the whole vocabulary only for rows whose top-p set is
-larger; and a few more elementwise passes over ``[c, V]`` mask the logits in both passes. ``benchmarks/kernels.py
-truncation`` (2240 tokens of GSM8K text through SmolLM2's head, 2 threads, three runs on a shared 2-core AMD EPYC):
-the head's forward + backward takes 1.0-1.5x its untruncated time with ``top_k=50`` or ``top_p=0.9`` (3-6 s
-untruncated, bf16 or fp32). The kept-set search there costs 0.1-0.2 s (top-k) and 0.4-1.9 s (top-p: median row
-keeps 6 tokens, 4% keep more than 256, none more than 4096) per 2240 tokens, against 4.5-9 s for sorting every
-chunk as vLLM does; with flat distributions (every row keeping thousands of tokens) top-p costs about that sort.
+Cost: without truncation :class:`ChunkedTokenLogprob` runs unchanged. With it, the forward pass also finds each
+chunk's kept set with ``topk`` (the whole vocabulary sorted only for rows whose top-p set outgrows
+:data:`TOP_P_CANDIDATES`; with flat distributions top-p costs about that sort), and both passes mask the
+``[c, V]`` logits. Measured by ``benchmarks/kernels.py truncation`` (benchmarks/README.md, "Sampling truncation and
+the importance ratio").
 """
 from __future__ import annotations
 
@@ -153,9 +138,9 @@ def is_truncated(top_p: float, top_k: int) -> bool:
 
 
 TOP_P_CANDIDATES = (256, 4096)
-"""Top-p alone looks for its kept set among the 256 largest logits of each row (``topk``: about 20x cheaper than
-sorting 49k logits on the CPU), then among the 4096 largest for rows that keep more, and sorts the rest whole (at
-once when more than half the rows are left: flat distributions)."""
+"""Top-p alone looks for its kept set among the 256 largest logits of each row (``topk`` is far cheaper than a sort
+of the vocabulary; ``benchmarks/kernels.py truncation``), then among the 4096 largest for rows that keep more, and
+sorts the rest whole (at once when more than half the rows are left: flat distributions)."""
 
 
 def top_p_threshold_sorted(zs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -19,10 +19,11 @@ reference       the driver, or one actor per           the same (``ref_model.pla
 reward_model    inside the collector                   inside each collector actor, on its device
 ==============  =====================================  ============================================
 
-Threads (benchmarks/busy_neighbour.py): when roles compute at the same time, more torch threads than cores
-in total slows every matmul 10-30x. In the synchronous loop the roles in the driver take turns and use every
-core; workers that compute at once (learner ranks, reference replicas, and in the asynchronous loop the
-collectors next to the learner) split the cores between them, one thread at least.
+Threads: when roles compute at the same time, more torch threads than cores in total make OpenMP's barriers
+stall and small matmuls many times slower (measured; see benchmarks/busy_neighbour.py). In the synchronous loop
+the roles in the driver take turns and use every core; workers that compute at once (learner ranks, reference
+replicas, and in the asynchronous loop the collectors next to the learner) split the cores between them, one
+thread at least.
 """
 from __future__ import annotations
 
@@ -207,8 +208,9 @@ def reference_as_actors(cfg, devices: DeviceAllocation, mode: str) -> bool:
     ``learner`` scores in the driver, between taking a batch and training on it. ``auto`` picks the stage where it
     overlaps with the other roles (the asynchronous loop), has GPUs of its own, or shards over several devices, and
     the driver in the synchronous loop on shared devices, where the roles take turns anyway and a stage would only
-    add a transfer. On the 2-core CPU box the asynchronous loop ran 1.20x faster with the stage, although its three
-    processes then share two cores (benchmarks/README.md)."""
+    add a transfer. In the asynchronous loop the stage pays even when its processes share the cores, since it takes
+    the reference pass out of the learner's step (measured; benchmarks/README.md, "The reference as a stage of its
+    own")."""
     placement = cfg.ref_model.placement
     if placement == "auto":
         own_gpus = devices.on_gpu and not set(devices.ref) & set(devices.train)

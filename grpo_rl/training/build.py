@@ -10,11 +10,11 @@ import random
 import numpy as np
 import torch
 
-from grpo_rl.config.checks import resolve_loss_type
+from grpo_rl.algo.loss import LossSettings
 from grpo_rl.errors import ConfigError
 from grpo_rl.model.loading import load_causal_lm
 from grpo_rl.placement.context import RunContext
-from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.training.learner import Learner
 from grpo_rl.training.reference import RefScorer
 
 
@@ -46,17 +46,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
         if cfg.train_model.gradient_checkpointing:
             model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need an input grad
-    policy = cfg.policy
-    objective, aggregation = resolve_loss_type(policy.loss_type, policy.aggregation)
-    loss = LossSettings(
-        loss_type=objective, clip_eps_low=policy.clip_eps_low, clip_eps_high=policy.clip_eps_high,
-        cispo_ratio_max=policy.cispo_ratio_max, cispo_ratio_min=policy.cispo_ratio_min,
-        kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef, kl_estimator=policy.kl_estimator,
-        aggregation=aggregation, max_tokens=cfg.sampling.max_new_tokens, tis_cap=policy.tis_cap,
-        engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
-        entropy_coef=policy.entropy_coef, temperature=cfg.sampling.temperature,
-        top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
-    )
+    loss = LossSettings.from_config(cfg.policy, cfg.sampling)
     return Learner(
         model, run.devices.train[0], loss, optimizer=cfg.optimizer.name, lr=cfg.optimizer.lr,
         weight_decay=cfg.optimizer.weight_decay, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,

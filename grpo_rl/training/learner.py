@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
@@ -32,7 +31,7 @@ from grpo_rl.model.compile import CompileDecision, compile_model
 from grpo_rl.config.schema import parse_compile_mode
 from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.model.lora import hf_named_weights
-from grpo_rl.algo.loss import grpo_loss
+from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.model.optim import make_optimizer
 from grpo_rl.model.packing import group_micro_batches, micro_batches
 
@@ -45,32 +44,6 @@ def loss_mask(batch: TensorDict) -> torch.Tensor:
     """``[N, Lr]``: the answer tokens the loss covers: the model's own (``loss_mask``, multi-turn episodes, where
     tool and template tokens are context only, :mod:`grpo_rl.envs.multiturn`), else every answer token."""
     return batch["loss_mask"] if "loss_mask" in batch.keys() else batch["response_mask"]
-
-
-@dataclass
-class LossSettings:
-    """The scalars the loss takes, resolved once from the ``policy`` config group (``loss_type`` is the objective,
-    aliases already resolved by :func:`~grpo_rl.config.checks.resolve_loss_type`)."""
-
-    loss_type: str = "grpo"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    cispo_ratio_max: float = 5.0
-    cispo_ratio_min: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    aggregation: str = "token_mean"
-    max_tokens: int | None = None
-    tis_cap: float | None = 2.0
-    engine_correction: str = "token_truncate"
-    engine_correction_min: float | None = None
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    """The engine's sampling truncation: the policy's log-probs (current and old) are those of the truncated
-    distribution it sampled from (:mod:`grpo_rl.model.vocab`); tokens outside the policy's own truncated set get weight 0
-    in the loss (``truncation_masked_fraction``)."""
 
 
 class Learner:
@@ -235,20 +208,8 @@ class Learner:
                 loss_mask(mb),
                 ref_logprobs=mb.get("ref_logprobs", None),
                 behavior_logprobs=mb["behavior_logprobs"],
-                loss_type=self.loss.loss_type,
-                clip_eps_low=self.loss.clip_eps_low,
-                clip_eps_high=self.loss.clip_eps_high,
-                cispo_ratio_max=self.loss.cispo_ratio_max,
-                cispo_ratio_min=self.loss.cispo_ratio_min,
-                kl_coef=self.loss.kl_coef,
-                kl_estimator=self.loss.kl_estimator,
-                aggregation=self.loss.aggregation,
-                max_tokens=self.loss.max_tokens,
-                tis_cap=self.loss.tis_cap,
-                engine_correction=self.loss.engine_correction,
-                engine_correction_min=self.loss.engine_correction_min,
+                settings=self.loss,
                 entropy=out.entropy,
-                entropy_coef=self.loss.entropy_coef,
                 scale=share,
                 outside=outside,
             )

@@ -23,8 +23,8 @@ Departures from the object-store transport (:mod:`grpo_rl.weights.sync`) and lim
   slowest engine to reach :meth:`~WeightBroadcast.receive` (the object store costs the learner a ``ray.put``).
 * A receiver's ``TCPStore`` retries its connection once after a back-off, so joining a learner that is not there
   fails after about twice ``timeout_seconds`` (6 s for 3 s in torch 2.13); every later step keeps to the limit.
-* Over gloo on the 2-core CPU box a push of SmolLM2-135M (513 MiB fp32) took about 1.2 s (median of 5, two
-  processes, loopback TCP; the tiny test model: 0.02 s). The NCCL path is untested here (no GPU).
+* A gloo push's time on the CPU is in benchmarks/README.md, "Measurements behind library defaults" (no script
+  reproduces it yet); the NCCL path is untested here (no GPU).
 """
 from __future__ import annotations
 

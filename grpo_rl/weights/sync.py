@@ -15,16 +15,10 @@ optimizer steps): ``push(weights, version)``. Three implementations:
   broadcast from the learner to every engine over a process group of their own, NCCL between GPUs and gloo on the
   CPU, the same code (:mod:`grpo_rl.weights.collective`).
 
-Why the object store and not safetensors bytes (``python benchmarks/weight_transport.py --repeats 7``;
-2-core CPU box shared with other jobs, load average 11-14; local Ray; median of 7 with the variants
-interleaved; "total" = pack on the sender + transfer + unpack in another process, engine reload excluded)::
-
-    model                   size      object store (numpy)   object store (torch)   safetensors bytes
-    tiny (h64, 49k vocab)   12.3 MiB  0.032 s                0.055 s                0.074 s
-    SmolLM2-135M            513 MiB   0.39 s                 1.98 s                 1.41 s
-
-numpy arrays are written once into shared memory and read without a copy; safetensors serialises into a
-bytes object (one copy), which Ray then copies into the store and the receiver copies out again.
+Why numpy arrays in the object store, not torch tensors or safetensors bytes: numpy arrays are written once into
+shared memory and read without a copy; pickled tensors are copied on both sides, and safetensors serialises into a
+bytes object (one copy), which Ray then copies into the store and the receiver copies out again. Of the three it
+was measured fastest end to end (pack + transfer + unpack; see ``benchmarks/weight_transport.py``).
 
 Tied weights (``lm_head`` = ``embed_tokens``) cross once and arrive under both names: vLLM's in-place reload
 must see ``lm_head.weight`` too, or it puts the LM head's old kernel tensors back ("ParallelLMHead: Failed

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from grpo_rl.algo.loss import aggregate, grpo_loss, kl_estimate
+from grpo_rl.algo.loss import LossSettings, aggregate, grpo_loss, kl_estimate
 from grpo_rl.algo.advantages import kl_penalised_rewards
 
 # A 2 x 3 case with a ragged mask: row 0 has 2 response tokens, row 1 has 1.
@@ -43,7 +43,8 @@ def test_policy_loss_aggregations_at_ratio_one(mode, max_tokens, expected):
     # At ratio 1 (old == new) the per-token policy loss is -advantage, so per-token advantages equal to
     # VALUES give minus the aggregation of VALUES; the masked 3, 5, 6 must not count.
     logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
-    out = grpo_loss(logprobs, logprobs.clone(), VALUES, MASK, aggregation=mode, max_tokens=max_tokens)
+    out = grpo_loss(logprobs, logprobs.clone(), VALUES, MASK,
+                    settings=LossSettings(aggregation=mode, max_tokens=max_tokens))
     assert float(out.loss_policy) == pytest.approx(-expected)
     assert float(out.loss) == pytest.approx(-expected)
     assert float(out.loss_kl) == 0.0
@@ -79,7 +80,8 @@ CLIP_CASES = [
 def test_clipping_low_and_high_separately(ratio, adv, expected, clipped):
     old = torch.tensor([[-1.0]])
     logprobs = (old + math.log(ratio)).requires_grad_(True)
-    out = grpo_loss(logprobs, old, torch.tensor([adv]), torch.ones(1, 1), clip_eps_low=0.2, clip_eps_high=0.28)
+    out = grpo_loss(logprobs, old, torch.tensor([adv]), torch.ones(1, 1),
+                    settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28))
     assert float(out.loss.detach()) == pytest.approx(expected, abs=1e-6)
     assert float(out.clip_fraction) == (1.0 if clipped else 0.0)
     out.loss.backward()
@@ -94,7 +96,7 @@ def test_clip_fraction_counts_only_unmasked_tokens():
     adv = torch.tensor([[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]])
     old = torch.full((2, 3), -2.0)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the clipped [1, 2] token is padding
-    out = grpo_loss(old + ratio.log(), old, adv, mask, clip_eps_low=0.2, clip_eps_high=0.28)
+    out = grpo_loss(old + ratio.log(), old, adv, mask, settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28))
     assert float(out.clip_fraction) == pytest.approx(2 / 5)
     assert float(out.loss) == pytest.approx((-1.28 + 1.5 - 1.25 + 0.8 - 0.5) / 5, abs=1e-6)
     assert float(out.ratio_mean) == pytest.approx((1.5 + 1.5 + 1.25 + 0.5 + 0.5) / 5, abs=1e-6)
@@ -127,10 +129,8 @@ def test_kl_estimators_hand_computed(estimator):
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_term_in_loss(estimator):
-    out = grpo_loss(
-        KL_LOGPROBS, KL_LOGPROBS.clone(), torch.zeros(1), torch.ones(1, 2),
-        ref_logprobs=KL_REF, kl_coef=0.1, kl_estimator=estimator,
-    )
+    out = grpo_loss(KL_LOGPROBS, KL_LOGPROBS.clone(), torch.zeros(1), torch.ones(1, 2), ref_logprobs=KL_REF,
+                    settings=LossSettings(kl_coef=0.1, kl_estimator=estimator))
     mean_kl = sum(KL_EXPECTED[estimator]) / 2
     assert float(out.loss_kl) == pytest.approx(0.1 * mean_kl, abs=1e-6)
     assert float(out.kl_ref) == pytest.approx(mean_kl, abs=1e-6)
@@ -142,8 +142,8 @@ def test_kl_term_uses_the_same_aggregation_as_the_policy_term():
     logprobs = torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -1.0, -1.0]])
     ref = torch.tensor([[-1.5, -1.0, -9.0], [-3.0, -9.0, -9.0]])  # k1: [[0.5, -1.0, pad], [2.0, pad, pad]]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    out = grpo_loss(logprobs, logprobs.clone(), torch.zeros(2), mask, ref_logprobs=ref, kl_coef=1.0,
-                    kl_estimator="k1", aggregation="seq_mean_token_mean")
+    out = grpo_loss(logprobs, logprobs.clone(), torch.zeros(2), mask, ref_logprobs=ref,
+                    settings=LossSettings(kl_coef=1.0, kl_estimator="k1", aggregation="seq_mean_token_mean"))
     assert float(out.loss_kl) == pytest.approx(((0.5 - 1.0) / 2 + 2.0) / 2)
     # the diagnostic is a plain per-token mean
     assert float(out.kl_ref) == pytest.approx((0.5 - 1.0 + 2.0) / 3)
@@ -151,12 +151,12 @@ def test_kl_term_uses_the_same_aggregation_as_the_policy_term():
 
 def test_kl_coef_without_ref_logprobs_raises():
     with pytest.raises(ValueError, match="ref_logprobs"):
-        grpo_loss(_zeros(), _zeros(), torch.ones(2), MASK, kl_coef=0.1)
+        grpo_loss(_zeros(), _zeros(), torch.ones(2), MASK, settings=LossSettings(kl_coef=0.1))
 
 
 def test_kl_zero_coef_still_reports_kl_to_reference():
     out = grpo_loss(KL_LOGPROBS, KL_LOGPROBS.clone(), torch.zeros(1), torch.ones(1, 2), ref_logprobs=KL_REF,
-                    kl_coef=0.0, kl_estimator="k1")
+                    settings=LossSettings(kl_coef=0.0, kl_estimator="k1"))
     assert float(out.loss_kl) == 0.0
     assert float(out.kl_ref) == pytest.approx(-0.25)
 
@@ -166,17 +166,19 @@ def test_truncated_importance_weight_capped():
     old = torch.tensor([[-1.0, -1.0]])
     behavior = old - torch.tensor([[math.log(3.0), math.log(1.5)]])
     kwargs = dict(behavior_logprobs=behavior)
-    capped = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), tis_cap=2.0, **kwargs)
+    capped = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=2.0), **kwargs)
     assert float(capped.loss) == pytest.approx(-(2.0 + 1.5) / 2, abs=1e-6)
     assert float(capped.tis_fraction) == pytest.approx(0.5)
     # ESS of the weights [2, 1.5] over 2 tokens: (3.5^2 / (4 + 2.25)) / 2
     assert float(capped.ess) == pytest.approx(12.25 / 6.25 / 2, abs=1e-6)
 
-    uncapped = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), tis_cap=10.0, **kwargs)
+    uncapped = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=10.0),
+                         **kwargs)
     assert float(uncapped.loss) == pytest.approx(-(3.0 + 1.5) / 2, abs=1e-6)
     assert float(uncapped.tis_fraction) == 0.0
 
-    disabled = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), tis_cap=None, **kwargs)
+    disabled = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=None),
+                         **kwargs)
     assert float(disabled.loss) == pytest.approx(-1.0)
     assert float(disabled.ess) == pytest.approx(1.0)
 
@@ -185,7 +187,7 @@ def test_gradient_single_update_token_mean():
     # epochs == 1: old = logprobs.detach(), so d loss / d logprobs = -A * mask / n_tokens.
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]], requires_grad=True)
     adv = torch.tensor([1.0, -2.0])
-    out = grpo_loss(logprobs, logprobs.detach(), adv, MASK, tis_cap=None)
+    out = grpo_loss(logprobs, logprobs.detach(), adv, MASK, settings=LossSettings(tis_cap=None))
     out.loss.backward()
     expected = torch.tensor([[-1 / 3, -1 / 3, 0.0], [2 / 3, 0.0, 0.0]])
     torch.testing.assert_close(logprobs.grad, expected)
@@ -195,7 +197,7 @@ def test_scale_multiplies_loss_terms_not_diagnostics():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]])
     ref = logprobs - 0.3
     old = logprobs + 0.1
-    kwargs = dict(ref_logprobs=ref, kl_coef=0.2, aggregation="seq_mean_token_mean")
+    kwargs = dict(ref_logprobs=ref, settings=LossSettings(kl_coef=0.2, aggregation="seq_mean_token_mean"))
     full = grpo_loss(logprobs, old, torch.tensor([1.0, -0.5]), MASK, **kwargs)
     quarter = grpo_loss(logprobs, old, torch.tensor([1.0, -0.5]), MASK, scale=0.25, **kwargs)
     assert float(full.loss_kl) != 0.0 and float(full.loss_policy) != 0.0

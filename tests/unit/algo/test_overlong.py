@@ -136,7 +136,8 @@ def test_filtered_batch_trains_like_dapos_masked_loss(tiny_model, aggregation, r
     out = sequence_logprobs(ref_model, full)
     loss_mask = full["response_mask"] * keep.unsqueeze(-1)  # [N, Lr]
     grpo_loss(out.logprobs, out.logprobs.detach(), full["advantage"], loss_mask,
-              behavior_logprobs=full["behavior_logprobs"], aggregation=aggregation).loss.backward()
+              behavior_logprobs=full["behavior_logprobs"],
+              settings=LossSettings(aggregation=aggregation)).loss.backward()
     expected = {name: p.grad * rows_scale for name, p in ref_model.named_parameters() if p.grad is not None}
     # The learner on the filtered batch, cut into several micro-batches (each weighted by its share).
     learner = Learner(copy.deepcopy(tiny_model), CPU, LossSettings(aggregation=aggregation), lr=1e-3,

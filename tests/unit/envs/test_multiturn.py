@@ -7,7 +7,7 @@ import torch
 
 from grpo_rl.rollout.collector import Collector
 from grpo_rl.training.learner import loss_mask
-from grpo_rl.algo.loss import grpo_loss
+from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.envs.multiturn import ERROR_KINDS, ToolMessages, ToolUse, pack_episodes, run_episodes, tool_metrics
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts
 from grpo_rl.envs.tools.registry import BUILTIN_TOOLS, call_tool
@@ -126,7 +126,7 @@ def test_the_loss_covers_model_tokens_only(tokenizer):
     assert int(mask.sum()) < int(batch["response_mask"].sum())
     lp = batch["behavior_logprobs"].clone().requires_grad_(True)
     out = grpo_loss(lp, lp.detach(), torch.tensor([1.0, -1.0]), mask, behavior_logprobs=batch["behavior_logprobs"],
-                    kl_coef=0.0)
+                    settings=LossSettings(kl_coef=0.0))
     out.loss.backward()
     tool = (batch["response_mask"] == 1) & (mask == 0)
     assert tool.any()

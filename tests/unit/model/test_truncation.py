@@ -10,7 +10,7 @@ import torch
 from grpo_rl.errors import ConfigError
 from grpo_rl.run.preflight import validate
 from grpo_rl.model.logprobs import sequence_logprobs
-from grpo_rl.algo.loss import grpo_loss
+from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.model.vocab import (
     TOP_P_CANDIDATES,
     ChunkedTokenLogprob,
@@ -246,18 +246,19 @@ def test_outside_tokens_carry_no_policy_or_kl_gradient():
     mask = torch.ones(2, 4)
     outside = torch.zeros(2, 4, dtype=torch.bool)
     outside[0, 1] = outside[1, 3] = True
-    out = grpo_loss(logprobs, logprobs.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, kl_coef=0.1,
-                    ref_logprobs=logprobs.detach() - 0.3, behavior_logprobs=logprobs.detach() + 0.05,
-                    outside=outside)
+    out = grpo_loss(logprobs, logprobs.detach() + 0.1, torch.tensor([1.0, -1.0]), mask,
+                    ref_logprobs=logprobs.detach() - 0.3, behavior_logprobs=logprobs.detach() + 0.05, outside=outside,
+                    settings=LossSettings(kl_coef=0.1))
     out.loss.backward()
     assert (logprobs.grad[outside] == 0).all() and (logprobs.grad[~outside] != 0).all()
     assert float(out.truncation_masked_fraction) == pytest.approx(2 / 8)
     # without outside tokens the argument changes nothing
     lp2 = logprobs.detach().clone().requires_grad_()
-    common = dict(kl_coef=0.1, ref_logprobs=lp2.detach() - 0.3, behavior_logprobs=lp2.detach() + 0.05)
+    common = dict(settings=LossSettings(kl_coef=0.1), ref_logprobs=lp2.detach() - 0.3,
+                  behavior_logprobs=lp2.detach() + 0.05)
     a = grpo_loss(lp2, lp2.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, **common)
-    b = grpo_loss(lp2, lp2.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, **common,
-                  outside=torch.zeros(2, 4, dtype=torch.bool))
+    b = grpo_loss(lp2, lp2.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, outside=torch.zeros(2, 4, dtype=torch.bool),
+                  **common)
     assert a.diagnostics() == b.diagnostics()
 
 
