@@ -12,7 +12,7 @@ same for every transport). Timed: pack (sender), transfer + unpack (receiver), e
 * ``object_store_torch``: ``ray.put`` of ``{name: tensor}`` (tensors are pickled, copied on both sides);
 * ``safetensors_bytes``: ``safetensors.torch.save`` to bytes, sent as an argument, ``safetensors.torch.load``.
 
-Prints a table and writes JSON. Results of one run are in the docstring of :mod:`grpo_rl.weights.sync`.
+Prints a table and writes JSON. Results of one run are in benchmarks/README.md (Measurements behind library defaults).
 """
 from __future__ import annotations
 
