@@ -133,9 +133,15 @@ def test_the_tool_call_rate_and_reward_rise(uninterrupted):
     rate = [r["tool_call_rate"] for r in rows]
     correct = [r["reward_correct_mean"] for r in rows]
     print("tool-call rate per step:", rate, "\ncorrect per step:", correct)
-    assert 0.2 < rate[0] < 0.8  # the fitted coin flip
-    assert sum(rate[-2:]) / 2 > rate[0] + 0.25
-    assert sum(correct[-2:]) / 2 > correct[0] + 0.25
+    # The fitted coin flip: each prompt's call share at temperature 0.5 came out 0.43 to 0.53 (AMX and AVX2 kernels),
+    # but step 1 draws only 32 answers (a standard deviation of 0.09 in the rate): it can start well off 0.5 (CI: 0.75).
+    assert 0.2 < rate[0] < 0.8
+    # GRPO takes both towards 1: the mean of the last two steps closes at least half of the room the first step left
+    # (from 0.5, a rise of 0.25; from 0.75, to 0.875). A run that does not learn, from the fitted ~0.5, passes this
+    # with a probability under 0.1% (the end less half the start: a shortfall of 0.25, sd 0.077 over 32 + 64 draws).
+    for name, values in (("tool_call_rate", rate), ("reward_correct_mean", correct)):
+        start, end = values[0], sum(values[-2:]) / 2
+        assert end - start >= 0.5 * (1 - start), (name, start, end)
     assert all(r["tool_errors"] == 0 for r in rows[-2:])
     assert all(r["turns_mean"] == pytest.approx(1 + r["tool_call_rate"]) for r in rows)  # a call, then the answer
     episodes = [json.loads(line) for line in (uninterrupted / "samples.jsonl").read_text().splitlines()]
