@@ -128,6 +128,9 @@ class CollectorWorker:
                 env.reset()  # another replica's batch, or one consumed before the resume: skip its prompts
                 continue
             t0 = time.perf_counter()
+            if not self._admitted():
+                break
+            t_admitted = time.perf_counter()
             with self._engine_lock:
                 self._load_pending_weights()
                 batch, cs = self.collector.collect(index, self.version)
@@ -140,7 +143,8 @@ class CollectorWorker:
             st["generation_seconds"] += cs.generation_seconds
             st["reward_seconds"] += cs.reward_seconds
             st["reward_failures"] += sum(cs.reward_failures.values())
-            st["busy_seconds"] += t1 - t0
+            st["busy_seconds"] += t1 - t_admitted
+            st["wait_for_space_seconds"] += t_admitted - t0
             # The counters and failing reward calls travel with the batch: no per-step call from the driver.
             report = {f"collector/{self.replica}": self.stats()}
             while not self._stop.is_set():
@@ -151,6 +155,20 @@ class CollectorWorker:
                     self._stop.set()
             st["wait_for_space_seconds"] += time.perf_counter() - t1
         return self.stats()
+
+    def _admitted(self) -> bool:
+        """Wait until the buffer admits a batch generated with the newest weights (they are loaded while waiting,
+        so a push that lands meanwhile counts); False when stopping."""
+        import ray
+
+        while not self._stop.is_set():
+            with self._engine_lock:
+                self._load_pending_weights()
+            if ray.get(self.buffer.admit.remote(self.version, self.poll_seconds), timeout=self.timeout):
+                return True
+            if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):
+                self._stop.set()
+        return False
 
     def stats(self) -> dict:
         return {**self._stats, "version": self.version, "replica": self.replica}

@@ -16,6 +16,17 @@ The storage is torchrl's :class:`~torchrl.data.ReplayBuffer` over a :class:`~tor
   over part of a group. An entry with no fresh group left is skipped and the next one is read. Oldest-first
   reading keeps drops to a minimum.
 
+* **Admission: nothing generated to be thrown away.** With ``admit_staleness`` set, a producer asks
+  :meth:`RolloutBuffer.admit` before it starts a batch, and waits until the batch would still be fresh when the
+  learner takes it: at learner version ``V``, with ``P`` batches admitted and not yet consumed by the learner, and
+  ``E`` versions per consumed batch, a batch started at engine version ``v`` is trained at about ``V + P * E`` and
+  is admitted only while ``V + P * E - v <= max_staleness``. This is the capacity rule of AReaL (Fu et al., 2025,
+  "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning", section 5.1), counted in
+  batches rather than samples. The learner reports ``V`` and what it consumed through
+  :meth:`RolloutBuffer.learner_progress`. The gate in :meth:`~RolloutBuffer.take` stays: it is what guarantees the
+  bound, the admission only keeps it from having to drop (with nothing pending, ``V - v`` is at most
+  ``pipeline.push_every - 1 <= max_staleness``, so a producer is never held forever).
+
 * **Reports ride along.** A :meth:`~RolloutBuffer.put` may carry its producer's counters (``reports``, the newest
   per producer wins) and failing reward calls (``failure_examples``); each :meth:`~RolloutBuffer.take` that returns
   a batch hands them over with the buffer's own counters. The learner learns how its producers are doing from the
@@ -109,9 +120,12 @@ class RolloutBuffer:
         max_staleness: a group is used only while ``current_version - policy_version <= max_staleness`` for
             every one of its rows; ``None`` disables the gate. With the gate on, entries need ``group_id``.
         name: the key of this buffer's own counters in :attr:`TakeResult.reports`.
+        admit_staleness: the staleness bound :meth:`admit` holds producers to; ``None``: every batch is admitted.
+        versions_per_batch: policy versions the learner advances per batch it consumes (``train.updates_per_batch``).
     """
 
-    def __init__(self, capacity: int, max_staleness: int | None = None, name: str = "buffer"):
+    def __init__(self, capacity: int, max_staleness: int | None = None, name: str = "buffer", *,
+                 admit_staleness: int | None = None, versions_per_batch: int = 1):
         if capacity < 1:
             raise ValueError(f"capacity={capacity} must be >= 1")
         self.capacity = capacity
@@ -124,6 +138,9 @@ class RolloutBuffer:
                                 collate_fn=lambda entries: entries, batch_size=1)
         self._cond = threading.Condition()
         self._closed = False
+        self.admit_staleness, self.versions_per_batch = admit_staleness, versions_per_batch
+        self._admitted = 0  # batches admitted since the start of this process
+        self._learner_version, self._learner_consumed = 0, 0
         self._stats = {"puts": 0, "takes": 0, "put_samples": 0, "taken_samples": 0, "dropped_samples": 0,
                        "put_wait_seconds": 0.0, "take_wait_seconds": 0.0, "max_fill": 0}
 
@@ -152,6 +169,31 @@ class RolloutBuffer:
             self._stats["max_fill"] = max(self._stats["max_fill"], len(self._sampler))
             self._cond.notify_all()
         return True
+
+    def admit(self, engine_version: int, timeout: float | None = None) -> bool:
+        """Wait until a batch started now with the weights of ``engine_version`` would be within
+        ``admit_staleness`` when the learner takes it (see the module docstring); True once admitted, False if
+        closed or timed out first (the caller loads newer weights, if any arrived, and asks again)."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._closed or self._fits(engine_version), timeout)
+            if self._closed or not ok:
+                return False
+            self._admitted += 1
+            return True
+
+    def _fits(self, engine_version: int) -> bool:
+        if self.admit_staleness is None:
+            return True
+        pending = self._admitted - self._learner_consumed  # admitted batches the learner has not consumed
+        expected_age = self._learner_version + pending * self.versions_per_batch - engine_version
+        return expected_age <= self.admit_staleness
+
+    def learner_progress(self, version: int, consumed: int) -> None:
+        """The learner is at policy ``version`` and has consumed (trained on or dropped) ``consumed`` batches since
+        the producers started."""
+        with self._cond:
+            self._learner_version, self._learner_consumed = version, consumed
+            self._cond.notify_all()
 
     def take(self, current_version: int, timeout: float | None = None) -> TakeResult:
         """Pop the oldest entry holding a fresh group; drop and count the samples of stale groups on the way."""

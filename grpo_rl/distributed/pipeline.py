@@ -51,8 +51,10 @@ class AsyncRollouts:
         self.position = StreamPosition(env)
         self.reference = reference
         # With a reference stage the collectors fill an ungated buffer and the learner takes from a gated one.
+        # Collectors start a batch only while it can still be trained within the bound (RolloutBuffer.admit).
         self.buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8).remote(
-            p.buffer_capacity, None if reference is not None else p.max_staleness, "buffer")
+            p.buffer_capacity, None if reference is not None else p.max_staleness, "buffer",
+            admit_staleness=p.max_staleness, versions_per_batch=run.cfg.train.updates_per_batch)
         self.scored = self.buffer if reference is None else ray.remote(BufferActor).options(
             num_cpus=0, max_concurrency=8).remote(1, p.max_staleness, "scored")
         placement = run.placement.collector
@@ -75,6 +77,7 @@ class AsyncRollouts:
         self._prev_stats: dict[str, float] | None = None
         self._step_started = time.perf_counter()
         self._closed = False
+        self._consumed = 0  # batches the learner took or dropped since the collectors started
 
     # -- the RolloutSource protocol -------------------------------------------------------------------------------
 
@@ -84,6 +87,7 @@ class AsyncRollouts:
         returns None if ``should_stop()`` turns true while waiting."""
         if not self._runs:
             self._start()
+        self.buffer.learner_progress.remote(version, self._consumed)  # the collectors' admission (no reply needed)
         waited, dropped, consumed = 0.0, 0, []
         t0 = time.perf_counter()
         while not should_stop():
@@ -92,6 +96,9 @@ class AsyncRollouts:
             waited += result.wait_seconds
             dropped += result.dropped
             consumed += result.consumed
+            if result.consumed:
+                self._consumed += len(result.consumed)
+                self.buffer.learner_progress.remote(version, self._consumed)
             if result.batch is not None:
                 result.wait_seconds, result.dropped = waited, dropped
                 self.position.consume(consumed)

@@ -138,3 +138,12 @@ def test_no_import_circles():
 
 def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_package_says_what_it_holds_and_may_import():
+    for layer in LAYERS:
+        for top in layer:
+            init = PACKAGE.parent.joinpath(*top.split("."), "__init__.py")
+            if init.exists():  # a package, not a module
+                doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+                assert "import" in doc and len(doc.splitlines()) >= 3, top

@@ -135,3 +135,36 @@ def test_config_rejects_a_bound_below_the_push_interval():
         validate(_cfg(buffer_capacity=0))
     with pytest.raises(ConfigError, match="pipeline.weight_transport"):
         validate(_cfg(weight_transport="carrier_pigeon"))
+
+
+def test_admission_holds_producers_to_what_can_still_be_trained_in_time():
+    """At learner version V with P batches admitted and not consumed, a batch started at engine version v is trained
+    at about V + P (one version per batch) and admitted only while V + P - v <= 2."""
+    buf = RolloutBuffer(capacity=8, max_staleness=2, admit_staleness=2)
+    assert [buf.admit(0, timeout=0) for _ in range(3)] == [True, True, True]  # expected ages 0, 1, 2
+    assert not buf.admit(0, timeout=0)  # the 4th would be trained at version 3: age 3
+    buf.learner_progress(1, 1)  # one step later, with the engine still at version 0: 1 + (3 - 1) - 0 = 3
+    assert not buf.admit(0, timeout=0)
+    assert buf.admit(1, timeout=0)  # the push landed: 1 + 2 - 1 = 2
+    assert not buf.admit(1, timeout=0)  # 1 + 3 - 1 = 3
+
+
+def test_admission_counts_versions_per_batch_and_can_be_off():
+    buf = RolloutBuffer(capacity=8, admit_staleness=4, versions_per_batch=2)  # train.updates_per_batch=2
+    assert [buf.admit(0, timeout=0) for _ in range(4)] == [True, True, True, False]  # ages 0, 2, 4, then 6
+    assert all(RolloutBuffer(capacity=1).admit(0, timeout=0) for _ in range(5))  # no bound: every batch
+
+
+def test_a_waiting_producer_is_admitted_when_the_learner_moves_on():
+    import threading
+
+    buf = RolloutBuffer(capacity=8, admit_staleness=0)
+    assert buf.admit(0, timeout=0) and not buf.admit(0, timeout=0)
+    admitted = []
+    waiter = threading.Thread(target=lambda: admitted.append(buf.admit(1, timeout=30)))
+    waiter.start()
+    buf.learner_progress(1, 1)  # the first batch was consumed and the learner is at version 1: 1 + 0 - 1 = 0
+    waiter.join(30)
+    assert admitted == [True]
+    buf.close()
+    assert not buf.admit(5, timeout=30)  # closed: no wait
