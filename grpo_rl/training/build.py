@@ -1,7 +1,8 @@
 """The learner and the reference scorer of this process, built from the run's placement and config slices.
 
-The learner's loss settings come from ``policy`` and ``sampling`` as one :class:`~grpo_rl.training.learner.LossSettings`;
-its optimizer from ``optimizer``; its weights' dtype from ``train_model.dtype`` and the resolved precision.
+The learner's loss settings come from ``policy`` and ``sampling`` as one
+:class:`~grpo_rl.algo.loss.LossSettings`; its optimizer from ``optimizer``; its weights' dtype from
+``train_model.dtype`` and the resolved precision.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule
 from grpo_rl.model.compile import CompileDecision, compile_model
 from grpo_rl.config.schema import parse_compile_mode
 from grpo_rl.model.logprobs import sequence_logprobs
-from grpo_rl.model.lora import hf_named_weights
+from grpo_rl.model.lora import hf_named_weights, is_lora
 from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.model.optim import make_optimizer
 from grpo_rl.model.packing import group_micro_batches, micro_batches
@@ -114,7 +114,7 @@ class Learner:
         data-parallel learner (a :class:`~grpo_rl.distributed.sharding.ShardedDataParallel` for a sharded model):
         shares, gradients and diagnostics are then summed over ranks."""
         compile = parse_compile_mode(compile)
-        if compile != "false" and (self.sharded or hasattr(model, "get_base_model")):
+        if compile != "false" and (self.sharded or is_lora(model)):
             compile = "false"  # FSDP and LoRA learners stay eager (grpo_rl/model/compile.py)
         self.compile_decision = CompileDecision(compile, total_steps)
         self.compiled = False

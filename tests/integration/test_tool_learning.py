@@ -62,7 +62,6 @@ calculator.example = {"expression": "12*7"}
 def fit_two_branches(model_dir, out_dir, tokenizer):
     """``model_dir`` fitted so that each training problem is answered by a call (then the result) or a guess."""
     from grpo_rl.envs import make_env
-    from grpo_rl.model.loading import load_causal_lm
     from grpo_rl.envs.multiturn import ToolMessages
     from grpo_rl.envs.tools.format import format_tool_call
     from tests.unit.helpers import compose_config
@@ -86,6 +85,19 @@ def fit_two_branches(model_dir, out_dir, tokenizer):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
         labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
         attention[i, : len(p) + len(r)] = 1
+    # The fitted model, and so the starting call rate, must not depend on the tests that ran before: make_run sets
+    # the driver's torch threads, and two threads sum the gradients in another order than one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _fit(model_dir, out_dir, ids, labels, attention)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(model_dir, out_dir, ids, labels, attention) -> float:
+    from grpo_rl.model.loading import load_causal_lm
+
     torch.manual_seed(0)
     model = load_causal_lm(str(model_dir), torch.device("cpu"), "float32", trainable=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
