@@ -128,7 +128,7 @@ class CollectorWorker:
                 env.reset()  # another replica's batch, or one consumed before the resume: skip its prompts
                 continue
             t0 = time.perf_counter()
-            if not self._admitted():
+            if not self._admitted(index):
                 break
             t_admitted = time.perf_counter()
             with self._engine_lock:
@@ -156,7 +156,7 @@ class CollectorWorker:
             st["wait_for_space_seconds"] += time.perf_counter() - t1
         return self.stats()
 
-    def _admitted(self) -> bool:
+    def _admitted(self, index: int) -> bool:
         """Wait until the buffer admits a batch generated with the newest weights (they are loaded while waiting,
         so a push that lands meanwhile counts); False when stopping."""
         import ray
@@ -164,7 +164,7 @@ class CollectorWorker:
         while not self._stop.is_set():
             with self._engine_lock:
                 self._load_pending_weights()
-            if ray.get(self.buffer.admit.remote(self.version, self.poll_seconds), timeout=self.timeout):
+            if ray.get(self.buffer.admit.remote(index, self.version, self.poll_seconds), timeout=self.timeout):
                 return True
             if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):
                 self._stop.set()

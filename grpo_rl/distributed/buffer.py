@@ -17,15 +17,19 @@ The storage is torchrl's :class:`~torchrl.data.ReplayBuffer` over a :class:`~tor
   reading keeps drops to a minimum.
 
 * **Admission: nothing generated to be thrown away.** With ``admit_staleness`` set, a producer asks
-  :meth:`RolloutBuffer.admit` before it starts a batch, and waits until the batch would still be fresh when the
-  learner takes it: at learner version ``V``, with ``P`` batches admitted and not yet consumed by the learner, and
-  ``E`` versions per consumed batch, a batch started at engine version ``v`` is trained at about ``V + P * E`` and
-  is admitted only while ``V + P * E - v <= max_staleness``. This is the capacity rule of AReaL (Fu et al., 2025,
-  "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning", section 5.1), counted in
-  batches rather than samples. The learner reports ``V`` and what it consumed through
+  :meth:`RolloutBuffer.admit` before it starts a batch, and waits until every batch it would then have pending is
+  sure to be fresh when the learner takes it. At learner version ``V``, with ``P`` batches admitted and not yet
+  consumed, the new one included, and ``E`` versions per consumed batch, each of them is consumed within the next
+  ``P`` takes, so at version ``V + (P - 1) * E`` at the latest, in whatever order the producers finish; a batch is
+  admitted only while that minus the oldest engine version among them is within the bound. This is AReaL's
+  capacity rule (Fu et al., 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language
+  Reasoning", section 5.1), counted in batches, and made safe against producers that finish out of order (a batch
+  admitted later but done first is taken first). The learner reports the version of its next take (one batch's
+  versions ahead once it was handed a batch to train) and the batches it consumed through
   :meth:`RolloutBuffer.learner_progress`. The gate in :meth:`~RolloutBuffer.take` stays: it is what guarantees the
-  bound, the admission only keeps it from having to drop (with nothing pending, ``V - v`` is at most
-  ``pipeline.push_every - 1 <= max_staleness``, so a producer is never held forever).
+  bound (a push that lands after a batch was admitted only makes it fresher), the admission keeps it from having to
+  drop. With nothing pending, ``V - v`` is at most ``pipeline.push_every - 1 <= max_staleness``, so a producer is
+  never held forever.
 
 * **Reports ride along.** A :meth:`~RolloutBuffer.put` may carry its producer's counters (``reports``, the newest
   per producer wins) and failing reward calls (``failure_examples``); each :meth:`~RolloutBuffer.take` that returns
@@ -139,8 +143,8 @@ class RolloutBuffer:
         self._cond = threading.Condition()
         self._closed = False
         self.admit_staleness, self.versions_per_batch = admit_staleness, versions_per_batch
-        self._admitted = 0  # batches admitted since the start of this process
-        self._learner_version, self._learner_consumed = 0, 0
+        self._pending: dict[int, int] = {}  # admitted batch index -> engine version, until the learner consumes it
+        self._learner_version = 0
         self._stats = {"puts": 0, "takes": 0, "put_samples": 0, "taken_samples": 0, "dropped_samples": 0,
                        "put_wait_seconds": 0.0, "take_wait_seconds": 0.0, "max_fill": 0}
 
@@ -170,29 +174,32 @@ class RolloutBuffer:
             self._cond.notify_all()
         return True
 
-    def admit(self, engine_version: int, timeout: float | None = None) -> bool:
-        """Wait until a batch started now with the weights of ``engine_version`` would be within
-        ``admit_staleness`` when the learner takes it (see the module docstring); True once admitted, False if
-        closed or timed out first (the caller loads newer weights, if any arrived, and asks again)."""
+    def admit(self, index: int, engine_version: int, timeout: float | None = None) -> bool:
+        """Wait until batch ``index``, started now with the weights of ``engine_version``, can be admitted without
+        any pending batch going stale (see the module docstring); True once admitted, False if closed or timed out
+        first (the caller loads newer weights, if any arrived, and asks again)."""
         with self._cond:
             ok = self._cond.wait_for(lambda: self._closed or self._fits(engine_version), timeout)
             if self._closed or not ok:
                 return False
-            self._admitted += 1
+            self._pending[int(index)] = engine_version
             return True
 
     def _fits(self, engine_version: int) -> bool:
         if self.admit_staleness is None:
             return True
-        pending = self._admitted - self._learner_consumed  # admitted batches the learner has not consumed
-        expected_age = self._learner_version + pending * self.versions_per_batch - engine_version
-        return expected_age <= self.admit_staleness
+        pending = len(self._pending) + 1  # with the new batch
+        oldest = min([engine_version, *self._pending.values()])
+        latest_take = self._learner_version + (pending - 1) * self.versions_per_batch
+        return latest_take - oldest <= self.admit_staleness
 
-    def learner_progress(self, version: int, consumed: int) -> None:
-        """The learner is at policy ``version`` and has consumed (trained on or dropped) ``consumed`` batches since
-        the producers started."""
+    def learner_progress(self, version: int, consumed: list[int] = ()) -> None:
+        """The learner's next take is at policy ``version`` (a batch it was just handed is trained first), and it
+        consumed (trained on or dropped) the batches ``consumed``."""
         with self._cond:
-            self._learner_version, self._learner_consumed = version, consumed
+            self._learner_version = version
+            for index in consumed:
+                self._pending.pop(int(index), None)
             self._cond.notify_all()
 
     def take(self, current_version: int, timeout: float | None = None) -> TakeResult:

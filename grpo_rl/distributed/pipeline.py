@@ -50,6 +50,7 @@ class AsyncRollouts:
         self.poll_seconds, self.timeout = p.poll_seconds, p.timeout_seconds
         self.position = StreamPosition(env)
         self.reference = reference
+        self.versions_per_batch = run.cfg.train.updates_per_batch
         # With a reference stage the collectors fill an ungated buffer and the learner takes from a gated one.
         # Collectors start a batch only while it can still be trained within the bound (RolloutBuffer.admit).
         self.buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8).remote(
@@ -77,7 +78,6 @@ class AsyncRollouts:
         self._prev_stats: dict[str, float] | None = None
         self._step_started = time.perf_counter()
         self._closed = False
-        self._consumed = 0  # batches the learner took or dropped since the collectors started
 
     # -- the RolloutSource protocol -------------------------------------------------------------------------------
 
@@ -87,7 +87,7 @@ class AsyncRollouts:
         returns None if ``should_stop()`` turns true while waiting."""
         if not self._runs:
             self._start()
-        self.buffer.learner_progress.remote(version, self._consumed)  # the collectors' admission (no reply needed)
+        self.buffer.learner_progress.remote(version)  # the collectors' admission: the next take is at `version`
         waited, dropped, consumed = 0.0, 0, []
         t0 = time.perf_counter()
         while not should_stop():
@@ -96,9 +96,9 @@ class AsyncRollouts:
             waited += result.wait_seconds
             dropped += result.dropped
             consumed += result.consumed
-            if result.consumed:
-                self._consumed += len(result.consumed)
-                self.buffer.learner_progress.remote(version, self._consumed)
+            if result.consumed:  # a batch handed over is trained before the next take: that take is a step later
+                ahead = self.versions_per_batch if result.batch is not None else 0
+                self.buffer.learner_progress.remote(version + ahead, result.consumed)
             if result.batch is not None:
                 result.wait_seconds, result.dropped = waited, dropped
                 self.position.consume(consumed)

@@ -138,33 +138,46 @@ def test_config_rejects_a_bound_below_the_push_interval():
 
 
 def test_admission_holds_producers_to_what_can_still_be_trained_in_time():
-    """At learner version V with P batches admitted and not consumed, a batch started at engine version v is trained
-    at about V + P (one version per batch) and admitted only while V + P - v <= 2."""
+    """At learner version V with P batches pending (the new one included), each is consumed within P takes, so at
+    V + (P - 1) at the latest (one version per batch); admitted while that minus the oldest pending version <= 2."""
     buf = RolloutBuffer(capacity=8, max_staleness=2, admit_staleness=2)
-    assert [buf.admit(0, timeout=0) for _ in range(3)] == [True, True, True]  # expected ages 0, 1, 2
-    assert not buf.admit(0, timeout=0)  # the 4th would be trained at version 3: age 3
-    buf.learner_progress(1, 1)  # one step later, with the engine still at version 0: 1 + (3 - 1) - 0 = 3
-    assert not buf.admit(0, timeout=0)
-    assert buf.admit(1, timeout=0)  # the push landed: 1 + 2 - 1 = 2
-    assert not buf.admit(1, timeout=0)  # 1 + 3 - 1 = 3
+    assert [buf.admit(b, 0, timeout=0) for b in range(3)] == [True, True, True]  # latest takes at 0, 1, 2
+    assert not buf.admit(3, 0, timeout=0)  # a 4th pending batch: the last one taken at version 3
+    buf.learner_progress(1, [0])  # batch 0 trained; batches 1 and 2 (version 0) pending
+    assert not buf.admit(3, 1, timeout=0)  # newer weights do not help: 1 + 2 - 0 = 3 for a version-0 batch
+    buf.learner_progress(2, [1])
+    assert not buf.admit(3, 2, timeout=0)  # batch 2 (version 0) would be taken at 3 if batch 3 went first
+    buf.learner_progress(3, [2])
+    assert buf.admit(3, 3, timeout=0)  # nothing pending: 3 - 3 = 0
+
+
+def test_a_batch_admitted_later_cannot_push_an_earlier_one_out_of_the_bound():
+    """Two producers, bound 1: batch 1 finishes before batch 0. Admitting batch 2 with the newest weights would let
+    it be taken before batch 0 too, which would then be trained at version 2, two versions after its own."""
+    buf = RolloutBuffer(capacity=8, max_staleness=1, admit_staleness=1)
+    assert buf.admit(0, 0, timeout=0) and buf.admit(1, 0, timeout=0)
+    buf.learner_progress(1, [1])  # batch 1 came first and was trained
+    assert not buf.admit(2, 1, timeout=0)  # 1 + 1 - 0 = 2: batch 0 could go stale
+    buf.learner_progress(2, [0])  # batch 0 trained at version 1, within the bound
+    assert buf.admit(2, 2, timeout=0)
 
 
 def test_admission_counts_versions_per_batch_and_can_be_off():
     buf = RolloutBuffer(capacity=8, admit_staleness=4, versions_per_batch=2)  # train.updates_per_batch=2
-    assert [buf.admit(0, timeout=0) for _ in range(4)] == [True, True, True, False]  # ages 0, 2, 4, then 6
-    assert all(RolloutBuffer(capacity=1).admit(0, timeout=0) for _ in range(5))  # no bound: every batch
+    assert [buf.admit(b, 0, timeout=0) for b in range(4)] == [True, True, True, False]  # latest 0, 2, 4, then 6
+    assert all(RolloutBuffer(capacity=1).admit(b, 0, timeout=0) for b in range(5))  # no bound: every batch
 
 
 def test_a_waiting_producer_is_admitted_when_the_learner_moves_on():
     import threading
 
     buf = RolloutBuffer(capacity=8, admit_staleness=0)
-    assert buf.admit(0, timeout=0) and not buf.admit(0, timeout=0)
+    assert buf.admit(0, 0, timeout=0) and not buf.admit(1, 0, timeout=0)
     admitted = []
-    waiter = threading.Thread(target=lambda: admitted.append(buf.admit(1, timeout=30)))
+    waiter = threading.Thread(target=lambda: admitted.append(buf.admit(1, 1, timeout=30)))
     waiter.start()
-    buf.learner_progress(1, 1)  # the first batch was consumed and the learner is at version 1: 1 + 0 - 1 = 0
+    buf.learner_progress(1, [0])  # batch 0 consumed, the learner at version 1: nothing pending, 1 - 1 = 0
     waiter.join(30)
     assert admitted == [True]
     buf.close()
-    assert not buf.admit(5, timeout=30)  # closed: no wait
+    assert not buf.admit(2, 5, timeout=30)  # closed: no wait
