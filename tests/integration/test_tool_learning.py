@@ -13,7 +13,9 @@ within the staleness bound and calls the user's function.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
 import re
 import shutil
 import subprocess
@@ -85,19 +87,19 @@ def fit_two_branches(model_dir, out_dir, tokenizer):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
         labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
         attention[i, : len(p) + len(r)] = 1
-    # The fitted model, and so the starting call rate, must not depend on the tests that ran before: make_run sets
-    # the driver's torch threads, and two threads sum the gradients in another order than one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _fit(model_dir, out_dir, ids, labels, attention)
-    finally:
-        torch.set_num_threads(threads)
+    # The fitted model, and so the starting call rate, must not depend on the tests that ran before: an in-process
+    # vLLM engine of an earlier test replaces torch.set_num_threads in this process with a no-op (its CPU worker
+    # binds its threads), and two threads sum the gradients in another order than one. So the fit runs in a fresh
+    # process, with one thread.
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return pool.submit(_fit, str(model_dir), str(out_dir), ids, labels, attention).result(timeout=600)
 
 
 def _fit(model_dir, out_dir, ids, labels, attention) -> float:
     from grpo_rl.model.loading import load_causal_lm
 
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = load_causal_lm(str(model_dir), torch.device("cpu"), "float32", trainable=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
