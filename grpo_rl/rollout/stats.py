@@ -25,7 +25,7 @@ def batch_metrics(batch: TensorDict) -> dict[str, float]:
     return out
 
 
-def _first_rows(group_id):
+def first_rows(group_id):
     """The distinct groups of ``group_id`` ``[N]`` and the index of each one's first row."""
     groups, inverse = torch.unique(group_id, return_inverse=True)
     first = torch.full((len(groups),), len(group_id), dtype=torch.long).scatter_reduce(

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.rollout.stats import _first_rows
+from grpo_rl.rollout.stats import first_rows
 from grpo_rl.run.sample_log import examine_rows, sample_line, sample_record
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class RunLogger:
         if "batch_index" in keys:
             record["batch_index"] = sorted(set(batch["batch_index"].tolist()))
         if "group_id" in keys and batch.batch_size[0]:
-            groups, first = _first_rows(batch["group_id"])
+            groups, first = first_rows(batch["group_id"])
             record["group"] = [int(g) for g in groups]
             for key in ("prompt_index", "policy_version", "batch_index"):
                 if key in keys:
