@@ -62,7 +62,7 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix.
     ``rewards``: reward functions given as Python objects (they count as the run's reward)."""
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
-    _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "transformers"))
+    _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "vllm_server", "transformers"))
     for role in ("train_model", "ref_model", "inference_model"):
         _choice(f"{role}.precision", getattr(cfg, role).precision, ("auto", "float32", "bfloat16"))
     _choice("train_model.sharding", cfg.train_model.sharding, ("none", "fsdp"))
@@ -143,6 +143,7 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     if not 0.0 < im.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"inference_model.gpu_memory_utilization={im.gpu_memory_utilization} must be in (0, 1] "
                           "(the fraction of GPU memory for the engine's weights and KV cache)")
+    _validate_servers(cfg)
     _validate_tools(cfg)
     if cfg.policy.dynamic_sampling_max_rounds < 0:
         raise ConfigError(f"policy.dynamic_sampling_max_rounds={cfg.policy.dynamic_sampling_max_rounds} must be >= 0 "
@@ -235,6 +236,25 @@ def _validate_pipeline(cfg: Any) -> None:
             f"pipeline.max_staleness={p.max_staleness} < pipeline.push_every - 1 = {p.push_every - 1}: the engine "
             f"keeps a policy version for push_every steps, so nearly every sample would be dropped; raise "
             f"max_staleness or lower push_every")
+
+
+def _validate_servers(cfg: Any) -> None:
+    """``inference_model.urls`` and the served engine's settings."""
+    im = cfg.inference_model
+    _choice("inference_model.weight_transfer", im.weight_transfer, ("auto", "file", "nccl"))
+    _positive("inference_model.request_timeout_s", im.request_timeout_s)
+    _positive("inference_model.server_start_timeout_s", im.server_start_timeout_s)
+    if im.urls:
+        if im.engine != "vllm_server":
+            raise ConfigError(f"inference_model.urls={list(im.urls)} names servers, but inference_model.engine="
+                              f"{im.engine}; set inference_model.engine=vllm_server")
+        bad = [u for u in im.urls if not str(u).startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"inference_model.urls: {bad[0]!r} is not a server address; write it as "
+                              "http://HOST:PORT")
+    if cfg.pipeline.inflight_updates and im.engine != "vllm_server":
+        raise ConfigError("pipeline.inflight_updates=true updates weights under answers in flight, which needs "
+                          "vLLM servers: set inference_model.engine=vllm_server")
 
 
 def validate_async(cfg: Any) -> None:

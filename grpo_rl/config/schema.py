@@ -102,7 +102,28 @@ class RefModelConfig(RoleDevices):
 @dataclass
 class InferenceModelConfig(RoleDevices):
     engine: str = "vllm"
-    """Rollout engine: vllm | transformers."""
+    """Rollout engine: vllm (in the learner's process in sota/grpo.py where it shares the learner's device, in a
+    Ray actor in sota/grpo-async.py) | vllm_server (vLLM servers spoken to over HTTP, started by the run or given in
+    ``urls``; see docs/pipeline.md) | transformers. In sota/grpo.py an engine=vllm on a device of its own runs as a
+    server, out of the learner's process."""
+    urls: Optional[list[str]] = None
+    """engine=vllm_server: servers you started yourself (``python -m grpo_rl.cli.serve``), e.g.
+    ``[http://10.0.0.5:8000]``; the run sends them the key in ``GRPO_RL_ENGINE_KEY``. null: the run starts one server
+    per inference device, on loopback, with a key of its own."""
+    server_host: str = "127.0.0.1"
+    """The address the run's own servers bind to. Loopback unless other machines must reach them; every path of a
+    server needs the run's key either way."""
+    server_start_timeout_s: float = 600.0
+    """Seconds a server the run starts may take to answer /health (vLLM takes 30 to 60 s on a CPU)."""
+    request_timeout_s: float = 600.0
+    """Seconds any request to a server may take (a generation call, a weight push); past it the run names the
+    server, checkpoints and ends."""
+    weight_transfer: str = "auto"
+    """How weights reach a server: file (a safetensors file in a folder both sides see, /dev/shm by default) |
+    nccl (vLLM's NCCL engine, GPU to GPU) | auto (nccl where the learner and the server have GPUs, else file)."""
+    weight_dir: Optional[str] = None
+    """weight_transfer=file: the folder the learner writes weights to and the servers read them from (a shared
+    mount for servers on other machines); null: a private folder in /dev/shm, removed at the end."""
     share_weights: bool = False
     """engine=transformers in sota/grpo.py: generate with the learner's own model instead of a copy (no engine
     weights, no weight push; the ``lowmem`` preset). The roles then take turns on one device."""
@@ -467,6 +488,11 @@ class PipelineConfig:
     batch also waits for the engine's start and kernel compilation (about a minute on a CPU)."""
     poll_seconds: float = 1.0
     """How often blocked roles wake up to check for shutdown and failed actors."""
+    inflight_updates: bool = False
+    """inference_model.engine=vllm_server: a push lands under answers in flight (the servers pause with ``keep``,
+    load, resume), so a long answer does not hold the engines back from the new policy. Each token keeps the
+    log-prob and the version of the weights that sampled it (``behavior_version``); a group's age is its oldest
+    token's. Off: weights change between batches only."""
 
 
 @dataclass

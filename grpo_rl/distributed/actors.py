@@ -8,7 +8,8 @@ loop occupies one thread while ``set_weights``, ``receive_weights``, ``evaluate`
 the buffer's blocking ``put``/``take`` wait on a condition variable, not on the actor.
 
 The collector's engine is in-process inside the actor (vLLM's side effects on its process, see
-:mod:`grpo_rl.engines.vllm_engine`, stay inside the actor).
+:mod:`grpo_rl.engines.vllm_engine`, stay inside the actor), or a vLLM server the actor drives over HTTP
+(``inference_model.engine=vllm_server``, :mod:`grpo_rl.engines.served`).
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ class CollectorWorker:
         self._pending = None  # newest (version, weights) not yet loaded
         self._pending_lock = threading.Lock()  # held only for a moment: set_weights never waits for generation
         self._engine_lock = threading.Lock()  # vLLM is not thread-safe: one engine call at a time
+        self.inflight = self.run_ctx.cfg.pipeline.inflight_updates and self.run_ctx.placement.served
+        self._push_lock = threading.Lock()  # in-flight pushes, one at a time, beside the generation
         self._receiver = None  # the collective transport's receiving end (connect_collective)
         self._stop = threading.Event()
         self._stats = dict.fromkeys(COLLECTOR_COUNTERS, 0)
@@ -72,7 +75,14 @@ class CollectorWorker:
         return os.getpid()
 
     def set_weights(self, packet) -> None:
-        """Queue new weights; they are loaded before the next generation call (the newest packet wins)."""
+        """Queue new weights; they are loaded before the next generation call (the newest packet wins). With
+        in-flight updates (``pipeline.inflight_updates``, a served engine) they are pushed to the server at once,
+        under the answers it is generating."""
+        if self.inflight:
+            with self._push_lock:
+                if packet.version > self.version:
+                    self._load((packet.version, packet))
+            return
         with self._pending_lock:
             if self._pending is None or packet.version >= self._pending[0]:
                 self._pending = (packet.version, packet)
@@ -103,11 +113,13 @@ class CollectorWorker:
     def _load_pending_weights(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, None
-        if pending is None:
-            return
+        if pending is not None:
+            self._load(pending)
+
+    def _load(self, pending) -> None:
         version, weights = pending
         t0 = time.perf_counter()
-        self.engine.update_weights(weights if isinstance(weights, list) else unpack_weights(weights))
+        self.engine.update_weights(weights if isinstance(weights, list) else unpack_weights(weights), version=version)
         self.version = version
         self._stats["weight_loads"] += 1
         self._stats["weight_load_seconds"] += time.perf_counter() - t0

@@ -17,6 +17,7 @@ key                    shape       meaning
 ``behavior_logprobs``  [N, Lr]     engine log-prob of each sampled token (0 at padding)
 ``group_id``           [N]         int64 index of the prompt within the call: the group
 ``truncated``          [N]         True where the answer hit ``max_new_tokens``
+``behavior_version``   [N, Lr]     optional (served engines): the weight version that sampled each token
 =====================  ==========  ===========================================================
 
 ``group_id`` is the one definition of a group (the answers to one prompt) everywhere downstream: group
@@ -56,8 +57,9 @@ class RolloutEngine(Protocol):
         """Sample ``n`` answers per tokenised prompt; see the module docstring for the layout."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the learner's weights (HF parameter names) so that the next ``generate`` uses exactly them."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Load the learner's weights (HF parameter names) so that the next ``generate`` uses exactly them;
+        ``version``: the learner's policy version they are (a served engine stamps its tokens with it)."""
         ...
 
     def shutdown(self) -> None: ...
@@ -112,3 +114,18 @@ def pack_rollouts(
         },
         batch_size=[num],
     )
+
+
+def split_aliases(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors of ``named`` keyed by name, each storage once, and ``{alias: name}`` for tied ones (first wins)."""
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    first: dict[tuple[int, int, tuple], str] = {}
+    for name, t in named:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+            unique[name] = t
+    return unique, aliases

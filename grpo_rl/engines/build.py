@@ -3,11 +3,15 @@ generate (``transformers``), or the scale simulation's timed stand-in."""
 from __future__ import annotations
 
 import logging
+import os
+
 import torch
+
+from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
+from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.placement.context import RunContext
 
 log = logging.getLogger(__name__)
-
 
 
 def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
@@ -22,6 +26,8 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
         return SimulatedEngine(vocab_size=len(run.tokenizer), seconds=sim.generation_seconds, jitter=sim.jitter,
                                answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0)
     kwargs = dict(dtype=run.precision.inference.dtype)
+    if run.placement is not None and run.placement.served:
+        return make_served_engine(run)
     if cfg.engine == "vllm":
         from grpo_rl.engines.vllm_engine import VLLMEngine
 
@@ -34,3 +40,54 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
     if cfg.share_weights and policy is not None:
         return TransformersEngine.sharing(policy, run.tokenizer, device, **kwargs)
     return TransformersEngine(run.model_path, device, compile=cfg.compile, **kwargs)
+
+
+def weight_transfer(run: RunContext) -> str:
+    """``inference_model.weight_transfer`` resolved: NCCL where the learner and the engines have GPUs of their own."""
+    choice = run.cfg.inference_model.weight_transfer
+    if choice != "auto":
+        return choice
+    gpus = run.devices.inference[0].type == "cuda" and run.devices.train[0].type == "cuda"
+    return "nccl" if gpus and not run.devices.engine_shares_a_gpu else "file"
+
+
+def make_served_engine(run: RunContext):
+    """A :class:`~grpo_rl.engines.served.ServedEngine` over ``run.engine_urls`` (the run's servers, or this
+    collector's one), else ``inference_model.urls``; the key comes from ``GRPO_RL_ENGINE_KEY``."""
+    from grpo_rl.engines.served import ServedEngine
+
+    cfg = run.cfg.inference_model
+    urls = list(run.engine_urls or cfg.urls or ())
+    return ServedEngine(urls, key=os.environ.get(KEY_ENV), pad_id=run.tokenizer.pad_token_id or 0,
+                        dtype=run.precision.inference.dtype, timeout=cfg.request_timeout_s,
+                        inflight=run.mode == "async" and run.cfg.pipeline.inflight_updates,
+                        transport=weight_transfer(run), weight_dir=cfg.weight_dir)
+
+
+def start_servers(run: RunContext) -> ServerFleet | None:
+    """Start one vLLM server per inference device when the engines are served and no ``urls`` were given; the
+    run's key goes into ``GRPO_RL_ENGINE_KEY`` (this process and the actors it starts) and the servers' addresses
+    into ``run.engine_urls``. None when there is nothing to start."""
+    cfg = run.cfg.inference_model
+    if run.placement is None or not run.placement.served or cfg.urls:
+        if cfg.urls:
+            run.engine_urls = tuple(cfg.urls)
+        return None
+    devices = run.devices.inference
+    threads = run.placement.collector.threads
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    own_cores = len(devices) > 1 and devices[0].type == "cpu" and len(cores) >= len(devices) * threads
+    args = engine_args(dtype=run.precision.inference.dtype, max_model_len=cfg.max_model_len, seed=run.cfg.seed,
+                       kv_cache_gb=cfg.kv_cache_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                       enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+                       on_cpu=devices[0].type == "cpu")
+    if weight_transfer(run) == "nccl":
+        args += ("--weight-transfer-config", '{"backend": "nccl"}')
+    specs = [ServerSpec(run.model_path, device, threads=threads,
+                        cores=tuple(cores[i * threads:(i + 1) * threads]) if own_cores else (), vllm_args=args)
+             for i, device in enumerate(devices)]
+    fleet = ServerFleet(specs, run.run_dir, host=cfg.server_host, start_timeout=cfg.server_start_timeout_s)
+    os.environ[KEY_ENV] = fleet.key
+    run.engine_urls = tuple(fleet.urls)
+    log.info("engine servers:\n%s", fleet.describe())
+    return fleet

@@ -40,7 +40,7 @@ class SimulatedEngine:
         logprobs = [[-1.0] * length for _ in responses]
         return pack_rollouts(prompts, responses, logprobs, [False] * len(responses), n, self.pad_id)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         for _ in named_tensors:  # the weights arrive (the transport is real); nothing is loaded
             pass
 

@@ -171,7 +171,7 @@ class TransformersEngine:
         text = self.tokenizer.decode(ids)
         return any(s in text and s not in self.tokenizer.decode(ids[:-1]) for s in stop)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         if self.shares_weights:
             return  # the learner's own model: it already holds the new weights
         state = {name: t.detach() for name, t in named_tensors}

@@ -125,7 +125,7 @@ class VLLMEngine:
                 truncated.append(completion.finish_reason == "length")  # "stop": an end token or stop string
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         # In the engine's dtype: a bf16 engine gets bf16 tensors (half the bytes, and no per-tensor dtype warning).
         weights = [(name, t.detach().to(self.dtype)) for name, t in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})

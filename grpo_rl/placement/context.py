@@ -11,13 +11,19 @@ Roles and where they run:
 ==============  =====================================  ============================================
 role            sync (``sota/grpo.py``)                 async (``sota/grpo-async.py``)
 ==============  =====================================  ============================================
-collector       the driver (one engine)                one actor per ``inference_model`` device
+collector       the driver (one engine; its vLLM       one actor per ``inference_model`` device
+                servers on devices of their own)       (or per server with ``urls``)
 learner         the driver; ranks as actors when       the same
                 ``train_model.num_devices > 1``
 reference       the driver, or one actor per           the same (``ref_model.placement``)
                 ``ref_model`` device
 reward_model    inside the collector                   inside each collector actor, on its device
 ==============  =====================================  ============================================
+
+Engines: an in-process engine lives in the learner's process, so it must share the learner's device: in the
+synchronous loop a vLLM engine on any other device runs as a server (:func:`engine_is_served`), a process that sees
+only its own device, so neither the engine nor the learner can land on the other's GPU. ``engine=vllm_server`` asks
+for servers in both loops; in the asynchronous loop each collector actor then drives its own server.
 
 Threads: when roles compute at the same time, more torch threads than cores in total make OpenMP's barriers
 stall and small matmuls many times slower (measured; see benchmarks/busy_neighbour.py). In the synchronous loop
@@ -44,7 +50,7 @@ from grpo_rl.model.precision import Precision, resolve_precision
 # Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings.
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "GRPO_DATA_DIR", "GRPO_CACHE_DIR",
                  "TORCHINDUCTOR_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "PYTHONPATH", "GRPO_VERBOSE",
-                 "GOMP_SPINCOUNT", "KMP_BLOCKTIME", *OPENMP_DEFAULTS, *ONEDNN_DEFAULTS)
+                 "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "GRPO_RL_ENGINE_KEY", *OPENMP_DEFAULTS, *ONEDNN_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class Placement:
     """None when no reference model runs (no KL penalty, or LoRA: the learner's model with adapters off)."""
     reward_model: RolePlacement | None
     driver_threads: int
+    served: bool = False
+    """The engines are vLLM servers (processes of their own), not in the collector's process."""
 
     def roles(self) -> list[RolePlacement]:
         return [p for p in (self.collector, self.reference, self.learner, self.reward_model) if p is not None]
@@ -141,6 +149,8 @@ class Placement:
         for p in self.roles():
             if p.role == "reward_model":
                 where = "in each collector"
+            elif p.role == "collector" and self.served:
+                where = f"{p.count} vLLM server{'s' if p.count > 1 else ''}" + (" + actors" if p.actors else "")
             elif p.actors:
                 where = f"{p.count} Ray actor{'s' if p.count > 1 else ''}"
             else:
@@ -154,6 +164,18 @@ def cpu_cores() -> int:
     """Cores torch may use: ``OMP_NUM_THREADS`` if set, else the cores this process may run on
     (:func:`~grpo_rl.placement.devices.available_cpus`)."""
     return int(os.environ.get("OMP_NUM_THREADS") or available_cpus())
+
+
+def engine_is_served(cfg, devices: DeviceAllocation, mode: str) -> bool:
+    """Whether the rollout engines are vLLM servers: ``engine=vllm_server``, or in the synchronous loop a vLLM
+    engine that does not share the learner's device (in-process it would set up CUDA for the whole process)."""
+    engine = cfg.inference_model.engine
+    if engine == "vllm_server":
+        return True
+    if engine != "vllm" or mode != "sync" or cfg.simulate.enabled:
+        return False
+    return devices.inference[0] != devices.train[0] or devices.inference[0] not in (torch.device("cpu"),
+                                                                                    torch.device("cuda", 0))
 
 
 def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | None = None) -> Placement:
@@ -189,7 +211,7 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
     driver = learner.threads if not learner_actors else (shared if mode == "async" else cores)
     collector, learner, reference = _share_gpus(collector, learner, reference)
     return Placement(collector=collector, learner=learner, reference=reference, reward_model=reward_model,
-                     driver_threads=driver)
+                     driver_threads=driver, served=engine_is_served(cfg, devices, mode))
 
 
 def _share_gpus(*roles: RolePlacement | None) -> list[RolePlacement | None]:
@@ -236,6 +258,8 @@ class RunContext:
     rewards: tuple = ()
     """Reward functions given as Python objects (:class:`~grpo_rl.envs.rewards.custom.RewardFunction`, the Python API's
     ``rewards``), added to the configured ones wherever an environment is built; actors get them pickled."""
+    engine_urls: tuple[str, ...] = ()
+    """The vLLM servers this process's engine drives (a collector actor: its own one); empty without servers."""
 
     @property
     def uses_ref(self) -> bool:
@@ -247,10 +271,13 @@ class RunContext:
         from omegaconf import OmegaConf
 
         placement = getattr(self.placement, role)
+        urls = self.engine_urls
+        if role == "collector" and urls:  # each collector drives a server of its own
+            urls = (urls[index % len(urls)],)
         return ActorSpec(cfg=OmegaConf.to_container(self.cfg, resolve=True), run_dir=str(self.run_dir),
                          model_path=self.model_path, role=role, index=index,
                          device=actor_device(placement.devices[index]), threads=placement.threads, mode=self.mode,
-                         rewards=self.rewards)
+                         rewards=self.rewards, engine_urls=urls)
 
 
 def actor_device(device: torch.device) -> torch.device:
@@ -272,6 +299,7 @@ class ActorSpec:
     threads: int
     mode: str
     rewards: tuple = ()
+    engine_urls: tuple[str, ...] = ()
 
     def enter(self) -> RunContext:
         """Set this process's threads and return its :class:`RunContext`, with every role on the actor's device.
@@ -291,7 +319,7 @@ class ActorSpec:
         own = RolePlacement(self.role, d, self.threads, actors=False)
         placement = Placement(collector=replace(own, role="collector"), learner=replace(own, role="learner"),
                               reference=replace(own, role="reference"), reward_model=None,
-                              driver_threads=self.threads)
+                              driver_threads=self.threads, served=bool(self.engine_urls))
         return RunContext(cfg=cfg, run_dir=Path(self.run_dir), devices=devices, model_path=self.model_path,
                           tokenizer=load_tokenizer(self.model_path), precision=resolve_run_precision(cfg, devices),
-                          placement=placement, mode=self.mode, rewards=self.rewards)
+                          placement=placement, mode=self.mode, rewards=self.rewards, engine_urls=self.engine_urls)

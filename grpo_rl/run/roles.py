@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from grpo_rl.distributed.learner_group import LearnerGroup
 from grpo_rl.distributed.pipeline import AsyncRollouts
 from grpo_rl.distributed.reference_actors import ReferenceActors
-from grpo_rl.engines.build import make_engine
+from grpo_rl.engines.build import make_engine, start_servers
 from grpo_rl.placement.context import RunContext
 from grpo_rl.placement.ray import start_ray, stop_ray
 from grpo_rl.rollout.collector import make_collector
@@ -148,12 +148,17 @@ class Roles:
 def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) -> Roles:
     """The roles of ``run.mode``'s loop; each is shut down when ``cleanup`` closes.
 
+    Served engines (``inference_model.engine=vllm_server``, or a vLLM engine on a device of its own in the
+    synchronous loop) have their servers started first, and stopped last.
     ``sync`` (sota/grpo.py): the engine in this process, built before the seeding (in-process vLLM seeds the global
     RNGs), or after the learner when it generates with the learner's model (``inference_model.share_weights``);
     weights reloaded in place after every update. ``async`` (sota/grpo-async.py): collector actors with their
     own engines, started before the learner; a push every ``pipeline.push_every`` optimizer steps.
     """
     cfg = run.cfg
+    fleet = start_servers(run)  # the vLLM servers of a served engine, before anything that talks to them
+    if fleet is not None:
+        cleanup.callback(fleet.close)
     if run.mode == "sync":
         shared = cfg.inference_model.share_weights
         engine = None if shared else make_engine(run)

@@ -33,25 +33,11 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
+from grpo_rl.engines.base import split_aliases
 from grpo_rl.errors import RoleFailed
 
 # numpy has no bfloat16: such tensors travel as int16 bit patterns and are viewed back on arrival.
 _NUMPY_LESS = {torch.bfloat16: torch.int16}
-
-
-def split_aliases(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors of ``named`` keyed by name, each storage once, and ``{alias: name}`` for tied ones (first wins)."""
-    unique: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    first: dict[tuple[int, int, tuple], str] = {}
-    for name, t in named:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in first:
-            aliases[name] = first[key]
-        else:
-            first[key] = name
-            unique[name] = t
-    return unique, aliases
 
 
 def unique_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -127,7 +113,8 @@ class InPlaceWeightSync:
 
     def push(self, weights, version: int) -> float:
         t0 = time.perf_counter()
-        self.engine.update_weights(unpack_weights(weights) if isinstance(weights, WeightPacket) else weights)
+        self.engine.update_weights(unpack_weights(weights) if isinstance(weights, WeightPacket) else weights,
+                                   version=version)
         self.version = version
         return time.perf_counter() - t0
 

@@ -131,13 +131,15 @@ def test_in_place_sync_reloads_the_engine_and_accepts_a_packet(ray_local):
 
     class Engine:
         loaded = None
+        version = None
 
-        def update_weights(self, named):
+        def update_weights(self, named, version=None):
             self.loaded = {k: v.clone() for k, v in named}
+            self.version = version
 
     engine = Engine()
     sync = InPlaceWeightSync(engine)
     sync.push([("w", torch.ones(2))], 1)
-    assert sync.version == 1 and torch.equal(engine.loaded["w"], torch.ones(2))
+    assert sync.version == 1 and engine.version == 1 and torch.equal(engine.loaded["w"], torch.ones(2))
     sync.push(pack_weights([("w", torch.full((2,), 3.0))], 2), 2)  # a data-parallel group's packet
     assert sync.version == 2 and torch.equal(engine.loaded["w"], torch.full((2,), 3.0))

@@ -1,0 +1,298 @@
+"""A rollout engine made of vLLM servers (``inference_model.engine=vllm_server``), spoken to over HTTP.
+
+The servers are the run's own (:mod:`grpo_rl.engines.server`) or the user's (``inference_model.urls``, started with
+``python -m grpo_rl.cli.serve``). :class:`ServedEngine` is a :class:`~grpo_rl.engines.base.RolloutEngine` like the
+in-process one, with the same batch layout and the same sampling:
+
+* **Generation** goes through vLLM's token-in/token-out route ``/inference/v1/generate``: one request per prompt
+  with ``n`` answers, the prompt as token ids, seeded ``seed + i * n`` for prompt ``i`` as in-process, stop strings
+  kept in the answer, and the sampled tokens' ``processed_logprobs`` (after temperature, top-k and top-p). Prompts
+  are spread over the servers, prompt ``i`` to server ``i % S``, all in flight at once.
+* **Per-token versions.** The server reports which weight version sampled each token (``weight_versions`` spans).
+  The batch gets them as ``behavior_version`` ``[N, Lr]``: with in-flight updates one answer may hold tokens of
+  two versions, each with the log-prob of the weights that sampled it.
+* **Weights** go through vLLM's RL routes: ``/pause``, ``/start_weight_update``, ``/update_weights``,
+  ``/finish_weight_update`` (which sets the weight version), ``/resume``. The CPU transport writes one safetensors
+  file into a private folder in ``/dev/shm`` that the server maps (:mod:`grpo_rl.engines.file_transfer`); between
+  GPUs, vLLM's own NCCL trainer engine broadcasts. A push pauses with ``wait`` (nothing is in flight between two
+  batches) or, for in-flight updates, with ``keep``: requests freeze, the weights change under them, and they go on
+  after ``/resume``; the prefix cache is reset so no new request reuses keys and values of the old weights.
+* **Verified.** After every push each server's ``/weight_info`` must report the pushed version; a server that did
+  not take it ends the run with a message naming it.
+* **Never hangs.** Every request has ``inference_model.request_timeout_s``; a server that does not answer, refuses,
+  or is gone is named in one line (:class:`~grpo_rl.errors.RoleFailed`), and the run checkpoints and ends.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from tensordict import TensorDict
+
+from grpo_rl.engines.base import SamplingSpec, pack_rollouts, split_aliases
+from grpo_rl.errors import RoleFailed
+
+log = logging.getLogger(__name__)
+
+
+class ServerClient:
+    """One server's HTTP client: every call has a timeout, every failure names the server."""
+
+    def __init__(self, url: str, key: str | None, timeout: float):
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
+                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    def call(self, method: str, path: str, **kwargs) -> dict:
+        import httpx
+
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise RoleFailed(f"engine server {self.url} did not answer {path} within "
+                             f"inference_model.request_timeout_s={self.timeout:g}") from e
+        except httpx.HTTPError as e:
+            raise RoleFailed(f"engine server {self.url} is not reachable ({path}: {type(e).__name__}: {e})") from e
+        if response.status_code == 401:
+            raise RoleFailed(f"engine server {self.url} refused the key (401): give the run the key the server was "
+                             f"started with (GRPO_RL_ENGINE_KEY or inference_model.api_key)")
+        if response.status_code >= 400:
+            raise RoleFailed(f"engine server {self.url} failed {path}: HTTP {response.status_code}: "
+                             f"{response.text[:300]}")
+        return response.json() if response.content else {}
+
+    def post(self, path: str, **kwargs) -> dict:
+        return self.call("POST", path, **kwargs)
+
+    def get(self, path: str, **kwargs) -> dict:
+        return self.call("GET", path, **kwargs)
+
+    def weight_version(self) -> str:
+        return str(self.get("/weight_info").get("weight_version"))
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class ServedEngine:
+    """A :class:`~grpo_rl.engines.base.RolloutEngine` over one or more vLLM servers.
+
+    Args:
+        urls: the servers' base URLs.
+        key: the bearer key they require (None: no key, for a server without one).
+        pad_id: token id used for padding.
+        dtype: the servers' weight dtype (pushed weights are cast to it).
+        timeout: seconds any request may take.
+        inflight: push with ``/pause?mode=keep``, under requests in flight (``pipeline.inflight_updates``).
+        transport: ``file`` (a shared folder, the CPU transport) or ``nccl`` (vLLM's NCCL engine, GPUs).
+        weight_dir: the folder of the file transport, which the servers must see (default: a private folder in
+            ``/dev/shm``).
+        version: the version of the weights the servers hold now; they are stamped with it.
+    """
+
+    def __init__(self, urls: Sequence[str], *, key: str | None, pad_id: int, dtype: str = "float32",
+                 timeout: float = 600.0, inflight: bool = False, transport: str = "file",
+                 weight_dir: str | None = None, version: int = 0):
+        if not urls:
+            raise ValueError("a served engine needs at least one server URL")
+        self.servers = [ServerClient(u, key, timeout) for u in urls]
+        self.pad_id, self.dtype = pad_id, getattr(torch, dtype)
+        self.inflight, self.transport = inflight, transport
+        self.version = version
+        self._own_dir = weight_dir is None
+        self._weight_dir = Path(weight_dir) if weight_dir else None
+        self._nccl = None
+        self._push_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="served-engine")
+        self._each(lambda s: s.post("/update_weight_version", json={"new_version": str(version)}))
+
+    # --- generation -------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
+        requests = [self._request(p, n, sampling, None if sampling.seed is None else sampling.seed + i * n)
+                    for i, p in enumerate(prompts)]
+        futures = [self._pool.submit(self.servers[i % len(self.servers)].post, "/inference/v1/generate", json=r)
+                   for i, r in enumerate(requests)]
+        responses, logprobs, truncated, versions = [], [], [], []
+        for future in futures:
+            choices = sorted(future.result()["choices"], key=lambda c: c["index"])
+            if len(choices) != n:
+                raise RoleFailed(f"an engine server returned {len(choices)} answers where {n} were asked for")
+            for choice in choices:
+                ids = list(choice["token_ids"] or [])
+                responses.append(ids)
+                logprobs.append([step["logprob"] for step in (choice["logprobs"] or {}).get("content") or []])
+                truncated.append(choice["finish_reason"] == "length")
+                versions.append(self._token_versions(choice.get("weight_versions"), len(ids)))
+        batch = pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
+        behavior_version = torch.zeros(batch["response_ids"].shape, dtype=torch.long)
+        for j, v in enumerate(versions):
+            behavior_version[j, : len(v)] = torch.as_tensor(v, dtype=torch.long)
+        batch.set("behavior_version", behavior_version)
+        return batch
+
+    @staticmethod
+    def _request(prompt: Sequence[int], n: int, sampling: SamplingSpec, seed: int | None) -> dict:
+        params = {"n": n, "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "top_k": sampling.top_k, "logprobs": 0,
+                  "include_stop_str_in_output": True, "detokenize": bool(sampling.stop)}
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
+        if seed is not None:
+            params["seed"] = seed
+        return {"token_ids": list(prompt), "sampling_params": params}
+
+    def _token_versions(self, spans: list[dict] | None, length: int) -> list[int]:
+        """The version that sampled each of ``length`` tokens, from the server's ``weight_versions`` spans."""
+        out = [self.version] * length
+        for span in spans or ():
+            try:
+                v = int(span["version"])
+            except ValueError:  # a server not yet stamped by this run ("default"): its first weights
+                v = 0
+            out[span["start"]: span["end"]] = [v] * (min(span["end"], length) - span["start"])
+        return out
+
+    # --- weights ----------------------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Push ``named_tensors`` to every server as ``version`` (default: one past the last) and check it landed."""
+        version = self.version + 1 if version is None else version
+        with self._push_lock:
+            unique, aliases = split_aliases(named_tensors)
+            if self.transport == "nccl":
+                self._push_nccl(unique, aliases, version)
+            else:
+                self._push_file(unique, aliases, version)
+            self._each(lambda s: self._check_version(s, version))
+            self.version = version
+
+    def _push_file(self, unique: dict[str, torch.Tensor], aliases: dict[str, str], version: int) -> None:
+        from safetensors.torch import save_file
+
+        folder = self._folder()
+        tensors = {k: v.detach().to("cpu", self.dtype).contiguous() for k, v in unique.items()}
+        name = f"weights_v{version}.safetensors"
+        save_file(tensors, str(folder / f".{name}.tmp"))
+        os.replace(folder / f".{name}.tmp", folder / name)
+        info = {"file": name, "num_tensors": len(tensors), "aliases": aliases}
+        try:
+            self._each(lambda s: self._paused(s, lambda: s.post("/update_weights", json={"update_info": info}),
+                                              version))
+        finally:
+            (folder / name).unlink(missing_ok=True)
+
+    def _folder(self) -> Path:
+        if self._weight_dir is None:
+            base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self._weight_dir = Path(tempfile.mkdtemp(prefix="grpo_rl_weights_", dir=base))  # mode 0700
+        if not getattr(self, "_file_ready", False):
+            self._each(lambda s: s.post("/init_weight_transfer_engine",
+                                        json={"init_info": {"directory": str(self._weight_dir)}}))
+            self._file_ready = True
+        return self._weight_dir
+
+    def _push_nccl(self, unique: dict[str, torch.Tensor], aliases: dict[str, str], version: int) -> None:
+        if len(self.servers) != 1:
+            raise RoleFailed("inference_model.weight_transfer=nccl drives one server per engine; give each "
+                             "collector its own server (pipeline mode) or use weight_transfer=file")
+        server = self.servers[0]
+        tensors = {**unique, **{alias: unique[name] for alias, name in aliases.items()}}
+        if self._nccl is None:
+            self._nccl = _nccl_sender(server, tensors)
+        self._nccl.source.tensors = tensors
+        # send_weights opens and closes the update session itself; the version is set after it
+        self._paused(server, self._nccl.send_weights, version, started=False)
+
+    def _paused(self, server: ServerClient, update, version: int, started: bool = True) -> None:
+        """Pause ``server``, run ``update`` inside a weight-update session, set ``version``, resume."""
+        server.post("/pause", params={"mode": "keep" if self.inflight else "wait"})
+        try:
+            if started:
+                server.post("/start_weight_update")
+            update()
+            if started:
+                server.post("/finish_weight_update", json={"weight_version": str(version)})
+            else:
+                server.post("/update_weight_version", json={"new_version": str(version)})
+            server.post("/reset_prefix_cache")  # no new request may reuse keys and values of the old weights
+        finally:
+            server.post("/resume")
+
+    @staticmethod
+    def _check_version(server: ServerClient, version: int) -> None:
+        held = server.weight_version()
+        if held != str(version):
+            raise RoleFailed(f"engine server {server.url} reports weight version {held} after the push of version "
+                             f"{version}: the update did not land")
+
+    def _each(self, fn) -> None:
+        """``fn(server)`` on every server at once; the first failure is raised."""
+        for future in [self._pool.submit(fn, s) for s in self.servers]:
+            future.result()
+
+    def shutdown(self) -> None:
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for server in getattr(self, "servers", []):
+            server.close()
+        if self._own_dir and self._weight_dir is not None:
+            shutil.rmtree(self._weight_dir, ignore_errors=True)
+
+
+def _nccl_sender(server: ServerClient, tensors: dict[str, torch.Tensor]):
+    """vLLM's own trainer-side NCCL engine, rank 0 of a group with the server's one worker (GPU runs only)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    from grpo_rl.engines.server import free_port
+
+    class Control:  # vLLM's sync-client protocol, over our keyed client
+        def init_weight_transfer_engine(self, init_info):
+            server.post("/init_weight_transfer_engine", json={"init_info": init_info})
+
+        def start_weight_update(self):
+            server.post("/start_weight_update")
+
+        def update_weights(self, update_info):
+            server.post("/update_weights", json={"update_info": update_info})
+
+        def finish_weight_update(self, weight_version=None):
+            server.post("/finish_weight_update", json={"weight_version": weight_version})
+
+    class Source(WeightSource):  # the weights of the current push, replaced before each send
+        def __init__(self, tensors):
+            self.tensors = tensors
+
+        def metadata(self):
+            return [ParamMeta(name=k, dtype=t.dtype, shape=tuple(t.shape)) for k, t in self.tensors.items()]
+
+        def __iter__(self):
+            return iter(self.tensors.items())
+
+    host = server.url.split("//", 1)[1].rsplit(":", 1)[0]
+    master = "127.0.0.1" if host in ("127.0.0.1", "localhost") else socket_address_towards(host)
+    info = NCCLTrainerInitInfo(master_address=master, master_port=free_port(master), world_size=2)
+    return WeightTransferTrainerFactory.trainer_init(info, client=Control(), source=Source(tensors))
+
+
+def socket_address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (what a remote server connects back to)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
