@@ -99,6 +99,8 @@ def quiet_start() -> None:
         filter_handlers(name)
     warnings.filterwarnings("ignore", message=r".*reduce_op.* is deprecated", category=FutureWarning)
     os.environ.setdefault("WANDB_SILENT", "true")  # the run's banner already says where wandb writes
+    # A served engine's client: one INFO line per HTTP request (dozens a step); failures are raised, not logged.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         from transformers.utils import logging as hf_logging
 

@@ -1,0 +1,239 @@
+"""The served engine without vLLM: its client against a stand-in server, the key middleware, where servers go,
+and how a server process is set up. The real servers are in tests/integration/test_served_engine.py."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.served import ServedEngine
+from grpo_rl.engines.server import ServerSpec, server_env
+from grpo_rl.engines.vllm_plugin import KEY_ENV, RequireKey
+from grpo_rl.errors import RoleFailed
+from grpo_rl.placement.context import engine_is_served, plan_placement
+from grpo_rl.placement.devices import DeviceAllocation
+from grpo_rl.rollout.collector import oldest_token_version
+
+
+class StandIn:
+    """A tiny HTTP server that answers the routes a served engine uses, and records what it was sent.
+
+    ``takes_updates=False`` acknowledges every weight-update call but never changes its version: a server that
+    dropped the update. ``delay`` makes generation slower than the client's timeout."""
+
+    def __init__(self, *, takes_updates: bool = True, delay: float = 0.0, key: str = "k"):
+        self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._answer()
+
+            def do_POST(self):
+                self._answer()
+
+            def _answer(self):
+                path = self.path.split("?")[0]
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                stand_in.calls.append((path, json.loads(body) if body else None))
+                if self.headers.get("Authorization") != f"Bearer {stand_in.key}":
+                    return self._send(401, {"error": "Unauthorized"})
+                self._send(200, stand_in.route(path, json.loads(body) if body else {}))
+
+            def _send(self, code, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except BrokenPipeError:  # the client timed out first
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def route(self, path: str, body: dict) -> dict:
+        if path == "/weight_info":
+            return {"weight_version": self.version}
+        if path == "/update_weight_version" or (path == "/finish_weight_update" and self.takes_updates):
+            self.version = body.get("new_version", body.get("weight_version"))
+        if path == "/inference/v1/generate":
+            import time
+
+            time.sleep(self.delay)
+            n, prompt = body["sampling_params"]["n"], body["token_ids"]
+            # answer k of a prompt: k + 1 tokens; the last one sampled after a push to version 7
+            return {"choices": [{"index": k, "token_ids": [prompt[0] + k + j for j in range(k + 1)],
+                                 "finish_reason": "length" if k == n - 1 else "stop",
+                                 "logprobs": {"content": [{"logprob": -0.5 - j} for j in range(k + 1)]},
+                                 "weight_versions": [{"version": "3", "start": 0, "end": k},
+                                                     {"version": "7", "start": k, "end": k + 1}]}
+                                for k in reversed(range(n))]}  # out of order: the client sorts by index
+        return {}
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def stand_in():
+    server = StandIn()
+    yield server
+    server.close()
+
+
+def test_generation_keeps_the_layout_and_each_tokens_version(stand_in):
+    engine = ServedEngine([stand_in.url], key="k", pad_id=0, timeout=10)
+    batch = engine.generate([[10, 11], [20]], 2, SamplingSpec(max_new_tokens=4, seed=5))
+    assert batch["response_ids"].tolist() == [[10, 0], [11, 12], [20, 0], [21, 22]]
+    assert batch["behavior_logprobs"].tolist() == [[-0.5, 0], [-0.5, -1.5], [-0.5, 0], [-0.5, -1.5]]
+    assert batch["truncated"].tolist() == [False, True, False, True]
+    assert batch["behavior_version"].tolist() == [[7, 0], [3, 7], [7, 0], [3, 7]]
+    # each prompt's request carries its own seed (seed + i * n, as in-process) and the token ids
+    sent = [body for path, body in stand_in.calls if path == "/inference/v1/generate"]
+    assert sorted((b["token_ids"], b["sampling_params"]["seed"]) for b in sent) == [([10, 11], 5), ([20], 7)]
+    # a group's age is its oldest token's
+    assert oldest_token_version(batch, default=9).tolist() == [7, 3, 7, 3]
+    engine.shutdown()
+
+
+def test_oldest_token_version_without_versions_or_tokens():
+    from tensordict import TensorDict
+
+    plain = TensorDict({"response_mask": torch.ones(2, 3)}, batch_size=[2])
+    assert oldest_token_version(plain, 4).tolist() == [4, 4]
+    mixed = TensorDict({"response_mask": torch.tensor([[1, 1, 0], [0, 0, 0]]),
+                        "behavior_version": torch.tensor([[5, 6, 0], [0, 0, 0]])}, batch_size=[2])
+    assert oldest_token_version(mixed, 4).tolist() == [5, 4]  # padding does not count; an empty answer: default
+
+
+def test_a_push_is_paused_loaded_versioned_and_read_back(stand_in, tmp_path):
+    engine = ServedEngine([stand_in.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path))
+    tied = torch.randn(4, 2)
+    engine.update_weights([("model.embed_tokens.weight", tied), ("lm_head.weight", tied), ("b", torch.ones(3))], 2)
+    paths = [p for p, _ in stand_in.calls]
+    push = paths[paths.index("/pause"):]
+    assert push == ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update",
+                    "/reset_prefix_cache", "/resume", "/weight_info"]
+    update = next(body for p, body in stand_in.calls if p == "/update_weights")["update_info"]
+    assert update["num_tensors"] == 2 and update["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert not (tmp_path / update["file"]).exists()  # removed once every server loaded it
+    assert engine.version == 2 and stand_in.version == "2"
+    engine.shutdown()
+
+
+def test_a_server_that_dropped_the_update_is_named():
+    server = StandIn(takes_updates=False)
+    engine = ServedEngine([server.url], key="k", pad_id=0, timeout=10)
+    with pytest.raises(RoleFailed, match=rf"engine server {server.url} reports weight version 0 after the push "
+                                         r"of version 1: the update did not land"):
+        engine.update_weights([("w", torch.ones(2))], 1)
+    engine.shutdown()
+    server.close()
+
+
+def test_failures_name_the_server_in_one_line():
+    slow = StandIn(delay=2.0)
+    engine = ServedEngine([slow.url], key="k", pad_id=0, timeout=0.5)
+    with pytest.raises(RoleFailed, match=rf"engine server {slow.url} did not answer /inference/v1/generate within "
+                                         r"inference_model.request_timeout_s=0.5"):
+        engine.generate([[1]], 1, SamplingSpec(max_new_tokens=2))
+    slow.close()
+    with pytest.raises(RoleFailed, match="refused the key"):
+        ServedEngine([StandIn(key="other").url], key="k", pad_id=0, timeout=5)
+    gone = StandIn()
+    gone.close()
+    gone.httpd.server_close()
+    with pytest.raises(RoleFailed, match=rf"engine server {gone.url} is not reachable"):
+        ServedEngine([gone.url], key="k", pad_id=0, timeout=5)
+
+
+def test_the_key_middleware_guards_every_path(monkeypatch):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=KEY_ENV):
+        RequireKey(app)
+    monkeypatch.setenv(KEY_ENV, "s3cret")
+    guarded = RequireKey(app)
+
+    def status(path: str, auth: str | None) -> int:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        headers = [(b"authorization", auth.encode())] if auth else []
+        asyncio.run(guarded({"type": "http", "path": path, "method": "POST", "headers": headers}, None, send))
+        return sent[0]["status"]
+
+    for path in ("/health", "/pause", "/update_weights", "/collective_rpc", "/inference/v1/generate"):
+        assert status(path, None) == 401
+        assert status(path, "Bearer wrong") == 401
+        assert status(path, "Bearer s3cret") == 200
+
+
+def _cfg(**overrides):
+    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
+        [f"{k}={v}" for k, v in overrides.items()]))
+
+
+def _devices(train: str, inference: str) -> DeviceAllocation:
+    return DeviceAllocation(train=(torch.device(train),), ref=(torch.device(train),),
+                            inference=(torch.device(inference),), reward_model=())
+
+
+def test_an_engine_off_the_learners_device_is_served_in_the_synchronous_loop():
+    cfg = _cfg()
+    assert not engine_is_served(cfg, _devices("cpu", "cpu"), "sync")  # the CPU box: in-process
+    assert not engine_is_served(cfg, _devices("cuda:0", "cuda:0"), "sync")  # one GPU, shared: in-process
+    assert engine_is_served(cfg, _devices("cuda:0", "cuda:1"), "sync")  # a GPU of its own: a server
+    assert engine_is_served(cfg, _devices("cuda:1", "cuda:1"), "sync")  # in-process would use cuda:0
+    assert not engine_is_served(cfg, _devices("cuda:0", "cuda:1"), "async")  # a Ray actor sees its own GPU
+    assert engine_is_served(_cfg(**{"inference_model.engine": "vllm_server"}), _devices("cpu", "cpu"), "async")
+    assert not engine_is_served(_cfg(**{"inference_model.engine": "transformers"}), _devices("cuda:0", "cuda:1"),
+                                "sync")
+    placement = plan_placement(cfg, _devices("cuda:0", "cuda:1"), "sync", cores=4)
+    assert placement.served and placement.learner.devices == (torch.device("cuda", 0),)
+    assert "1 vLLM server" in placement.describe() and "cuda:1" in placement.describe()
+
+
+def test_each_server_sees_only_its_own_device_and_the_driver_is_untouched(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    before = dict(os.environ)
+    gpu = server_env(ServerSpec("m", torch.device("cuda", 2)), key="k")
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "2" and gpu[KEY_ENV] == "k" and gpu["VLLM_SERVER_DEV_MODE"] == "1"
+    cpu = server_env(ServerSpec("m", torch.device("cpu"), threads=2, cores=(2, 3)), key="k")
+    assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["OMP_NUM_THREADS"] == "2"
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "2,3"
+    assert dict(os.environ) == before  # the learner's process still sees every GPU, its cuda:0 is its own
+
+
+def test_serve_refuses_to_start_without_a_key_and_adds_what_training_needs(monkeypatch):
+    from grpo_rl.cli.serve import main, vllm_argv
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(SystemExit, match=KEY_ENV):
+        main(["--model", "m"])
+    argv = vllm_argv(["--model", "m"])
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"  # loopback unless asked otherwise
+    assert "grpo_rl.engines.vllm_plugin.RequireKey" in argv and "processed_logprobs" in argv
+    assert '{"backend": "grpo_rl_file"}' in argv
+    mine = vllm_argv(["--model", "m", "--host", "0.0.0.0", "--weight-transfer-config", '{"backend": "nccl"}'])
+    assert mine.count("--host") == 1 and '{"backend": "grpo_rl_file"}' not in mine
