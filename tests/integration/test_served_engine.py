@@ -1,0 +1,167 @@
+"""A real vLLM server of the tiny model, started the way a run starts one: its answers equal the in-process
+engine's, pushed weights land (and are read back), every path needs the key, and an answer in flight across a push
+keeps, token by token, the log-prob and version of the weights that sampled it."""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.served import ServedEngine
+from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
+
+pytestmark = pytest.mark.slow
+
+MAX_MODEL_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir, tmp_path_factory):
+    args = engine_args(dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0, kv_cache_gb=0.25,
+                       gpu_memory_utilization=0.5, enforce_eager=True, enable_prefix_caching=True, on_cpu=True)
+    # Four sequences at a time: more requests wait their turn, so a push lands while answers are under way
+    # (this model samples a whole answer in well under a second).
+    args += ("--max-num-seqs", "4")
+    servers = ServerFleet([ServerSpec(str(tiny_model_dir), torch.device("cpu"), threads=1, vllm_args=args)],
+                          tmp_path_factory.mktemp("servers"), start_timeout=300)
+    yield servers
+    servers.close()
+
+
+@pytest.fixture
+def engine(fleet, tokenizer):
+    engine = ServedEngine(fleet.urls, key=fleet.key, pad_id=tokenizer.pad_token_id or 0, timeout=120)
+    yield engine
+    engine.shutdown()
+
+
+def learner_logprobs(model, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """The plain forward's log-probs of ``answer`` after ``prompt`` (temperature 1, no truncation)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1: -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer)[:, None])[:, 0]
+
+
+def perturbed(model, seed: int, scale: float = 0.05):
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return out
+
+
+def answers(batch, j: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    n = int(batch["response_mask"][j].sum())
+    return (batch["response_ids"][j, :n].tolist(), batch["behavior_logprobs"][j, :n],
+            batch["behavior_version"][j, :n])
+
+
+def test_served_answers_equal_the_in_process_engines(engine, tiny_model_dir, tokenizer):
+    """Same seed, same tokens; log-probs (processed: temperature, top-k, top-p) equal to 1e-5: the same kernels,
+    batched differently (one request per prompt here, one call for all prompts in-process)."""
+    from grpo_rl.engines.vllm_engine import VLLMEngine
+
+    prompts = [tokenizer.encode(t) for t in ("What is 2 + 3?", "Name a colour.", "Count to five:")]
+    specs = [SamplingSpec(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=50, seed=11),
+             SamplingSpec(max_new_tokens=24, seed=3, stop=("e",))]  # a stop string: ends most answers early
+    served = [engine.generate(prompts, 4, s) for s in specs]
+    local = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=MAX_MODEL_LEN, seed=0,
+                       kv_cache_gb=0.25)
+    try:
+        in_process = [local.generate(prompts, 4, s) for s in specs]
+    finally:
+        local.shutdown()
+    for a, b in zip(served, in_process):
+        for key in ("prompt_ids", "response_ids", "response_mask", "group_id", "truncated"):
+            assert torch.equal(a[key], b[key]), key
+        torch.testing.assert_close(a["behavior_logprobs"], b["behavior_logprobs"], rtol=0, atol=1e-5)
+    stopped = served[1]
+    assert not stopped["truncated"].all()  # the stop string ended some answers, and it stays in them
+    for j in torch.nonzero(~stopped["truncated"]).flatten().tolist():
+        ids = answers(stopped, j)[0]
+        assert "e" in tokenizer.decode(ids[-1:]) or ids[-1] == tokenizer.eos_token_id
+
+
+def test_two_pushes_land_and_are_read_back(engine, fleet, tiny_model):
+    prompt = [1, 2, 3, 4, 5]
+    for version in (1, 2):
+        model = perturbed(tiny_model, seed=version)
+        engine.update_weights(model.state_dict().items(), version)
+        assert httpx.get(fleet.urls[0] + "/weight_info", headers={"Authorization": f"Bearer {fleet.key}"},
+                         timeout=10).json()["weight_version"] == str(version)
+    batch = engine.generate([prompt], 2, SamplingSpec(max_new_tokens=32, seed=1))
+    for j in range(2):
+        ids, behavior, versions = answers(batch, j)
+        assert (versions == 2).all()
+        torch.testing.assert_close(behavior, learner_logprobs(model, prompt, ids), rtol=0, atol=1e-4)
+
+
+def test_every_path_needs_the_key(fleet):
+    url = fleet.urls[0]
+    generate = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}
+    calls = [("POST", "/inference/v1/generate", generate), ("POST", "/update_weights", {"update_info": {}}),
+             ("POST", "/pause", None), ("POST", "/collective_rpc", {"method": "check_health"}),
+             ("GET", "/health", None), ("GET", "/weight_info", None)]
+    for method, path, body in calls:
+        assert httpx.request(method, url + path, json=body, timeout=30).status_code == 401, path
+        wrong = {"Authorization": "Bearer not-the-key"}
+        assert httpx.request(method, url + path, json=body, headers=wrong, timeout=30).status_code == 401, path
+    key = {"Authorization": f"Bearer {fleet.key}"}
+    assert httpx.post(url + "/inference/v1/generate", json=generate, headers=key, timeout=30).status_code == 200
+    assert httpx.post(url + "/pause", headers=key, timeout=30).status_code == 200
+    assert httpx.post(url + "/resume", headers=key, timeout=30).status_code == 200
+    assert httpx.post(url + "/collective_rpc", json={"method": "check_health"}, headers=key,
+                      timeout=30).status_code == 200
+
+
+def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob(engine, tiny_model):
+    """Push B while an answer is sampled under A (``/pause?mode=keep``): its tokens carry two versions; those of A
+    have A's log-probs, those of B do not, and the engine correction against the learner (now B) weighs the A
+    tokens by exactly pi_B / pi_A."""
+    from grpo_rl.algo.engine_correction import engine_weights
+    from grpo_rl.rollout.collector import oldest_token_version
+
+    engine.inflight = True
+    a, b = perturbed(tiny_model, seed=10), perturbed(tiny_model, seed=11)
+    prompts = [[1, 2, 3, 4 + i] for i in range(16)]
+    wait = 1.0  # seconds into the generation: 16 answers of up to 1020 tokens, four at a time, take seconds
+    for trial in range(4):  # until the push lands mid-answer
+        va, vb = 10 + 2 * trial, 11 + 2 * trial
+        engine.update_weights(a.state_dict().items(), va)
+        out = {}
+        spec = SamplingSpec(max_new_tokens=MAX_MODEL_LEN - 4, seed=trial)
+        thread = threading.Thread(target=lambda: out.setdefault("batch", engine.generate(prompts, 1, spec)))
+        thread.start()
+        time.sleep(wait)
+        wait = wait / 2 if not thread.is_alive() else wait * 1.5  # too late: earlier next time; too early: later
+        engine.update_weights(b.state_dict().items(), vb)
+        thread.join()
+        rows = [answers(out["batch"], j) for j in range(len(prompts))]
+        mixed = [j for j, (_, _, v) in enumerate(rows) if (v == va).any() and (v == vb).any()]
+        if mixed:
+            break
+    else:
+        pytest.fail("no push landed while an answer was in flight")
+    batch = out["batch"]
+    assert {int(v) for _, _, v in rows for v in v.unique()} == {va, vb}
+    for prompt, (row_ids, row_behavior, row_versions) in zip(prompts, rows):  # answers begun after the push: B's
+        if (row_versions == vb).all():
+            torch.testing.assert_close(row_behavior, learner_logprobs(b, prompt, row_ids), rtol=0, atol=1e-4)
+        elif (row_versions == va).all():
+            torch.testing.assert_close(row_behavior, learner_logprobs(a, prompt, row_ids), rtol=0, atol=1e-4)
+    assert oldest_token_version(batch, default=-1).tolist() == [int(v[0]) for _, _, v in rows]
+    prompt, (ids, behavior, versions) = prompts[mixed[0]], rows[mixed[0]]
+    assert oldest_token_version(batch[mixed[0]: mixed[0] + 1], default=-1).tolist() == [va]  # the oldest token's
+    old, new = versions == va, versions == vb
+    assert (old | new).all() and old[: int(old.sum())].all()  # A's tokens first, then B's
+    lp_a, lp_b = learner_logprobs(a, prompt, ids), learner_logprobs(b, prompt, ids)
+    torch.testing.assert_close(behavior[old], lp_a[old], rtol=0, atol=1e-4)
+    assert (behavior[new] - lp_a[new]).abs().max() > 1e-2  # B's tokens were not sampled by A
+    w = engine_weights(lp_b[None], behavior[None], torch.ones(1, len(ids)), mode="token_truncate", cap=1e30)
+    torch.testing.assert_close(w.raw[0, old], torch.exp(lp_b[old] - lp_a[old]), rtol=1e-3, atol=0)
