@@ -16,9 +16,12 @@ sampled each token (``--enable-scale-out``), log-probs of the distribution actua
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
-from grpo_rl.engines.vllm_plugin import BACKEND, KEY_ENV
+from grpo_rl.engines.vllm_plugin import BACKEND, KEY_ENV, PARENT_ENV
 
 REQUIRED = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs",
             "--middleware", "grpo_rl.engines.vllm_plugin.RequireKey")
@@ -41,7 +44,31 @@ def main(args: list[str] | None = None) -> None:
                  f"The run that connects needs the same key.")
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *vllm_argv(args)]
-    os.execv(sys.executable, argv)  # the same pid: the parent-death signal set by a launching run stays
+    if os.environ.get(PARENT_ENV):
+        sys.exit(serve_for_parent(argv, int(os.environ[PARENT_ENV])))
+    os.execv(sys.executable, argv)
+
+
+def serve_for_parent(argv: list[str], parent: int, grace_seconds: float = 10.0) -> int:
+    """Run the server as a child and stop it, with every process of this session, when the run ``parent`` is
+    gone (even killed by SIGKILL, when nothing of its own cleanup runs) or on SIGTERM/SIGINT. This process leads
+    the session the run started it in, so the session is exactly the server's processes."""
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    server = subprocess.Popen(argv)
+    while server.poll() is None and not stopping and os.getppid() == parent:
+        time.sleep(0.5)
+    if server.poll() is not None:
+        return server.returncode
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the session-wide signals below are for the others
+    os.killpg(0, signal.SIGTERM)  # vLLM stops its engine process on SIGTERM
+    try:
+        server.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(0, signal.SIGKILL)  # whatever is left, this process included
+    return 0
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ run needs to vLLM's own command line and then becomes that server), started:
   otherwise) on a free port, and answers only requests that carry the run's key, a fresh random one per run
   (:class:`~grpo_rl.engines.vllm_plugin.RequireKey`);
 * **tied to the run**: it runs in a session of its own (a Ctrl-C in the terminal reaches the driver, which stops
-  it), the kernel sends it SIGTERM if the driver dies, even by SIGKILL (``PR_SET_PDEATHSIG``), and vLLM's own
-  SIGTERM handling stops its engine process with it; :meth:`ServerProcess.stop` sends SIGTERM to the whole
+  it), led by a small watcher (:func:`grpo_rl.cli.serve.serve_for_parent`) that stops every process of the session
+  once the driver is gone, even killed by SIGKILL, when none of the driver's own cleanup runs; the kernel also
+  sends the watcher SIGTERM then (``PR_SET_PDEATHSIG``). :meth:`ServerProcess.stop` sends SIGTERM to the whole
   session and SIGKILL after a grace period;
 * **logged in the run folder**: ``engine_server_<i>.log``; a server that exits or does not become healthy within
   ``inference_model.server_start_timeout_s`` ends the start-up with one line naming that log.
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_rl.engines.vllm_plugin import KEY_ENV
+from grpo_rl.engines.vllm_plugin import KEY_ENV, PARENT_ENV
 from grpo_rl.errors import RoleFailed
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def server_env(spec: ServerSpec, key: str, base: dict[str, str] | None = None) -
     """The environment of ``spec``'s server process: only its own device visible, its own cores, the run's key."""
     env = dict(os.environ if base is None else base)
     env[KEY_ENV] = key
+    env[PARENT_ENV] = str(os.getpid())  # the server stops when this process is gone (grpo_rl.cli.serve)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # mounts the weight-update routes; RequireKey guards them
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set for in-process engines; a server wants its own engine process
     if spec.device.type == "cuda":

@@ -25,6 +25,8 @@ import os
 import secrets
 
 KEY_ENV = "GRPO_RL_ENGINE_KEY"
+PARENT_ENV = "GRPO_RL_SERVE_PARENT"
+"""Set by a run for the servers it starts: the run's process id, whose death stops them (grpo_rl.cli.serve)."""
 BACKEND = "grpo_rl_file"
 
 

@@ -1,0 +1,112 @@
+"""Both scripts with ``inference_model.engine=vllm_server``: the run starts a vLLM server, samples what the
+in-process engine samples for the same seed, and leaves no server behind, even when the driver is SIGKILLed."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import ROOT, run_script, script_env, tiny_overrides
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SERVED = ["inference_model.engine=vllm_server"]
+
+
+def first_answers(run_dir: Path) -> list[str]:
+    """The answers logged for step 1 (the first answer of each examined group)."""
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
+    return [r["response"] for r in rows if r["step"] == 1]
+
+
+def server_sessions(log: str) -> list[int]:
+    """The process ids of the run's servers (each leads a session of its own), from the start-up log."""
+    return [int(pid) for pid in re.findall(r"engine server http://127\.0\.0\.1:\d+ is up \(pid (\d+)", log)]
+
+
+def alive_in_session(sid: int) -> list[str]:
+    """Processes of session ``sid`` still running (the server and its engine process)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] != "Z":  # session id; zombies hold no resources
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError, PermissionError):
+            continue
+    return found
+
+
+def wait_gone(sids: list[int], seconds: float = 60) -> list[str]:
+    deadline = time.monotonic() + seconds
+    left = [p for sid in sids for p in alive_in_session(sid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = [p for sid in sids for p in alive_in_session(sid)]
+    return left
+
+
+@pytest.fixture(scope="module")
+def in_process_answers(tiny_model_dir, tmp_path_factory) -> list[str]:
+    run_dir = tmp_path_factory.mktemp("in_process")
+    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, run_dir, steps=1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return first_answers(run_dir)
+
+
+def test_sync_served_run_samples_as_in_process_and_stops_its_server(tiny_model_dir, tmp_path, in_process_answers):
+    run_dir = tmp_path / "served"
+    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, run_dir, steps=2), *SERVED)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "1 vLLM server" in log and (run_dir / "engine_server_0.log").exists()
+    assert first_answers(run_dir) == in_process_answers  # the same seed: the same samples
+    sids = server_sessions((run_dir / "grpo.log").read_text())
+    assert len(sids) == 1
+    assert not wait_gone(sids, 5), "the server outlived the run"
+
+
+def test_async_served_run_with_inflight_updates_leaves_no_server_when_the_driver_is_killed(
+        tiny_model_dir, tmp_path, in_process_answers):
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
+         *tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED, "pipeline.inflight_updates=true"],
+        cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    lines: list[str] = []
+    second_step = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "step 2/1000 |" in line:
+                second_step.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert second_step.wait(timeout=300), "no second step:\n" + "".join(lines[-60:])
+        sids = server_sessions("".join(lines))
+        assert len(sids) == 1 and alive_in_session(sids[0]), "".join(lines[-60:])
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: no cleanup of its own runs
+        proc.wait(timeout=30)
+        left = wait_gone(sids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # Ray's processes of the killed run
+        except ProcessLookupError:
+            pass
+    assert not left, f"the server outlived its driver: {left}"
+    # the collector drove the server: the same first batch as the synchronous in-process run
+    assert first_answers(run_dir) == in_process_answers
