@@ -110,3 +110,23 @@ def test_async_served_run_with_inflight_updates_leaves_no_server_when_the_driver
     assert not left, f"the server outlived its driver: {left}"
     # the collector drove the server: the same first batch as the synchronous in-process run
     assert first_answers(run_dir) == in_process_answers
+
+
+def test_a_server_that_dies_mid_run_is_named_and_the_last_step_is_kept(tiny_model_dir, tmp_path):
+    """A server the run was given (``inference_model.urls``) goes away after two steps: the run names it in one
+    line, keeps step 2 as a checkpoint and exits with 1, without hanging."""
+    from tests.engine_stand_in import StandIn
+
+    server = StandIn(key="run-key", generations=4)  # 2 prompts per step: it dies at step 3
+    run_dir = tmp_path / "orphaned"
+    try:
+        proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, run_dir, steps=10), *SERVED,
+                          f"inference_model.urls=[{server.url}]", "inference_model.request_timeout_s=30",
+                          "eval.every=0", env=script_env(GRPO_RL_ENGINE_KEY="run-key"), timeout=300)
+    finally:
+        server.close()
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"engine server {server.url}" in last and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "step_00000002").exists()
+    assert not (run_dir / "engine_server_0.log").exists()  # the user's server: the run starts none

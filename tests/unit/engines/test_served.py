@@ -3,10 +3,7 @@ and how a server process is set up. The real servers are in tests/integration/te
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -21,72 +18,7 @@ from grpo_rl.errors import RoleFailed
 from grpo_rl.placement.context import engine_is_served, plan_placement
 from grpo_rl.placement.devices import DeviceAllocation
 from grpo_rl.rollout.collector import oldest_token_version
-
-
-class StandIn:
-    """A tiny HTTP server that answers the routes a served engine uses, and records what it was sent.
-
-    ``takes_updates=False`` acknowledges every weight-update call but never changes its version: a server that
-    dropped the update. ``delay`` makes generation slower than the client's timeout."""
-
-    def __init__(self, *, takes_updates: bool = True, delay: float = 0.0, key: str = "k"):
-        self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                self._answer()
-
-            def do_POST(self):
-                self._answer()
-
-            def _answer(self):
-                path = self.path.split("?")[0]
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                stand_in.calls.append((path, json.loads(body) if body else None))
-                if self.headers.get("Authorization") != f"Bearer {stand_in.key}":
-                    return self._send(401, {"error": "Unauthorized"})
-                self._send(200, stand_in.route(path, json.loads(body) if body else {}))
-
-            def _send(self, code, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except BrokenPipeError:  # the client timed out first
-                    pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def route(self, path: str, body: dict) -> dict:
-        if path == "/weight_info":
-            return {"weight_version": self.version}
-        if path == "/update_weight_version" or (path == "/finish_weight_update" and self.takes_updates):
-            self.version = body.get("new_version", body.get("weight_version"))
-        if path == "/inference/v1/generate":
-            import time
-
-            time.sleep(self.delay)
-            n, prompt = body["sampling_params"]["n"], body["token_ids"]
-            # answer k of a prompt: k + 1 tokens; the last one sampled after a push to version 7
-            return {"choices": [{"index": k, "token_ids": [prompt[0] + k + j for j in range(k + 1)],
-                                 "finish_reason": "length" if k == n - 1 else "stop",
-                                 "logprobs": {"content": [{"logprob": -0.5 - j} for j in range(k + 1)]},
-                                 "weight_versions": [{"version": "3", "start": 0, "end": k},
-                                                     {"version": "7", "start": k, "end": k + 1}]}
-                                for k in reversed(range(n))]}  # out of order: the client sorts by index
-        return {}
-
-    def close(self):
-        self.httpd.shutdown()
+from tests.engine_stand_in import StandIn
 
 
 @pytest.fixture
@@ -157,7 +89,6 @@ def test_failures_name_the_server_in_one_line():
         ServedEngine([StandIn(key="other").url], key="k", pad_id=0, timeout=5)
     gone = StandIn()
     gone.close()
-    gone.httpd.server_close()
     with pytest.raises(RoleFailed, match=rf"engine server {gone.url} is not reachable"):
         ServedEngine([gone.url], key="k", pad_id=0, timeout=5)
 

@@ -1,0 +1,85 @@
+"""A stand-in for a vLLM server: it answers the routes a served engine uses (generation, the RL weight-update
+routes, the weight version) with made-up tokens, so the client and the runs that use it can be tested without vLLM."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class StandIn:
+    """A tiny HTTP server that answers the routes a served engine uses, and records what it was sent.
+
+    ``takes_updates=False`` acknowledges every weight-update call but never changes its version: a server that
+    dropped the update. ``delay`` makes generation slower than the client's timeout."""
+
+    def __init__(self, *, takes_updates: bool = True, delay: float = 0.0, key: str = "k",
+                 generations: int | None = None):
+        self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
+        self.generations = generations  # answer this many generation calls, then go away (a server that died)
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._answer()
+
+            def do_POST(self):
+                self._answer()
+
+            def _answer(self):
+                path = self.path.split("?")[0]
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                stand_in.calls.append((path, json.loads(body) if body else None))
+                if self.headers.get("Authorization") != f"Bearer {stand_in.key}":
+                    return self._send(401, {"error": "Unauthorized"})
+                try:
+                    payload = stand_in.route(path, json.loads(body) if body else {})
+                except ConnectionAbortedError:
+                    self.close_connection = True
+                    return
+                self._send(200, payload)
+
+            def _send(self, code, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except BrokenPipeError:  # the client timed out first
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def route(self, path: str, body: dict) -> dict:
+        if path == "/weight_info":
+            return {"weight_version": self.version}
+        if path == "/update_weight_version" or (path == "/finish_weight_update" and self.takes_updates):
+            self.version = body.get("new_version", body.get("weight_version"))
+        if path == "/inference/v1/generate":
+            time.sleep(self.delay)
+            if self.generations is not None:
+                self.generations -= 1
+                if self.generations < 0:
+                    threading.Thread(target=self.close, daemon=True).start()
+                    raise ConnectionAbortedError("gone")
+            n, prompt = body["sampling_params"]["n"], body["token_ids"]
+            # answer k of a prompt: k + 1 tokens; the last one sampled after a push to version 7
+            return {"choices": [{"index": k, "token_ids": [prompt[0] + k + j for j in range(k + 1)],
+                                 "finish_reason": "length" if k == n - 1 else "stop",
+                                 "logprobs": {"content": [{"logprob": -0.5 - j} for j in range(k + 1)]},
+                                 "weight_versions": [{"version": "3", "start": 0, "end": k},
+                                                     {"version": "7", "start": k, "end": k + 1}]}
+                                for k in reversed(range(n))]}  # out of order: the client sorts by index
+        return {}
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
