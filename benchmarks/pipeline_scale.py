@@ -23,6 +23,13 @@ Per size it prints:
   seconds its stand-in slept (the slowest rank's), and where it went: the call to the ranks, the push, the rest
   of the step (the source's call to the buffer, the gate, the advantages), the logs and checkpoint between steps.
 
+``--long-tail S`` spreads the answer lengths (``simulate.long_tail``: a batch waits for its longest answer) and
+``--inflight`` pushes weights under answers in flight (``pipeline.inflight_updates``); then the mean age of the
+trained tokens (``token_staleness_mean``, each token's own version) is reported beside the groups' age::
+
+    python benchmarks/pipeline_scale.py --sizes 2x1,4x1 --long-tail 2 --answer-tokens 256
+    python benchmarks/pipeline_scale.py --sizes 2x1,4x1 --long-tail 2 --answer-tokens 256 --inflight
+
 Ends with ``min efficiency: X``. Writes JSON. Never asserts a time.
 """
 from __future__ import annotations
@@ -71,6 +78,8 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         f"train_model.num_devices={ranks}", f"env.prompts_per_step={args.prompts}", f"env.group_size={args.group}",
         f"pipeline.max_staleness={args.max_staleness}", f"pipeline.buffer_capacity={args.buffer}",
         "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32",
+        f"simulate.long_tail={args.long_tail}", f"simulate.answer_tokens={args.answer_tokens}",
+        f"sampling.max_new_tokens={max(args.answer_tokens, 16)}", f"pipeline.inflight_updates={args.inflight}",
     ]
     if args.reference > 0:
         common += ["policy.kl_coef=0.01", "ref_model.placement=actor"]
@@ -114,6 +123,7 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         "throughput": throughput, "ideal": ideal, "sync": sync, "efficiency": throughput / ideal,
         "staleness_mean": statistics.mean(r["staleness_mean"] for r in measured),
         "staleness_max": max(r["staleness_max"] for r in rows), "bound": args.max_staleness,
+        "token_staleness_mean": statistics.mean(r.get("token_staleness_mean", r["staleness_mean"]) for r in measured),
         "dropped_samples": sum(r["dropped_samples"] for r in rows),
         "overhead_seconds": statistics.mean(overhead), "overhead_max_seconds": max(overhead),
         "overhead_parts": {k: statistics.mean(v) for k, v in parts.items()},
@@ -136,6 +146,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=4)
     parser.add_argument("--buffer", type=int, default=2)
+    parser.add_argument("--long-tail", type=float, default=0.0, help="simulate.long_tail: answer-length spread")
+    parser.add_argument("--answer-tokens", type=int, default=16, help="tokens of the longest answer")
+    parser.add_argument("--inflight", action="store_true", help="pipeline.inflight_updates=true")
     parser.add_argument("--sizes", help="collectors x ranks, e.g. 1x1,4x2 (default: all, or the quick ones)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "pipeline_scale.json"))
@@ -152,7 +165,8 @@ def main() -> None:
     print(cpu_line(), flush=True)
     print(f"stage seconds per batch: generation {args.generation} (per collector), reference {args.reference}, "
           f"training {args.training} (one rank), jitter {args.jitter}; {args.steps} + {args.steps} steps "
-          f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}", flush=True)
+          f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}; long tail {args.long_tail}, "
+          f"in-flight updates {args.inflight}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="pipeline-scale-") as tmp:
         if args.keep:
@@ -160,13 +174,14 @@ def main() -> None:
             Path(tmp).mkdir(parents=True, exist_ok=True)
         model = build_tiny_model(resolve_model("embedded:smollm2-135m-instruct"), Path(tmp) / "model")
         header = (f"{'collectors':>10} {'ranks':>5} {'batch/s':>8} {'ideal':>7} {'sync':>7} {'effic.':>6} "
-                  f"{'stale mean/max':>14} {'dropped':>7} {'overhead s':>10} {'twice':>5} {'wall s':>6}")
+                  f"{'stale mean/max':>14} {'token age':>9} {'dropped':>7} {'overhead s':>10} {'twice':>5} {'wall s':>6}")
         print(header, flush=True)
         for collectors, ranks in sizes:
             r = measure(args, model, collectors, ranks, Path(tmp))
             results.append(r)
             print(f"{collectors:>10} {ranks:>5} {r['throughput']:>8.3f} {r['ideal']:>7.3f} {r['sync']:>7.3f} "
                   f"{r['efficiency']:>6.2f} {r['staleness_mean']:>8.2f}/{r['staleness_max']}<={r['bound']} "
+                  f"{r['token_staleness_mean']:>9.2f} "
                   f"{r['dropped_samples']:>7} {r['overhead_seconds']:>10.3f} {r['batches_trained_twice']:>5} "
                   f"{r['wall_seconds']:>6.0f}", flush=True)
     print("overhead per step, where it went (s): training call to the ranks / push / source and the rest of the "

@@ -252,7 +252,7 @@ def _validate_servers(cfg: Any) -> None:
         if bad:
             raise ConfigError(f"inference_model.urls: {bad[0]!r} is not a server address; write it as "
                               "http://HOST:PORT")
-    if cfg.pipeline.inflight_updates and im.engine != "vllm_server":
+    if cfg.pipeline.inflight_updates and im.engine != "vllm_server" and not cfg.simulate.enabled:
         raise ConfigError("pipeline.inflight_updates=true updates weights under answers in flight, which needs "
                           "vLLM servers: set inference_model.engine=vllm_server")
 

@@ -510,7 +510,12 @@ class SimulateConfig:
     jitter: float = 0.1
     """Relative spread of every stand-in's time (each draw is scaled by 1 + jitter * N(0, 1))."""
     answer_tokens: int = 16
-    """Tokens of every simulated answer."""
+    """Tokens of every simulated answer (of the longest, with ``long_tail``)."""
+    long_tail: float = 0.0
+    """Spread of answer lengths: 0, every answer is ``answer_tokens`` long; > 0, answer ``i`` is
+    ``answer_tokens * u_i`` long with ``u_i = exp(-long_tail * E_i)``, ``E_i`` exponential, the longest set to 1, and
+    takes that share of the batch's time. A batch waits for its longest answer, which is when in-flight updates
+    (``pipeline.inflight_updates``) reach the tokens sampled after a push."""
 
 
 @dataclass

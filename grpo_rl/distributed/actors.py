@@ -63,7 +63,8 @@ class CollectorWorker:
         self._pending = None  # newest (version, weights) not yet loaded
         self._pending_lock = threading.Lock()  # held only for a moment: set_weights never waits for generation
         self._engine_lock = threading.Lock()  # vLLM is not thread-safe: one engine call at a time
-        self.inflight = self.run_ctx.cfg.pipeline.inflight_updates and self.run_ctx.placement.served
+        self.inflight = self.run_ctx.cfg.pipeline.inflight_updates and (self.run_ctx.placement.served
+                                                                        or self.run_ctx.cfg.simulate.enabled)
         self._push_lock = threading.Lock()  # in-flight pushes, one at a time, beside the generation
         self._receiver = None  # the collective transport's receiving end (connect_collective)
         self._stop = threading.Event()

@@ -280,6 +280,14 @@ def step_rates(prev: dict[str, float], now: dict[str, float], seconds: float) ->
 def staleness_metrics(result: TakeResult) -> dict[str, float]:
     """Staleness of the samples about to be trained on (the bound is checked against ``staleness_max``)."""
     age = result.staleness.float()
-    return {"staleness_mean": float(age.mean()) if age.numel() else 0.0,
-            "staleness_max": int(age.max()) if age.numel() else 0,
-            "dropped_samples": result.dropped, "learner_wait_seconds": result.wait_seconds}
+    out = {"staleness_mean": float(age.mean()) if age.numel() else 0.0,
+           "staleness_max": int(age.max()) if age.numel() else 0,
+           "dropped_samples": result.dropped, "learner_wait_seconds": result.wait_seconds}
+    batch = result.batch
+    if batch is not None and "behavior_version" in batch.keys() and age.numel():
+        # each token's own age (a group's age is its oldest token's): lower where pushes landed in flight
+        mask = batch["response_mask"].bool()
+        now = (result.staleness + batch["policy_version"])[:, None]  # [N, 1] the learner's version at the take
+        token_age = (now - batch["behavior_version"]).float()[mask]
+        out["token_staleness_mean"] = float(token_age.mean()) if token_age.numel() else 0.0
+    return out

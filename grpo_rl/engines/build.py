@@ -24,7 +24,8 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
         from grpo_rl.engines.simulated import SimulatedEngine
 
         return SimulatedEngine(vocab_size=len(run.tokenizer), seconds=sim.generation_seconds, jitter=sim.jitter,
-                               answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0)
+                               answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0,
+                               long_tail=sim.long_tail)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if run.placement is not None and run.placement.served:
         return make_served_engine(run)
@@ -43,12 +44,14 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
 
 
 def weight_transfer(run: RunContext) -> str:
-    """``inference_model.weight_transfer`` resolved: NCCL where the learner and the engines have GPUs of their own."""
+    """``inference_model.weight_transfer`` resolved: NCCL from the learner's process (the synchronous loop) where
+    the learner and the servers have GPUs of their own; else the file transport (the asynchronous loop's
+    collectors relay weights they received through Ray's object store, on the CPU)."""
     choice = run.cfg.inference_model.weight_transfer
     if choice != "auto":
         return choice
     gpus = run.devices.inference[0].type == "cuda" and run.devices.train[0].type == "cuda"
-    return "nccl" if gpus and not run.devices.engine_shares_a_gpu else "file"
+    return "nccl" if gpus and run.mode == "sync" and not run.devices.engine_shares_a_gpu else "file"
 
 
 def make_served_engine(run: RunContext):

@@ -2,6 +2,7 @@
 (:mod:`grpo_rl.training.simulated` has the whole story)."""
 from __future__ import annotations
 
+import math
 import random
 import time
 from typing import Iterable, Sequence
@@ -20,29 +21,55 @@ def _sleep(seconds: float, jitter: float, rng: random.Random) -> float:
 class SimulatedEngine:
     """Sleeps ``seconds`` per batch, then answers every prompt with ``n`` random token sequences.
 
+    Like a served engine it reports the version that sampled each token (``behavior_version``): an answer of
+    relative length ``u`` samples its token ``t`` at ``(t + 1) / L * u`` of the batch's time, under the newest
+    weights pushed by then (a push during the batch is an in-flight update).
+
     Args:
         vocab_size: token ids are drawn below it.
         seconds, jitter: the generation time of one batch and its relative spread.
-        answer_tokens: tokens per answer (at most the call's ``max_new_tokens``).
+        answer_tokens: tokens per answer (at most the call's ``max_new_tokens``; of the longest, with a long tail).
         pad_id: the tokenizer's pad id.
+        long_tail: spread of answer lengths (``simulate.long_tail``); 0: all of ``answer_tokens``.
     """
 
-    def __init__(self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int):
+    def __init__(self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int,
+                 long_tail: float = 0.0):
         self.vocab_size, self.seconds, self.jitter = vocab_size, seconds, jitter
-        self.answer_tokens, self.pad_id = answer_tokens, pad_id
+        self.answer_tokens, self.pad_id, self.long_tail = answer_tokens, pad_id, long_tail
         self.rng = random.Random()  # fresh per process: replicas must not draw the same times
+        self.version = 0
+        self._pushes: list[tuple[float, int]] = []  # (time, version) of pushes, for the batch under way
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
-        _sleep(self.seconds, self.jitter, self.rng)
+        start, version0 = time.monotonic(), self.version
+        self._pushes = []
+        took = _sleep(self.seconds, self.jitter, self.rng)
+        pushes = list(self._pushes)
         g = torch.Generator().manual_seed(sampling.seed or 0)
-        length = min(self.answer_tokens, sampling.max_new_tokens)
-        responses = [torch.randint(0, self.vocab_size, (length,), generator=g).tolist() for _ in range(len(prompts) * n)]
-        logprobs = [[-1.0] * length for _ in responses]
-        return pack_rollouts(prompts, responses, logprobs, [False] * len(responses), n, self.pad_id)
+        longest = min(self.answer_tokens, sampling.max_new_tokens)
+        shares = [math.exp(-self.long_tail * self.rng.expovariate(1.0)) for _ in range(len(prompts) * n)]
+        shares = [u / max(shares) for u in shares]
+        responses, versions = [], []
+        for u in shares:
+            length = max(1, round(longest * u))
+            responses.append(torch.randint(0, self.vocab_size, (length,), generator=g).tolist())
+            at = [start + took * u * (t + 1) / length for t in range(length)]  # when each token was sampled
+            versions.append([max([version0] + [v for when, v in pushes if when <= a]) for a in at])
+        logprobs = [[-1.0] * len(r) for r in responses]
+        truncated = [len(r) == sampling.max_new_tokens for r in responses]
+        batch = pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
+        behavior_version = torch.zeros(batch["response_ids"].shape, dtype=torch.long)
+        for j, v in enumerate(versions):
+            behavior_version[j, : len(v)] = torch.as_tensor(v, dtype=torch.long)
+        batch.set("behavior_version", behavior_version)
+        return batch
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         for _ in named_tensors:  # the weights arrive (the transport is real); nothing is loaded
             pass
+        self.version = self.version + 1 if version is None else version
+        self._pushes.append((time.monotonic(), self.version))
 
     def shutdown(self) -> None:
         """Nothing to release."""

@@ -79,7 +79,7 @@ def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode:
         raise ConfigError(f"inference_model.share_weights=true: the engine generates with the learner's model, on "
                           f"{devices.train[0]}, but inference_model was given {devices.inference[0]}; give both roles "
                           "the same device, or set inference_model.share_weights=false")
-    check_engine(cfg, devices)
+    check_engine(cfg, devices, mode)
     if mode == "async" and cfg.pipeline.weight_transport == "collective" and devices.engine_shares_a_gpu:
         raise ConfigError(f"pipeline.weight_transport=collective: the learner and the engine share a GPU "
                           f"({devices.describe()}), and NCCL needs a GPU per rank. Use "
@@ -87,7 +87,7 @@ def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode:
                           "of its own")
 
 
-def check_engine(cfg, devices) -> None:
+def check_engine(cfg, devices, mode: str = "sync") -> None:
     """Before anything starts: ``inference_model.compile`` needs the engine on a GPU, and ``engine=vllm`` the vLLM
     build for the engine's device (a joined Ray cluster's engines run in its workers' environments, which only
     they can check)."""
@@ -98,6 +98,10 @@ def check_engine(cfg, devices) -> None:
     if im.urls and not os.environ.get(KEY_ENV):
         raise ConfigError(f"inference_model.urls: the servers require a key; set {KEY_ENV} to the key they were "
                           "started with (python -m grpo_rl.cli.serve reads the same variable)")
+    if im.weight_transfer == "nccl" and mode == "async":
+        raise ConfigError("inference_model.weight_transfer=nccl sends from the learner's process (sota/grpo.py); in "
+                          "sota/grpo-async.py the collectors relay the weights to their servers: use "
+                          "inference_model.weight_transfer=auto (the file transport)")
     if im.weight_transfer == "nccl" and devices.inference[0].type != "cuda":
         raise ConfigError("inference_model.weight_transfer=nccl sends weights GPU to GPU, and this run's engine is on "
                           "the CPU; use inference_model.weight_transfer=auto (the file transport there)")

@@ -168,3 +168,29 @@ def test_serve_refuses_to_start_without_a_key_and_adds_what_training_needs(monke
     assert '{"backend": "grpo_rl_file"}' in argv
     mine = vllm_argv(["--model", "m", "--host", "0.0.0.0", "--weight-transfer-config", '{"backend": "nccl"}'])
     assert mine.count("--host") == 1 and '{"backend": "grpo_rl_file"}' not in mine
+
+
+def test_served_engine_settings_are_checked_before_anything_starts(monkeypatch):
+    from grpo_rl.config.checks import check_values
+    from grpo_rl.errors import ConfigError
+    from grpo_rl.run.preflight import check_engine
+
+    with pytest.raises(ConfigError, match="set inference_model.engine=vllm_server"):
+        check_values(_cfg(**{"inference_model.urls": "[http://10.0.0.5:8000]"}))
+    with pytest.raises(ConfigError, match="is not a server address"):
+        check_values(_cfg(**{"inference_model.engine": "vllm_server", "inference_model.urls": "[10.0.0.5:8000]"}))
+    with pytest.raises(ConfigError, match="pipeline.inflight_updates=true .* inference_model.engine=vllm_server"):
+        check_values(_cfg(**{"pipeline.inflight_updates": True}))
+    with pytest.raises(ConfigError, match="inference_model.weight_transfer"):
+        check_values(_cfg(**{"inference_model.weight_transfer": "carrier_pigeon"}))
+    served = {"inference_model.engine": "vllm_server", "inference_model.urls": "[http://10.0.0.5:8000]"}
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(ConfigError, match=f"set {KEY_ENV}"):
+        check_engine(_cfg(**served), _devices("cpu", "cpu"))
+    monkeypatch.setenv(KEY_ENV, "k")
+    check_engine(_cfg(**served), _devices("cpu", "cpu"))
+    with pytest.raises(ConfigError, match="weight_transfer=nccl sends weights GPU to GPU"):
+        check_engine(_cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cpu", "cpu"))
+    with pytest.raises(ConfigError, match="the collectors relay the weights"):
+        check_engine(_cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cuda:0", "cuda:1"),
+                     "async")

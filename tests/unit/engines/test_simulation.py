@@ -71,3 +71,31 @@ def test_fsdp_needs_two_training_devices(tiny_model_dir, tmp_path):
 
     with pytest.raises(ConfigError, match="train_model.num_devices to 2"):
         make_run(_cfg(**{"model.name": str(tiny_model_dir), "train_model.sharding": "fsdp"}), tmp_path)
+
+
+def test_the_simulated_engine_stamps_tokens_sampled_after_an_inflight_push():
+    import threading
+    import time
+
+    from grpo_rl.engines.base import SamplingSpec
+    from grpo_rl.engines.simulated import SimulatedEngine
+    from grpo_rl.rollout.collector import oldest_token_version
+
+    engine = SimulatedEngine(vocab_size=100, seconds=0.6, jitter=0.0, answer_tokens=40, pad_id=0, long_tail=1.0)
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("b", engine.generate([[1], [2]], 4,
+                                                                                   SamplingSpec(max_new_tokens=40))))
+    thread.start()
+    time.sleep(0.3)
+    engine.update_weights([], version=5)
+    thread.join()
+    batch = out["b"]
+    lengths = batch["response_mask"].sum(-1)
+    assert lengths.max() == 40 and lengths.min() < 40  # a long tail: the longest answer sets the batch's time
+    versions = batch["behavior_version"][batch["response_mask"].bool()]
+    assert set(versions.tolist()) == {0, 5}  # tokens before the push and after it
+    longest = int(lengths.argmax())
+    assert batch["behavior_version"][longest, 0] == 0 and batch["behavior_version"][longest, 39] == 5
+    assert oldest_token_version(batch, default=9).tolist() == batch["behavior_version"][:, 0].tolist()
+    again = engine.generate([[1]], 2, SamplingSpec(max_new_tokens=40))  # a batch begun after the push
+    assert (again["behavior_version"][again["response_mask"].bool()] == 5).all()
