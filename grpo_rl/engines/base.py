@@ -72,6 +72,7 @@ def pack_rollouts(
     truncated: Sequence[bool],
     n: int,
     pad_id: int,
+    versions: Sequence[Sequence[int]] | None = None,
 ) -> TensorDict:
     """Pad ragged engine output into the batch layout of the module docstring.
 
@@ -82,6 +83,8 @@ def pack_rollouts(
         truncated: whether each answer stopped at the length limit.
         n: answers per prompt.
         pad_id: token id used for padding.
+        versions: the weight version that sampled each token, same shape as ``responses`` (a served engine's);
+            adds ``behavior_version``.
     """
     num = len(responses)
     if num != len(prompts) * n:
@@ -102,7 +105,7 @@ def pack_rollouts(
             response_ids[j, : len(r)] = torch.as_tensor(r, dtype=torch.long)
             response_mask[j, : len(r)] = 1
             behavior[j, : len(r)] = torch.as_tensor(logprobs[j], dtype=torch.float32)
-    return TensorDict(
+    batch = TensorDict(
         {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -114,6 +117,12 @@ def pack_rollouts(
         },
         batch_size=[num],
     )
+    if versions is not None:
+        behavior_version = torch.zeros((num, lr), dtype=torch.long)
+        for j, v in enumerate(versions):
+            behavior_version[j, : len(v)] = torch.as_tensor(v, dtype=torch.long)
+        batch.set("behavior_version", behavior_version)
+    return batch
 
 
 def split_aliases(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -135,12 +135,7 @@ class ServedEngine:
                 logprobs.append([step["logprob"] for step in (choice["logprobs"] or {}).get("content") or []])
                 truncated.append(choice["finish_reason"] == "length")
                 versions.append(self._token_versions(choice.get("weight_versions"), len(ids)))
-        batch = pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
-        behavior_version = torch.zeros(batch["response_ids"].shape, dtype=torch.long)
-        for j, v in enumerate(versions):
-            behavior_version[j, : len(v)] = torch.as_tensor(v, dtype=torch.long)
-        batch.set("behavior_version", behavior_version)
-        return batch
+        return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id, versions=versions)
 
     @staticmethod
     def _request(prompt: Sequence[int], n: int, sampling: SamplingSpec, seed: int | None) -> dict:

@@ -58,12 +58,7 @@ class SimulatedEngine:
             versions.append([max([version0] + [v for when, v in pushes if when <= a]) for a in at])
         logprobs = [[-1.0] * len(r) for r in responses]
         truncated = [len(r) == sampling.max_new_tokens for r in responses]
-        batch = pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
-        behavior_version = torch.zeros(batch["response_ids"].shape, dtype=torch.long)
-        for j, v in enumerate(versions):
-            behavior_version[j, : len(v)] = torch.as_tensor(v, dtype=torch.long)
-        batch.set("behavior_version", behavior_version)
-        return batch
+        return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id, versions=versions)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         for _ in named_tensors:  # the weights arrive (the transport is real); nothing is loaded
