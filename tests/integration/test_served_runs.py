@@ -1,5 +1,6 @@
 """Both scripts with ``inference_model.engine=vllm_server``: the run starts a vLLM server, samples what the
-in-process engine samples for the same seed, and leaves no server behind, even when the driver is SIGKILLed."""
+in-process engine samples for the same seed, and leaves no server behind, whether the driver is stopped by
+SIGTERM or killed by SIGKILL."""
 from __future__ import annotations
 
 import json
@@ -63,38 +64,52 @@ def in_process_answers(tiny_model_dir, tmp_path_factory) -> list[str]:
     return first_answers(run_dir)
 
 
-def test_sync_served_run_samples_as_in_process_and_stops_its_server(tiny_model_dir, tmp_path, in_process_answers):
+def start_script(script: str, overrides: list[str], until: str) -> tuple[subprocess.Popen, list[str]]:
+    """Start ``script`` in a session of its own; return once a log line contains ``until``."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=ROOT, env=script_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if until in line:
+                seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not seen.wait(timeout=300):
+        proc.kill()
+        pytest.fail(f"no {until!r}:\n" + "".join(lines[-60:]))
+    return proc, lines
+
+
+def test_sync_served_run_samples_as_in_process_and_sigterm_stops_its_server(tiny_model_dir, tmp_path,
+                                                                             in_process_answers):
     run_dir = tmp_path / "served"
-    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, run_dir, steps=2), *SERVED)
-    log = proc.stdout + proc.stderr
+    proc, lines = start_script("grpo.py", [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED],
+                               until="step 2/1000 |")
+    try:
+        sids = server_sessions("".join(lines))
+        assert len(sids) == 1 and alive_in_session(sids[0])
+        os.kill(proc.pid, signal.SIGTERM)  # a scheduler's preemption: the run stops at its next phase boundary
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = "".join(lines)
     assert proc.returncode == 0, log[-3000:]
     assert "1 vLLM server" in log and (run_dir / "engine_server_0.log").exists()
     assert first_answers(run_dir) == in_process_answers  # the same seed: the same samples
-    sids = server_sessions((run_dir / "grpo.log").read_text())
-    assert len(sids) == 1
     assert not wait_gone(sids, 5), "the server outlived the run"
 
 
 def test_async_served_run_with_inflight_updates_leaves_no_server_when_the_driver_is_killed(
         tiny_model_dir, tmp_path, in_process_answers):
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
-         *tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED, "pipeline.inflight_updates=true"],
-        cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    lines: list[str] = []
-    second_step = threading.Event()
-
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            if "step 2/1000 |" in line:
-                second_step.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    proc, lines = start_script("grpo-async.py", [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED,
+                                                 "pipeline.inflight_updates=true"], until="step 2/1000 |")
     try:
-        assert second_step.wait(timeout=300), "no second step:\n" + "".join(lines[-60:])
         sids = server_sessions("".join(lines))
         assert len(sids) == 1 and alive_in_session(sids[0]), "".join(lines[-60:])
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone: no cleanup of its own runs
