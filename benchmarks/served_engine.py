@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,18 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _bench_common import machine  # noqa: E402
+from sync_vs_async import run_loop  # noqa: E402
 
 
 def run_sync(engine: str, steps: int, run_dir: Path, extra: list[str]) -> list[dict]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "WANDB_MODE": "offline"}
-    env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
-    cmd = [sys.executable, str(ROOT / "sota" / "grpo.py"), f"inference_model.engine={engine}", f"train.steps={steps}",
-           "eval.every=0", "logger.backend=none", f"output_dir={run_dir}", *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"engine={engine} failed:\n{proc.stderr[-4000:]}")
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    overrides = [f"inference_model.engine={engine}", f"train.steps={steps}", "eval.every=0", "logger.backend=none",
+                 *extra]
+    return run_loop("grpo.py", overrides, run_dir, timeout=3600)[0]
 
 
 def summarize(rows: list[dict], warmup: int) -> dict:

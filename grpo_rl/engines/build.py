@@ -26,9 +26,9 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
         return SimulatedEngine(vocab_size=len(run.tokenizer), seconds=sim.generation_seconds, jitter=sim.jitter,
                                answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0,
                                long_tail=sim.long_tail)
-    kwargs = dict(dtype=run.precision.inference.dtype)
     if run.placement is not None and run.placement.served:
         return make_served_engine(run)
+    kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.engines.vllm_engine import VLLMEngine
 
@@ -45,13 +45,14 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
 
 def weight_transfer(run: RunContext) -> str:
     """``inference_model.weight_transfer`` resolved: NCCL from the learner's process (the synchronous loop) where
-    the learner and the servers have GPUs of their own; else the file transport (the asynchronous loop's
+    the learner and its one server have GPUs of their own; else the file transport (the asynchronous loop's
     collectors relay weights they received through Ray's object store, on the CPU)."""
-    choice = run.cfg.inference_model.weight_transfer
-    if choice != "auto":
-        return choice
+    cfg = run.cfg.inference_model
+    if cfg.weight_transfer != "auto":
+        return cfg.weight_transfer
     gpus = run.devices.inference[0].type == "cuda" and run.devices.train[0].type == "cuda"
-    return "nccl" if gpus and run.mode == "sync" and not run.devices.engine_shares_a_gpu else "file"
+    one_server = len(cfg.urls or run.devices.inference) == 1  # an NCCL group joins the learner and one server
+    return "nccl" if gpus and one_server and run.mode == "sync" and not run.devices.engine_shares_a_gpu else "file"
 
 
 def make_served_engine(run: RunContext):
@@ -72,9 +73,10 @@ def start_servers(run: RunContext) -> ServerFleet | None:
     run's key goes into ``GRPO_RL_ENGINE_KEY`` (this process and the actors it starts) and the servers' addresses
     into ``run.engine_urls``. None when there is nothing to start."""
     cfg = run.cfg.inference_model
-    if run.placement is None or not run.placement.served or cfg.urls:
-        if cfg.urls:
-            run.engine_urls = tuple(cfg.urls)
+    if cfg.urls:  # the user's servers
+        run.engine_urls = tuple(cfg.urls)
+        return None
+    if run.placement is None or not run.placement.served:
         return None
     devices = run.devices.inference
     threads = run.placement.collector.threads

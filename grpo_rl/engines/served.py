@@ -66,7 +66,7 @@ class ServerClient:
             raise RoleFailed(f"engine server {self.url} is not reachable ({path}: {type(e).__name__}: {e})") from e
         if response.status_code == 401:
             raise RoleFailed(f"engine server {self.url} refused the key (401): give the run the key the server was "
-                             f"started with (GRPO_RL_ENGINE_KEY or inference_model.api_key)")
+                             f"started with (GRPO_RL_ENGINE_KEY)")
         if response.status_code >= 400:
             raise RoleFailed(f"engine server {self.url} failed {path}: HTTP {response.status_code}: "
                              f"{response.text[:300]}")
@@ -112,6 +112,7 @@ class ServedEngine:
         self.version = version
         self._own_dir = weight_dir is None
         self._weight_dir = Path(weight_dir) if weight_dir else None
+        self._file_ready = False  # the servers were told the weight folder
         self._nccl = None
         self._push_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="served-engine")
@@ -192,16 +193,15 @@ class ServedEngine:
         if self._weight_dir is None:
             base = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self._weight_dir = Path(tempfile.mkdtemp(prefix="grpo_rl_weights_", dir=base))  # mode 0700
-        if not getattr(self, "_file_ready", False):
+        if not self._file_ready:
             self._each(lambda s: s.post("/init_weight_transfer_engine",
                                         json={"init_info": {"directory": str(self._weight_dir)}}))
             self._file_ready = True
         return self._weight_dir
 
     def _push_nccl(self, unique: dict[str, torch.Tensor], aliases: dict[str, str], version: int) -> None:
-        if len(self.servers) != 1:
-            raise RoleFailed("inference_model.weight_transfer=nccl drives one server per engine; give each "
-                             "collector its own server (pipeline mode) or use weight_transfer=file")
+        if len(self.servers) != 1:  # preflight refuses the config (check_engine)
+            raise ValueError("the nccl transport drives one server per engine")
         server = self.servers[0]
         tensors = {**unique, **{alias: unique[name] for alias, name in aliases.items()}}
         if self._nccl is None:

@@ -102,6 +102,9 @@ def check_engine(cfg, devices, mode: str = "sync") -> None:
         raise ConfigError("inference_model.weight_transfer=nccl sends from the learner's process (sota/grpo.py); in "
                           "sota/grpo-async.py the collectors relay the weights to their servers: use "
                           "inference_model.weight_transfer=auto (the file transport)")
+    if im.weight_transfer == "nccl" and len(im.urls or devices.inference) > 1:
+        raise ConfigError("inference_model.weight_transfer=nccl joins the learner and one server in a group; with "
+                          "several servers use inference_model.weight_transfer=auto (the file transport)")
     if im.weight_transfer == "nccl" and devices.inference[0].type != "cuda":
         raise ConfigError("inference_model.weight_transfer=nccl sends weights GPU to GPU, and this run's engine is on "
                           "the CPU; use inference_model.weight_transfer=auto (the file transport there)")

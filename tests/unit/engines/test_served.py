@@ -194,3 +194,26 @@ def test_served_engine_settings_are_checked_before_anything_starts(monkeypatch):
     with pytest.raises(ConfigError, match="the collectors relay the weights"):
         check_engine(_cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cuda:0", "cuda:1"),
                      "async")
+
+
+def test_nccl_joins_the_learner_and_one_server_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from grpo_rl.engines.build import weight_transfer
+    from grpo_rl.errors import ConfigError
+    from grpo_rl.run.preflight import check_engine
+
+    def run(inference: tuple[str, ...], mode: str = "sync", **overrides):
+        devices = DeviceAllocation(train=(torch.device("cuda:0"),), ref=(torch.device("cuda:0"),),
+                                   inference=tuple(torch.device(d) for d in inference), reward_model=())
+        return SimpleNamespace(cfg=_cfg(**overrides), devices=devices, mode=mode)
+
+    assert weight_transfer(run(("cuda:1",))) == "nccl"
+    assert weight_transfer(run(("cuda:1", "cuda:2"))) == "file"  # one NCCL group per learner and server
+    assert weight_transfer(run(("cuda:1",), mode="async")) == "file"  # the collectors relay from the object store
+    assert weight_transfer(run(("cuda:0",))) == "file"  # a shared GPU
+    monkeypatch.setenv(KEY_ENV, "k")
+    two = {"inference_model.engine": "vllm_server", "inference_model.weight_transfer": "nccl",
+           "inference_model.urls": "[http://a:1,http://b:2]"}
+    with pytest.raises(ConfigError, match="joins the learner and one server"):
+        check_engine(_cfg(**two), _devices("cuda:0", "cuda:1"))
