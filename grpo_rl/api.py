@@ -211,6 +211,9 @@ class Trainer:
         """Run to ``train.steps`` (or the time limit, or Ctrl-C: the last completed step is checkpointed)."""
         cfg = self.cfg
         if self.prompts is not None:
+            from grpo_rl.run.lifecycle import check_output_dir
+
+            check_output_dir(self.run_dir)  # before the folder is made for the prompts
             self.run_dir.mkdir(parents=True, exist_ok=True)
             data = self.run_dir / "prompts.jsonl"
             data.write_text("".join(json.dumps(row, default=str) + "\n" for row in self.prompts))

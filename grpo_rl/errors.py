@@ -28,3 +28,8 @@ class RoleFailed(RuntimeError):
     """A role of the run (a collector, a reference replica, a learner rank, a weight transfer) died or did not
     answer within ``pipeline.timeout_seconds``; the message names the role. The run stops after a checkpoint at the
     last step boundary (exit status 1)."""
+
+
+class LearnerLost(RoleFailed):
+    """A rank of a learner group died or did not answer: the group cannot go on without it. The loop starts the
+    group again from the last checkpoint (``train.max_restarts``), or the run ends naming the rank."""

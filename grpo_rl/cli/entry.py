@@ -3,6 +3,7 @@
 * :func:`check_overrides` rejects a key the schema does not have before Hydra composes the config. Hydra's own
   hint for an unknown key is to add it with ``+``, and a ``+key`` is then silently accepted and ignored; here
   both forms end with the key, its nearest valid names and where every key is documented.
+* :func:`check_output_dir_override` refuses an ``output_dir`` that is a file, before Hydra tries to make the folder.
 * :func:`user_errors` turns a :class:`~grpo_rl.errors.UserError` raised by the run into one line on stderr and
   exit status 2; any other exception keeps its traceback. An error in the command line itself (a value Hydra
   cannot convert, say) also exits with 2.
@@ -62,20 +63,25 @@ def config_groups(config_dir: Path = CONFIG_DIR) -> dict[str, list[str]]:
     return {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in config_dir.iterdir() if d.is_dir()}
 
 
-def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
-    """Raise :class:`ConfigError` for a command-line override whose key the schema does not have, or an option
-    group (``+preset=NAME``) that has no such option."""
+def parse_overrides(argv: list[str]) -> list:
+    """The command line's overrides as Hydra parses them; none when Hydra cannot parse them (it then reports its
+    own syntax error, with exit status 2: see :func:`run_entry`)."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     args, _ = get_args_parser().parse_known_args(argv)
+    try:
+        return OverridesParser.create().parse_overrides(args.overrides)
+    except Exception:  # noqa: BLE001 - Hydra's own message follows
+        return []
+
+
+def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
+    """Raise :class:`ConfigError` for a command-line override whose key the schema does not have, or an option
+    group (``+preset=NAME``) that has no such option."""
     keys, open_keys, groups = schema_keys(schema)
     options = config_groups()
-    try:
-        overrides = OverridesParser.create().parse_overrides(args.overrides)
-    except Exception:  # Hydra reports its own syntax errors, with exit status 2 (see user_errors)
-        return
-    for override in overrides:
+    for override in parse_overrides(argv):
         key = override.key_or_group
         if override.is_hydra_override() or key in keys:
             continue
@@ -92,6 +98,18 @@ def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
         raise ConfigError(f"unknown setting {override.input_line!r}: the config has no key {key!r}{hint} Every key "
                           f"is listed with its meaning in grpo_rl/config/schema.py (python {sys.argv[0]} --cfg job prints "
                           "the whole config)")
+
+
+def check_output_dir_override(argv: list[str]) -> None:
+    """Raise :class:`~grpo_rl.errors.RunFolderError` when the command line's ``output_dir`` is a file (or lies in
+    one): Hydra makes that folder before the run starts, and would end in a ``FileExistsError`` traceback."""
+    from grpo_rl.run.lifecycle import check_output_dir
+
+    for override in parse_overrides(argv):
+        if override.key_or_group == "output_dir" and not override.is_sweep_override():
+            value = override.value()
+            if isinstance(value, str) and value:
+                check_output_dir(Path(value))
 
 
 def report_user_error(error: UserError) -> None:
@@ -124,9 +142,10 @@ def user_errors(task: Callable) -> Callable:
 
 def run_entry(hydra_main: Callable) -> None:
     """Run a script's ``@hydra.main`` function (whose task is decorated with :func:`user_errors`): check the
-    overrides first; a command line that Hydra rejects exits with 2 as well."""
+    overrides and the ``output_dir`` they give first; a command line that Hydra rejects exits with 2 as well."""
     try:
         check_overrides(sys.argv[1:])
+        check_output_dir_override(sys.argv[1:])
     except UserError as e:
         report_user_error(e)
         sys.exit(USER_ERROR_EXIT)

@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 import torch
-from grpo_rl.cli.entry import CONFIG_DIR
+from grpo_rl.cli.entry import CONFIG_DIR, USER_ERROR_EXIT, report_user_error
+from grpo_rl.errors import UserError
 from grpo_rl.rollout.evaluation import DEFAULT_SPLIT, make_evaluator
 
 log = logging.getLogger(__name__)
@@ -18,18 +19,36 @@ log = logging.getLogger(__name__)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, an HF model folder, or a run folder (its newest checkpoint, else its final model)."""
-    from grpo_rl.run.checkpoint import Checkpointer
+    """A checkpoint folder, an HF model folder, or a run folder (its newest intact checkpoint, else its final
+    model); a checkpoint is checked against its manifest here, before anything of it is loaded.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` is none of these.
+        CheckpointDamagedError: the checkpoint named is damaged, or every checkpoint of the run folder is.
+    """
+    from grpo_rl.run.checkpoint import (
+        CheckpointDamagedError,
+        Checkpointer,
+        CheckpointNotFoundError,
+        verify_checkpoint,
+    )
 
     path = Path(path).expanduser().resolve()
-    if (path / "trainer_state.pt").exists() or (path / "config.json").exists():
-        return path
-    latest = Checkpointer(path).latest()
+    try:
+        if (path / "trainer_state.pt").exists():
+            verify_checkpoint(path)
+            return path
+        if (path / "config.json").exists():
+            return path  # an HF folder: its files are checked with every model folder (grpo_rl.run.setup)
+        latest = Checkpointer(path).latest_intact()
+    except CheckpointDamagedError as e:
+        raise CheckpointDamagedError(f"checkpoint={path}: {e}") from None
     if latest is not None:
         return latest
     if (path / "final_model" / "config.json").exists():
         return path / "final_model"
-    raise FileNotFoundError(f"checkpoint={path}: not a checkpoint folder, an HF model folder, or a run folder")
+    raise CheckpointNotFoundError(f"checkpoint={path}: not a checkpoint folder, an HF model folder, or a run folder; "
+                                  "pass <run dir>/checkpoints/step_NNNNNNNN, <run dir>/final_model or <run dir>")
 
 
 def _saved_config(path: Path):
@@ -135,5 +154,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return metrics
 
 
+def cli() -> None:
+    """``python -m grpo_rl.cli.evaluate``: :func:`main`, with a mistake in the input (a damaged checkpoint, a bad
+    setting) printed as one line and exit status 2, as the training scripts do."""
+    try:
+        main()
+    except UserError as e:
+        report_user_error(e)
+        sys.exit(USER_ERROR_EXIT)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

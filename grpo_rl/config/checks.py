@@ -225,6 +225,8 @@ def _validate_pipeline(cfg: Any) -> None:
     _positive("pipeline.push_every", p.push_every)
     _positive("pipeline.buffer_capacity", p.buffer_capacity)
     _positive("pipeline.poll_seconds", p.poll_seconds)
+    _positive("pipeline.max_restarts", p.max_restarts, allow_zero=True)
+    _positive("train.max_restarts", cfg.train.max_restarts, allow_zero=True)
     _choice("pipeline.weight_transport", p.weight_transport, ("auto", "object_store", "collective"))
     sim = cfg.simulate
     for key in ("generation_seconds", "reference_seconds", "training_seconds", "jitter"):

@@ -167,6 +167,11 @@ class ToolConfig:
     path: Optional[str] = None
     """A Python file defining the tool function (its docstring's first line describes it to the model, its
     parameters are the call's arguments); null: a built-in tool."""
+    timeout_seconds: Optional[float] = 10.0
+    """Seconds one call of the tool may run (null: no limit). A call that runs longer is abandoned (it cannot be
+    killed: it runs on in a background thread) and the model gets an error reply, counted in tool_errors_timeout, as
+    reward.timeout_seconds does for rewards; a tool with several such calls still running is not called until they
+    return (grpo_rl/envs/time_limit.py)."""
 
 
 @dataclass
@@ -417,6 +422,10 @@ class TrainConfig:
     checkpoints always hold one. The final model is always exported to <run_dir>/final_model."""
     max_time_minutes: Optional[float] = None
     """Stop cleanly after this much wall time."""
+    max_restarts: int = 1
+    """Times a run whose learner lost a rank (a data-parallel or sharded learner group cannot go on without one)
+    starts its roles again from its last checkpoint and continues, its logs rewound to that step; past it, or with
+    0, the run ends naming the rank. A single-process learner is the driver: its loss ends the run."""
 
 
 @dataclass
@@ -488,6 +497,12 @@ class PipelineConfig:
     batch also waits for the engine's start and kernel compilation (about a minute on a CPU)."""
     poll_seconds: float = 1.0
     """How often blocked roles wake up to check for shutdown and failed actors."""
+    max_restarts: int = 2
+    """Replacements per role in a run: a collector (with its engine or engine server) or a reference replica that
+    dies, or does not answer within timeout_seconds, is started again on its devices, given the current weights,
+    and regenerates (or rescores) exactly what it owed. Each is logged (restarts.jsonl, metrics restarts/<role>,
+    restart_seconds). Past it, or with 0, the run ends as it did before: one line naming the role, after a
+    checkpoint at the last step boundary."""
     inflight_updates: bool = False
     """inference_model.engine=vllm_server: a push lands under answers in flight (the servers pause with ``keep``,
     load, resume), so a long answer does not hold the engines back from the new policy. Each token keeps the

@@ -66,14 +66,28 @@ class CollectorWorker:
         self.inflight = self.run_ctx.cfg.pipeline.inflight_updates and (self.run_ctx.placement.served
                                                                         or self.run_ctx.cfg.simulate.enabled)
         self._push_lock = threading.Lock()  # in-flight pushes, one at a time, beside the generation
+        self._push_error: BaseException | None = None  # an in-flight push that failed, raised by the loop
         self._receiver = None  # the collective transport's receiving end (connect_collective)
         self._stop = threading.Event()
+        self._engine_call_started: float | None = None  # time.monotonic() of the engine call under way
         self._stats = dict.fromkeys(COLLECTOR_COUNTERS, 0)
         self.evaluator = make_evaluator(self.run_ctx, self.engine) if self.replica == 0 else None
 
     def ready(self) -> int:
         """This actor's process id (the driver records it in ``processes.json``)."""
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this actor runs on (named when a lost node takes it)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def engine_call_seconds(self) -> float:
+        """How long the engine call under way has run (0 when none is): past ``pipeline.timeout_seconds`` the
+        driver takes this collector for hung and replaces it."""
+        started = self._engine_call_started
+        return 0.0 if started is None else time.monotonic() - started
 
     def set_weights(self, packet) -> None:
         """Queue new weights; they are loaded before the next generation call (the newest packet wins). With
@@ -82,7 +96,10 @@ class CollectorWorker:
         if self.inflight:
             with self._push_lock:
                 if packet.version > self.version:
-                    self._load((packet.version, packet))
+                    try:
+                        self._load((packet.version, packet))
+                    except Exception as e:  # noqa: BLE001 - the collector's loop raises it: the collector is replaced
+                        self._push_error = e
             return
         with self._pending_lock:
             if self._pending is None or packet.version >= self._pending[0]:
@@ -143,10 +160,16 @@ class CollectorWorker:
             t0 = time.perf_counter()
             if not self._admitted(index):
                 break
+            if self._push_error is not None:  # its server holds weights of no known version
+                raise self._push_error
             t_admitted = time.perf_counter()
             with self._engine_lock:
                 self._load_pending_weights()
-                batch, cs = self.collector.collect(index, self.version)
+                self._engine_call_started = time.monotonic()
+                try:
+                    batch, cs = self.collector.collect(index, self.version)
+                finally:
+                    self._engine_call_started = None
             batch.set("batch_index", torch.full((batch.batch_size[0],), index, dtype=torch.long))
             t1 = time.perf_counter()
             st = self._stats
@@ -188,6 +211,13 @@ class CollectorWorker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def rearm(self) -> None:
+        """After :meth:`stop`, when the stream is taken back to a checkpoint: :meth:`run` may be called again, and
+        the checkpoint's weights (an older version) are taken when pushed."""
+        self._stop.clear()
+        self._push_error = None
+        self.version = -1
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -144,9 +144,12 @@ class RolloutBuffer:
         self._closed = False
         self.admit_staleness, self.versions_per_batch = admit_staleness, versions_per_batch
         self._pending: dict[int, int] = {}  # admitted batch index -> engine version, until the learner consumes it
+        self._delivered: set[int] = set()  # batch indices put, from _delivered_floor on (the rest were consumed)
+        self._delivered_floor = 0
         self._learner_version = 0
         self._stats = {"puts": 0, "takes": 0, "put_samples": 0, "taken_samples": 0, "dropped_samples": 0,
-                       "put_wait_seconds": 0.0, "take_wait_seconds": 0.0, "max_fill": 0}
+                       "put_wait_seconds": 0.0, "take_wait_seconds": 0.0, "max_fill": 0,
+                       "duplicates_dropped": 0}
 
     def __len__(self) -> int:
         return len(self._sampler)
@@ -165,7 +168,14 @@ class RolloutBuffer:
             self._stats["put_wait_seconds"] += time.perf_counter() - t0
             if self._closed or not ok:
                 return False
+            indices = set(batch["batch_index"].unique().tolist()) if "batch_index" in batch.keys() else set()
+            if any(b in self._delivered or b < self._delivered_floor for b in indices):
+                # a lost producer's put that landed after its replacement had made the batch again: the first one
+                # stays, so no batch is trained twice
+                self._stats["duplicates_dropped"] += 1
+                return True
             self._rb.extend([batch])  # a list is a stack of entries: the batch stays one entry
+            self._delivered.update(indices)
             self._reports.update(reports or {})
             self._failure_examples.extend(failure_examples or ())
             self._stats["puts"] += 1
@@ -179,6 +189,9 @@ class RolloutBuffer:
         any pending batch going stale (see the module docstring); True once admitted, False if closed or timed out
         first (the caller loads newer weights, if any arrived, and asks again)."""
         with self._cond:
+            # A batch admitted again was owed by a producer that was lost before it delivered: its replacement.
+            if self._pending.pop(int(index), None) is not None:
+                self._cond.notify_all()
             ok = self._cond.wait_for(lambda: self._closed or self._fits(engine_version), timeout)
             if self._closed or not ok:
                 return False
@@ -245,6 +258,24 @@ class RolloutBuffer:
             result.reports = {**self._reports, self.name: self.stats()}
             result.failure_examples, self._failure_examples = self._failure_examples, []
         return result
+
+    def reset(self) -> None:
+        """Forget every entry, admission and delivered index (the stream is taken back to a checkpoint); the
+        counters stay."""
+        with self._cond:
+            self._rb.empty()
+            self._pending.clear()
+            self._delivered.clear()
+            self._delivered_floor = 0
+            self._cond.notify_all()
+
+    def delivered(self, above: int = 0) -> list[int]:
+        """The batch indices put so far that are ``>= above`` (a lost producer's replacement skips them: they were
+        handed over, or are waiting in this buffer)."""
+        with self._cond:
+            self._delivered_floor = max(self._delivered_floor, above)
+            self._delivered = {b for b in self._delivered if b >= self._delivered_floor}
+            return sorted(self._delivered)
 
     def is_closed(self) -> bool:
         return self._closed

@@ -22,7 +22,8 @@ import torch
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
 from grpo_rl.placement.ray import free_port
 from grpo_rl.distributed.reference_actors import wait_ready
-from grpo_rl.errors import RoleFailed
+from grpo_rl.distributed.healing import died_how, record_pids
+from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.training.build import make_local_learner
 from grpo_rl.training.build import seed_everything
 from grpo_rl.quiet import quiet_start
@@ -128,6 +129,20 @@ def combine_rank_metrics(results: list[dict]) -> dict:
     return metrics
 
 
+def _died(call) -> bool:
+    import ray
+
+    if not ray.wait([call], timeout=0)[0]:
+        return False
+    try:
+        ray.get(call)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.RayError:
+        return False
+    return False
+
+
 def dist_rank() -> int:
     import torch.distributed as dist
 
@@ -157,6 +172,8 @@ class LearnerGroup:
             for i in range(world)
         ]
         self.pids = wait_ready(self.ranks, "learner rank", self.timeout)
+        record_pids(run.run_dir, "learner", self.pids)
+        self.lost = False
         sharding = "FSDP2-sharded" if run.cfg.train_model.sharding == "fsdp" else "data-parallel"
         log.info("%s learner: %d ranks, %d threads each", sharding, world, placement.threads)
         self.device = torch.device("cpu")
@@ -166,13 +183,23 @@ class LearnerGroup:
         self.compiled = False  # each rank compiles its own forward (train.compile); nothing runs compiled here
 
     def _get(self, calls: list, what: str):
+        """``ray.get`` of one call per rank; a rank that died or did not answer raises :class:`LearnerLost`
+        (the group is then of no further use: :attr:`lost`), an error raised by a rank :class:`RoleFailed`."""
         import ray
 
+        if self.lost:
+            raise LearnerLost(f"the learner group lost a rank earlier; it cannot do {what}")
         try:
             return ray.get(calls, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError as e:
-            raise RoleFailed(f"the learner ranks did not finish {what} within pipeline.timeout_seconds="
-                             f"{self.timeout:g}") from e
+            self.lost = True
+            raise LearnerLost(f"the learner ranks did not finish {what} within pipeline.timeout_seconds="
+                              f"{self.timeout:g}") from e
+        except ray.exceptions.RayActorError as e:
+            self.lost = True
+            rank = next((i for i, call in enumerate(calls) if _died(call)), None)
+            who = "a learner rank" if rank is None else f"learner rank {rank} (pid {self.pids[rank]})"
+            raise LearnerLost(f"{who} died during {what} ({died_how(e)})") from e
         except ray.exceptions.RayError as e:
             raise RoleFailed(f"a learner rank failed during {what} (its log is above): {e}") from e
 
@@ -212,7 +239,8 @@ class LearnerGroup:
 
         for r in self.ranks:
             try:
-                ray.get(r.shutdown.remote(), timeout=30)
+                if not self.lost:  # the survivors of a lost group would wait on the dead rank
+                    ray.get(r.shutdown.remote(), timeout=30)
                 ray.kill(r)
             except Exception as e:  # already gone
                 log.debug("learner rank shutdown: %s", e)

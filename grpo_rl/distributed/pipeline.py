@@ -9,20 +9,27 @@ the learner one call to the buffer however many collectors there are. With the r
 actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch
 ``k``; the staleness gate applies where the learner takes, at the version it trains with.
 
-Nothing hangs: a collector that dies, a reference replica that fails, or no batch within
-``pipeline.timeout_seconds`` raises :class:`~grpo_rl.errors.RoleFailed` naming the role; the loop's cleanup then
-checkpoints the last step boundary, whose stream position regenerates whatever was in flight
-(:class:`~grpo_rl.rollout.source.StreamPosition`).
+Nothing hangs, and losses heal. A collector whose loop ended with an error (its actor died, its engine or engine
+server failed), or that has been inside one engine call for longer than ``pipeline.timeout_seconds`` when no batch
+came for that long, is replaced (:meth:`AsyncRollouts.replace_collector`): the old actor is killed, its engine
+server started again if the run owns it and it is gone, and a new actor on the same devices is given the newest
+weights and the stream position of the batches it owes: those of its share that the learner has not consumed and
+the buffer never received. The buffer keeps the first copy of any batch index and drops a second one, so a put
+from a lost actor that lands late cannot be trained twice. Past ``pipeline.max_restarts`` replacements
+(:class:`~grpo_rl.distributed.healing.Restarts`), or when the buffer itself is lost, :class:`~grpo_rl.errors.RoleFailed`
+names the role; the loop's cleanup then checkpoints the last step boundary, whose stream position regenerates
+whatever was in flight (:class:`~grpo_rl.rollout.source.StreamPosition`).
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import threading
 import time
 
 
 from grpo_rl.distributed.buffer import TakeResult
+from grpo_rl.distributed.healing import Restarts, died_how, record_pids
 from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker
 from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
 from grpo_rl.errors import RoleFailed
@@ -41,38 +48,49 @@ class AsyncRollouts:
             position, see :class:`~grpo_rl.rollout.source.StreamPosition`).
         reference: the reference stage, when the reference runs as actors (scored batches come out of this source
             with ``ref_logprobs``).
+        fleet: the engine servers the run started (:class:`~grpo_rl.engines.server.ServerFleet`), one per
+            collector; a lost one is started again with its collector.
+        restarts: the run's replacement budget and record (default: one of ``pipeline.max_restarts``).
     """
 
-    def __init__(self, run: RunContext, env, reference: ReferenceActors | None = None):
+    weight_sync = None
+    """The run's weight sync (set by :func:`~grpo_rl.run.roles.make_roles`): a replacement collector gets its newest
+    push from it."""
+
+    def __init__(self, run: RunContext, env, reference: ReferenceActors | None = None, fleet=None,
+                 restarts: Restarts | None = None):
         import ray
 
         p = run.cfg.pipeline
+        self.run, self.fleet = run, fleet
+        self.restarts = restarts if restarts is not None else Restarts(p.max_restarts, run.run_dir)
+        self.restarts.register("collector")
         self.poll_seconds, self.timeout = p.poll_seconds, p.timeout_seconds
         self.position = StreamPosition(env)
         self.reference = reference
         self.versions_per_batch = run.cfg.train.updates_per_batch
         # With a reference stage the collectors fill an ungated buffer and the learner takes from a gated one.
         # Collectors start a batch only while it can still be trained within the bound (RolloutBuffer.admit).
-        self.buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8).remote(
+        # The buffers live on the driver's node: what they hold cannot be rebuilt elsewhere, and a node that is
+        # lost takes only workers that can be replaced.
+        here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=True)
+        buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here)
+        self.buffer = buffer.remote(
             p.buffer_capacity, None if reference is not None else p.max_staleness, "buffer",
             admit_staleness=p.max_staleness, versions_per_batch=run.cfg.train.updates_per_batch)
-        self.scored = self.buffer if reference is None else ray.remote(BufferActor).options(
-            num_cpus=0, max_concurrency=8).remote(1, p.max_staleness, "scored")
-        placement = run.placement.collector
-        self.collectors = [
-            ray.remote(CollectorWorker).options(**placement.ray_options(max_concurrency=4)).remote(
-                run.actor_spec("collector", i), self.buffer, num_replicas=placement.count,
-                poll_seconds=p.poll_seconds, timeout=p.timeout_seconds)
-            for i in range(placement.count)
-        ]
+        self.scored = self.buffer if reference is None else buffer.remote(1, p.max_staleness, "scored")
+        self.num_replicas = run.placement.collector.count
+        self.collectors = [self._new_collector(i) for i in range(self.num_replicas)]
         self._buffers = [self.buffer] + ([self.scored] if reference is not None else [])
         pids = wait_ready(self.collectors + self._buffers, "collector", p.timeout_seconds)
-        self.pids = {"collector": pids[: len(self.collectors)],
-                     "reference": list(reference.pids) if reference is not None else []}
-        (run.run_dir / "processes.json").write_text(json.dumps(self.pids))
+        self.pids = {"collector": pids[: len(self.collectors)]}
+        self.nodes = self._get([c.node.remote() for c in self.collectors], "the collectors")
+        self._write_pids()
         self._runs: list = []
         self._pump: threading.Thread | None = None
         self._pump_error: BaseException | None = None
+        self._pump_stop = threading.Event()
         self._reference_seconds = 0.0  # the reference stage's busy time, summed (read by _step_metrics)
         self._reports: dict[str, dict] = {}  # the newest counters of each collector and buffer
         self._prev_stats: dict[str, float] | None = None
@@ -87,6 +105,7 @@ class AsyncRollouts:
         returns None if ``should_stop()`` turns true while waiting."""
         if not self._runs:
             self._start()
+        self.check_health()  # a lost collector is replaced at once, not when the others can no longer cover for it
         self.buffer.learner_progress.remote(version)  # the collectors' admission: the next take is at `version`
         waited, dropped, consumed = 0.0, 0, []
         t0 = time.perf_counter()
@@ -107,9 +126,14 @@ class AsyncRollouts:
                                failure_examples=result.failure_examples)
             self.check_health()
             if time.perf_counter() - t0 > self.timeout:
-                raise RoleFailed(f"no batch from the {len(self.collectors)} collector(s) within "
-                                 f"pipeline.timeout_seconds={self.timeout:g}; they are alive but produce nothing (a "
-                                 "stuck engine?). Raise the timeout if one batch takes them that long")
+                hung = self._hung_collectors()
+                if not hung:
+                    raise RoleFailed(f"no batch from the {len(self.collectors)} collector(s) within "
+                                     f"pipeline.timeout_seconds={self.timeout:g}; they are alive but produce nothing "
+                                     "(a stuck engine?). Raise the timeout if one batch takes them that long")
+                for replica in hung:
+                    self.replace_collector(replica, f"no answer within pipeline.timeout_seconds={self.timeout:g}")
+                t0 = time.perf_counter()
         self.position.consume(consumed)
         return None
 
@@ -119,8 +143,27 @@ class AsyncRollouts:
 
     def load_state_dict(self, state: dict) -> None:
         if self._runs:
-            raise RuntimeError("load the stream position before the first next_batch")
+            raise RuntimeError("load the stream position before the first next_batch, or after rewind()")
         self.position.load_state_dict(state)
+
+    def rewind(self) -> None:
+        """Stop the collectors' loops and the reference stage and empty the buffers; the next :meth:`next_batch`
+        starts them again at the position :meth:`load_state_dict` gives (a lost learner's restart)."""
+        import ray
+
+        if not self._runs:
+            return
+        self._pump_stop.set()
+        for c in self.collectors:
+            _quietly(ray.get, c.stop.remote(), timeout=self.timeout)
+        ray.wait(self._runs, num_returns=len(self._runs), timeout=self.timeout)
+        if self._pump is not None:
+            self._pump.join(self.timeout)
+        self._get([b.reset.remote() for b in self._buffers], "the buffer")
+        for c in self.collectors:  # one that died is replaced when its loop is started again
+            _quietly(ray.get, c.rearm.remote(), timeout=self.timeout)
+        self._runs, self._pump, self._pump_error = [], None, None
+        self._pump_stop.clear()
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the collectors, wake every blocked call, release the engines and kill the actors (once)."""
@@ -159,7 +202,7 @@ class AsyncRollouts:
         import ray
 
         try:
-            while not self._closed:
+            while not self._closed and not self._pump_stop.is_set():
                 result: TakeResult = ray.get(self.buffer.take.remote(0, self.poll_seconds),
                                              timeout=self.poll_seconds + self.timeout)
                 if result.batch is None:
@@ -169,7 +212,7 @@ class AsyncRollouts:
                 t0 = time.perf_counter()
                 batch = self.reference.score(result.batch)
                 self._reference_seconds += time.perf_counter() - t0
-                while not self._closed and not ray.get(
+                while not self._closed and not self._pump_stop.is_set() and not ray.get(
                         self.scored.put.remote(batch, self.poll_seconds, result.reports, result.failure_examples),
                         timeout=self.poll_seconds + self.timeout):
                     pass
@@ -178,7 +221,9 @@ class AsyncRollouts:
                 self._pump_error = e
 
     def check_health(self) -> None:
-        """Raise :class:`~grpo_rl.errors.RoleFailed` if a collector's loop ended or the reference stage failed."""
+        """Replace every collector whose loop ended with an error (see the module docstring); raise
+        :class:`~grpo_rl.errors.RoleFailed` when the reference stage failed, a collector's loop ended without one,
+        or a replacement is not allowed or fails."""
         import ray
 
         if self._pump_error is not None:
@@ -191,13 +236,109 @@ class AsyncRollouts:
                 continue
             try:
                 ray.get(call)
-            except Exception as e:
-                raise RoleFailed(f"collector replica {replica} (pid {self.pids['collector'][replica]}) died: "
-                                 f"{type(e).__name__}; its log is above") from e
+            except Exception as e:  # noqa: BLE001 - the actor died or its loop raised: replaced, or the run ends
+                self.replace_collector(replica, _cause(e), error=e)
+                continue
             raise RoleFailed(f"collector replica {replica} stopped without an error")
 
+    def replace_collector(self, replica: int, cause: str, error: BaseException | None = None) -> None:
+        """Kill collector ``replica``, start another on its devices (and its engine server again, when the run
+        owns it and it no longer answers), give it the newest weights, and start it on the batches it owes.
+
+        Raises:
+            RoleFailed: naming the replica, its process and node, and ``cause``, when ``pipeline.max_restarts``
+                replacements were used up or the replacement could not start.
+        """
+        who = f"collector replica {replica} (pid {self.pids['collector'][replica]}, node {self.nodes[replica][:12]})"
+        if not self.restarts.allowed("collector"):
+            raise RoleFailed(f"{who} {cause}; {self.restarts.exhausted('collector')}; its log is above") from error
+        if not getattr(self.weight_sync, "can_replace", True):
+            raise RoleFailed(f"{who} {cause}; pipeline.weight_transport=collective cannot give a replacement its "
+                             "weights (its broadcast group is fixed at start): use pipeline.weight_transport="
+                             "object_store to have lost collectors replaced") from error
+        log.warning("%s %s: replacing it", who, cause)
+        t0 = time.perf_counter()
+        _kill_and_wait(self.collectors[replica], self.timeout)
+        urls = self._engine_server(replica)
+        actor = self._new_collector(replica, urls)
+        try:
+            pid = wait_ready([actor], "replacement collector", self.timeout)[0]
+            self.nodes[replica] = self._get(actor.node.remote(), "the replacement collector")
+        except RoleFailed as e:
+            raise RoleFailed(f"{who} {cause}, and its replacement failed: {e}") from error
+        self.collectors[replica] = actor
+        if self.weight_sync is not None:  # the newest push, before it generates anything
+            self.weight_sync.send_newest(replica, actor)
+        position = self.owed_position()
+        self._runs[replica] = actor.run.remote(position)
+        self.pids["collector"][replica] = pid
+        self._write_pids()
+        self.restarts.record("collector", replica, cause, time.perf_counter() - t0, pid=pid,
+                             node=self.nodes[replica], resumes_at=position["next_index"])
+
+    def owed_position(self) -> dict:
+        """The stream position a replacement starts from: the learner's watermark, with every batch the buffer
+        received since counted as done (a replica regenerates its own share of the rest)."""
+        position = self.position.state_dict()
+        delivered = self._get(self.buffer.delivered.remote(position["next_index"]), "the buffer")
+        position["consumed"] = sorted(set(position["consumed"]) | set(delivered))
+        return position
+
+    def _new_collector(self, replica: int, urls: tuple[str, ...] | None = None):
+        import ray
+
+        spec = self.run.actor_spec("collector", replica)
+        if urls:
+            spec = dataclasses.replace(spec, engine_urls=urls)
+        p = self.run.cfg.pipeline
+        # SPREAD: across the nodes of a cluster, so that a lost node takes as few collectors as it can
+        options = self.run.placement.collector.ray_options(max_concurrency=4, scheduling_strategy="SPREAD")
+        return ray.remote(CollectorWorker).options(**options).remote(
+            spec, self.buffer, num_replicas=self.num_replicas, poll_seconds=p.poll_seconds, timeout=p.timeout_seconds)
+
+    def _engine_server(self, replica: int) -> tuple[str, ...] | None:
+        """Collector ``replica``'s engine server, started again if the run owns it and it does not answer; None
+        when the run starts no servers (the collector's spec already names the user's)."""
+        if self.fleet is None:
+            return None
+        index = replica % len(self.fleet.servers)
+        if not self.fleet.healthy(index):
+            log.warning("engine server %s does not answer: starting another", self.fleet.servers[index].url)
+            urls = list(self.run.engine_urls)
+            urls[index] = self.fleet.replace(index)
+            self.run.engine_urls = tuple(urls)
+        return (self.run.engine_urls[index],)
+
+    def _hung_collectors(self) -> list[int]:
+        """The replicas inside one engine call for longer than ``pipeline.timeout_seconds``, or that do not answer
+        at all."""
+        import ray
+
+        calls = [c.engine_call_seconds.remote() for c in self.collectors]
+        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=min(self.timeout, 10 * self.poll_seconds))
+        hung = []
+        for replica, call in enumerate(calls):
+            try:
+                if call not in ready or ray.get(call) > self.timeout:
+                    hung.append(replica)
+            except ray.exceptions.RayError:
+                hung.append(replica)
+        return hung
+
+    def _write_pids(self) -> None:
+        record_pids(self.run.run_dir, "collector", self.pids["collector"])
+        if self.reference is not None:
+            record_pids(self.run.run_dir, "reference", self.reference.pids)
+
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
-        """Held-out evaluation by the first collector's engine with the newest weights pushed to it."""
+        """Held-out evaluation by the first collector's engine with the newest weights pushed to it (by its
+        replacement, if it is lost meanwhile)."""
+        import ray
+
+        try:
+            return ray.get(self.collectors[0].evaluate.remote(step, last_step), timeout=self.timeout)
+        except ray.exceptions.RayActorError:
+            self.check_health()  # replaced (or the run ends), then evaluated once more
         return self._get(self.collectors[0].evaluate.remote(step, last_step), "collector replica 0 (evaluation)")
 
     def stats(self) -> dict[str, float]:
@@ -226,6 +367,32 @@ class AsyncRollouts:
         except ray.exceptions.RayError as e:
             self.check_health()  # names the collector replica that died, if one did
             raise RoleFailed(f"{role} failed: {e}") from e
+
+
+def _cause(error: BaseException) -> str:
+    """What happened to a collector, in a few words: its actor died (and how), or its loop raised."""
+    import ray
+
+    if isinstance(error, ray.exceptions.RayActorError):
+        return f"died ({died_how(error)})"
+    first = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    return f"failed: {first[:300]}"
+
+
+def _kill_and_wait(actor, timeout: float) -> None:
+    """Kill ``actor`` and wait until it is gone: a batch it was about to put can then no longer arrive."""
+    import ray
+
+    _quietly(ray.kill, actor, no_restart=True)
+    deadline = time.monotonic() + min(timeout, 30.0)
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ready.remote(), timeout=1.0)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue
+        time.sleep(0.1)
 
 
 def _quietly(fn, *args, **kwargs):

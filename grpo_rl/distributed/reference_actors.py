@@ -9,12 +9,14 @@ equal in rows, one shard per replica (:func:`~grpo_rl.distributed.data_parallel.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from tensordict import TensorDict
 
 from grpo_rl.distributed.actors import RefWorker
 from grpo_rl.distributed.data_parallel import shard_batch
+from grpo_rl.distributed.healing import Restarts, died_how, record_pids
 from grpo_rl.errors import RoleFailed
 from grpo_rl.placement.context import RunContext
 
@@ -24,19 +26,28 @@ log = logging.getLogger(__name__)
 class ReferenceActors:
     """``len(run.placement.reference.devices)`` reference replicas as Ray actors.
 
+    A replica that dies, or does not answer within ``timeout``, is replaced on its devices and the batch is scored
+    again, up to ``pipeline.max_restarts`` times in the run (:class:`~grpo_rl.distributed.healing.Restarts`).
+
     Args:
         run: the run context (Ray must be running).
         timeout: seconds one scoring call may take (``pipeline.timeout_seconds``).
+        restarts: the run's replacement budget and record (default: one of ``pipeline.max_restarts``).
     """
 
-    def __init__(self, run: RunContext, timeout: float):
+    def __init__(self, run: RunContext, timeout: float, restarts: Restarts | None = None):
+        self.run, self.timeout = run, timeout
+        self.restarts = restarts if restarts is not None else Restarts(run.cfg.pipeline.max_restarts, run.run_dir)
+        self.restarts.register("reference")
+        self.actors = [self._new_replica(i) for i in range(run.placement.reference.count)]
+        self.pids = wait_ready(self.actors, "reference replica", timeout)
+        record_pids(run.run_dir, "reference", self.pids)
+
+    def _new_replica(self, index: int):
         import ray
 
-        placement = run.placement.reference
-        self.timeout = timeout
-        self.actors = [ray.remote(RefWorker).options(**placement.ray_options()).remote(run.actor_spec("reference", i))
-                       for i in range(placement.count)]
-        self.pids = wait_ready(self.actors, "reference replica", timeout)
+        options = self.run.placement.reference.ray_options(scheduling_strategy="SPREAD")
+        return ray.remote(RefWorker).options(**options).remote(self.run.actor_spec("reference", index))
 
     def submit(self, batch: TensorDict) -> list:
         """Start scoring ``batch`` (one shard per replica); pass the result to :meth:`collect`."""
@@ -45,18 +56,62 @@ class ReferenceActors:
         return [a.score.remote(s.select(*keys)) for a, s in zip(self.actors, shards)]
 
     def collect(self, batch: TensorDict, pending: list) -> TensorDict:
-        """Wait for :meth:`submit`'s shards and add their ``ref_logprobs`` ``[N, Lr]`` to ``batch``."""
-        import ray
-
-        try:
-            parts = ray.get(pending, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError as e:
-            raise RoleFailed(f"a reference replica did not answer within pipeline.timeout_seconds={self.timeout:g}; "
-                             "raise it if one batch takes the reference that long") from e
-        except ray.exceptions.RayError as e:
-            raise RoleFailed(f"a reference replica failed (its log is above): {e}") from e
+        """Wait for :meth:`submit`'s shards and add their ``ref_logprobs`` ``[N, Lr]`` to ``batch``; a replica lost
+        meanwhile is replaced and the batch scored again."""
+        while True:
+            parts, lost = self._wait(pending)
+            if not lost:
+                break
+            for index, cause, error in lost:
+                self.replace(index, cause, error)
+            pending = self.submit(batch)
         batch.set("ref_logprobs", torch.cat(parts) if parts else torch.zeros(batch["response_ids"].shape))
         return batch
+
+    def _wait(self, pending: list) -> tuple[list, list[tuple[int, str, BaseException | None]]]:
+        """The shards' results, or the replicas that died or did not answer (index, cause, error)."""
+        import ray
+
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=self.timeout)
+        parts, lost = [], []
+        for index, call in enumerate(pending):
+            if call not in ready:
+                lost.append((index, f"did not answer within pipeline.timeout_seconds={self.timeout:g}", None))
+                continue
+            try:
+                parts.append(ray.get(call))
+            except ray.exceptions.RayActorError as e:
+                lost.append((index, f"died ({died_how(e)})", e))
+            except ray.exceptions.RayError as e:
+                raise RoleFailed(f"reference replica {index} failed (its log is above): {e}") from e
+        return parts, lost
+
+    def replace(self, index: int, cause: str, error: BaseException | None = None) -> None:
+        """Kill reference replica ``index`` and start another on its devices.
+
+        Raises:
+            RoleFailed: naming the replica and ``cause``, past ``pipeline.max_restarts`` or when the replacement
+                does not start.
+        """
+        import ray
+
+        who = f"reference replica {index} (pid {self.pids[index]})"
+        if not self.restarts.allowed("reference"):
+            hint = "; raise it if one batch takes the reference that long" if error is None else "; its log is above"
+            raise RoleFailed(f"{who} {cause}; {self.restarts.exhausted('reference')}{hint}") from error
+        log.warning("%s %s: replacing it", who, cause)
+        t0 = time.perf_counter()
+        try:
+            ray.kill(self.actors[index], no_restart=True)
+        except Exception as e:  # noqa: BLE001 - already gone
+            log.debug("reference replica %d: kill: %s", index, e)
+        self.actors[index] = self._new_replica(index)
+        try:
+            self.pids[index] = wait_ready([self.actors[index]], "replacement reference replica", self.timeout)[0]
+        except RoleFailed as e:
+            raise RoleFailed(f"{who} {cause}, and its replacement failed: {e}") from error
+        self.restarts.record("reference", index, cause, time.perf_counter() - t0, pid=self.pids[index])
+        record_pids(self.run.run_dir, "reference", self.pids)
 
     def score(self, batch: TensorDict) -> TensorDict:
         return self.collect(batch, self.submit(batch))

@@ -49,7 +49,7 @@ class ServerClient:
         import httpx
 
         self.url = url.rstrip("/")
-        self.timeout = timeout
+        self.key, self.timeout = key, timeout
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
@@ -117,6 +117,17 @@ class ServedEngine:
         self._push_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="served-engine")
         self._each(lambda s: s.post("/update_weight_version", json={"new_version": str(version)}))
+
+    def replace_server(self, index: int, url: str) -> None:
+        """Server ``index`` was started again at ``url``: talk to that one from now on (it is told the weight folder
+        at the next push, which must follow before it generates)."""
+        if self.transport == "nccl":
+            raise RoleFailed("an engine server was lost and inference_model.weight_transfer=nccl cannot reach a new "
+                             "one (its group is fixed at start): use weight_transfer=file to have it replaced")
+        old = self.servers[index]
+        self.servers[index] = ServerClient(url, old.key, old.timeout)
+        old.close()
+        self._file_ready = False
 
     # --- generation -------------------------------------------------------------------------------------------
 

@@ -158,6 +158,7 @@ class ServerFleet:
     def __init__(self, specs: list[ServerSpec], run_dir: Path, *, host: str = "127.0.0.1",
                  start_timeout: float = 600.0):
         self.key = secrets.token_urlsafe(32)
+        self.run_dir, self.host, self.start_timeout = Path(run_dir), host, start_timeout
         self.servers: list[ServerProcess] = []
         try:
             for i, spec in enumerate(specs):
@@ -172,11 +173,11 @@ class ServerFleet:
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _wait_healthy(self, timeout: float, servers: list[ServerProcess] | None = None) -> None:
         import httpx
 
         deadline = time.monotonic() + timeout
-        waiting = list(self.servers)
+        waiting = list(self.servers if servers is None else servers)
         headers = {"Authorization": f"Bearer {self.key}"}
         while waiting:
             for server in list(waiting):
@@ -196,6 +197,31 @@ class ServerFleet:
                                  f"inference_model.server_start_timeout_s={timeout:g}; its log: {waiting[0].log_path}")
             if waiting:
                 time.sleep(1.0)
+
+    def healthy(self, index: int, timeout: float = 10.0) -> bool:
+        """Server ``index`` is running and answers ``/health`` within ``timeout`` seconds."""
+        import httpx
+
+        server = self.servers[index]
+        if server.exited() is not None:
+            return False
+        try:
+            return httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {self.key}"},
+                             timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def replace(self, index: int) -> str:
+        """Stop server ``index`` (what is left of it) and start another on the same device and a fresh port; its
+        address, once it answers ``/health`` (within ``inference_model.server_start_timeout_s``)."""
+        old = self.servers[index]
+        old.stop(grace_seconds=5.0)
+        restarts = len(list(self.run_dir.glob(f"engine_server_{index}.*.log")))
+        new = ServerProcess(old.spec, host=self.host, key=self.key,
+                            log_path=self.run_dir / f"engine_server_{index}.{restarts + 1}.log")
+        self.servers[index] = new
+        self._wait_healthy(self.start_timeout, [new])
+        return new.url
 
     def check_alive(self) -> None:
         """Raise :class:`RoleFailed` naming the first server that exited."""

@@ -19,6 +19,7 @@ the others), plus ``loss_mask`` ``[N, Lr]`` and, per episode, ``turns``, ``tool_
 """
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -34,8 +35,10 @@ from grpo_rl.envs.tools.registry import Tool, call_tool
 _SENTINEL = "\u2063grpo-rl-turn\u2063"
 
 # Kinds of tool errors, counted per episode: a malformed call, a call to a tool that does not exist, arguments the
-# tool does not take, the calculator's own kinds, another error a tool reported (ToolError), a tool that raised.
-ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", *CALCULATOR_KINDS, "tool_error", "exception")
+# tool does not take, the calculator's own kinds (its "timeout" also counts any tool past its timeout_seconds),
+# another error a tool reported (ToolError), a tool that raised, a reply that is no text.
+ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", *CALCULATOR_KINDS, "tool_error", "exception",
+               "bad_output")
 
 
 class ToolMessages:
@@ -77,10 +80,21 @@ class ToolUse:
     Args:
         tools: the tools by name.
         max_chars: longest tool reply passed to the model (longer ones are cut, and say so).
+
+    Each call runs under its tool's ``timeout_seconds`` (:func:`~grpo_rl.envs.tools.registry.call_tool`); the calls
+    that ran past it and still run are kept per tool, so that a tool that hangs is not called again while too many
+    of them do.
     """
 
     tools: dict[str, Tool]
     max_chars: int = 500
+    _abandoned: dict[str, list[threading.Thread]] = field(default_factory=dict, init=False, repr=False,
+                                                          compare=False)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_abandoned"] = {}  # threads do not pickle, and belong to this process anyway
+        return state
 
     def respond(self, text: str) -> tuple[str, str | None, bool] | None:
         """The reply to the first tool call in ``text``: ``(reply, error kind or None, a call was made)``; None when
@@ -98,7 +112,8 @@ class ToolUse:
         if tool is None:
             return (f"error: no tool named {call.name!r}; tools: {', '.join(sorted(self.tools))}", "unknown_tool",
                     True)
-        reply, error = call_tool(tool, call.arguments, max_chars=self.max_chars)
+        reply, error = call_tool(tool, call.arguments, max_chars=self.max_chars,
+                                 abandoned=self._abandoned.setdefault(tool.name, []))
         return reply, error, True
 
 

@@ -38,6 +38,17 @@ class ModelFileError(UserError, OSError):
     """A file of a model folder is truncated or corrupt (an interrupted download, copy or conversion)."""
 
 
+class TokenizerNotFoundError(UserError, FileNotFoundError):
+    """A model folder holds weights but no file a tokenizer can be loaded from."""
+
+
+# The files a tokenizer is loaded from: the tokenizers library's own JSON, or the vocabulary of a sentencepiece,
+# BPE or WordPiece tokenizer (tiktoken vocabularies end in .tiktoken). Without any of them transformers tries to
+# convert a slow tokenizer and fails with a message that names no file.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                   "vocab.txt")
+
+
 def cache_dir(configured: str | None = None) -> Path:
     return Path(configured or os.environ.get("GRPO_CACHE_DIR") or Path.home() / ".cache" / "grpo_rl")
 
@@ -127,8 +138,9 @@ def _safetensors_problem(file: Path) -> str | None:
     return None
 
 
-def _broken_model_file(folder: Path) -> tuple[Path, str] | None:
-    """The first truncated or corrupt file (JSON or safetensors) in a model folder, with what is wrong."""
+def broken_model_file(folder: Path) -> tuple[Path, str] | None:
+    """The first truncated or corrupt file (JSON or safetensors) in a model folder, with what is wrong; reads the
+    JSON files and the safetensors headers only."""
     if not folder.is_dir():
         return None
     for file in sorted(folder.glob("*.json")):
@@ -146,17 +158,43 @@ def _broken_model_file(folder: Path) -> tuple[Path, str] | None:
     return None
 
 
-def check_model_folder(path: str) -> None:
-    """Raise :class:`ModelFileError` if a file of the model folder is truncated or corrupt (headers only: cheap),
-    so that a broken download is reported with its path before any engine tries to load it."""
+def missing_tokenizer(folder: str | Path) -> str | None:
+    """What keeps a tokenizer from loading out of ``folder``, to follow the folder's name in a message (``holds no
+    tokenizer: ...``, which files are missing and the fix), or None when it has one of :data:`TOKENIZER_FILES` (or a
+    ``.tiktoken`` vocabulary)."""
+    folder = Path(folder)
+    if any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken")):
+        return None
+    missing = ("tokenizer.json is missing" if (folder / "tokenizer_config.json").is_file()
+               else "tokenizer.json and tokenizer_config.json are missing")
+    return (f"holds no tokenizer: {missing}, and so is every vocabulary file a tokenizer can be built "
+            "from (tokenizer.model, vocab.json with merges.txt, vocab.txt, *.tiktoken). Copy the tokenizer files of "
+            "the model these weights come from into that folder (AutoTokenizer.from_pretrained(<that model>)"
+            f".save_pretrained('{folder}') writes them)")
+
+
+def check_model_folder(path: str, key: str = "model.name") -> None:
+    """Check a model folder before any engine loads it, reading headers only (cheap).
+
+    Args:
+        path: the folder.
+        key: the setting that names it, for messages.
+
+    Raises:
+        ModelFileError: a file of the folder is truncated or corrupt (a broken download), named with its path.
+        TokenizerNotFoundError: the folder has no tokenizer files (the message says which are missing).
+    """
     error = _model_file_error(Path(path), None)
     if error is not None:
         raise error
+    missing = missing_tokenizer(path)
+    if missing is not None:
+        raise TokenizerNotFoundError(f"{key}={path}: the folder {missing}")
 
 
 def _model_file_error(folder: Path, error: BaseException | None) -> ModelFileError | None:
     """A :class:`ModelFileError` naming the broken file behind ``error``, or None when no file looks broken."""
-    found = _broken_model_file(folder)
+    found = broken_model_file(folder)
     if found is None:
         return None
     file, problem = found
@@ -175,6 +213,7 @@ def load_tokenizer(path: str):
 
     Raises:
         ModelFileError: a file of the folder is truncated or corrupt.
+        TokenizerNotFoundError: the folder has no tokenizer files.
     """
     from transformers import AutoTokenizer
 
@@ -182,9 +221,10 @@ def load_tokenizer(path: str):
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # tokenizers and transformers raise many types for a broken file
         broken = _model_file_error(Path(path), e)
-        if broken is None:
+        missing = missing_tokenizer(path) if Path(path).is_dir() else None
+        if broken is None and missing is None:
             raise
-        raise broken from e
+        raise (broken or TokenizerNotFoundError(f"{path} {missing}")) from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -158,6 +158,9 @@ class DynamicSampling:
     def load_state_dict(self, state: dict) -> None:
         self.source.load_state_dict(state)
 
+    def rewind(self) -> None:
+        self.source.rewind()
+
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
         return self.source.evaluate(step, last_step)
 

@@ -17,6 +17,7 @@ not consumed (those in the buffer, or being generated, when the run stopped) and
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -24,6 +25,7 @@ from typing import Callable, Protocol
 import torch
 from tensordict import TensorDict
 
+from grpo_rl.errors import RoleFailed
 from grpo_rl.rollout.collector import Collector
 from grpo_rl.rollout.evaluation import Evaluator
 
@@ -62,6 +64,11 @@ class RolloutSource(Protocol):
         ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def rewind(self) -> None:
+        """Drop whatever was collected ahead, so that :meth:`load_state_dict` can take the stream back to a
+        checkpoint's position (the run starts a lost learner again from there)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -111,18 +118,23 @@ class InProcessRollouts:
     Args:
         collector: the collector (engine + environment) of this process.
         evaluator: the held-out evaluation on the same engine, or None (``eval.every=0``).
+        heal: called with the :class:`~grpo_rl.errors.RoleFailed` of a collection that failed; True when it put
+            the engine right (an engine server started again), and the batch is then collected again. None: the
+            failure ends the run.
     """
 
-    def __init__(self, collector: Collector, evaluator: Evaluator | None = None):
+    def __init__(self, collector: Collector, evaluator: Evaluator | None = None,
+                 heal: Callable[[RoleFailed], bool] | None = None):
         self.collector = collector
         self.evaluator = evaluator
+        self.heal = heal
         self.position = StreamPosition(collector.env)
 
     def next_batch(self, version: int, should_stop: Callable[[], bool] = lambda: False) -> Rollout:
         """Collect the next batch now (``should_stop`` is not consulted: nothing here waits)."""
         index = self.position.next_index
         t0 = time.perf_counter()
-        batch, cs = self.collector.collect(index, version)  # resets the env: it is now past batch `index`
+        batch, cs = self._collect(index, version)
         batch.set("batch_index", torch.full((batch.batch_size[0],), index, dtype=torch.long))
         self.position.next_index += 1  # the collector's env is the position's env: nothing to skip
         metrics = {
@@ -132,6 +144,18 @@ class InProcessRollouts:
             "collect_seconds": time.perf_counter() - t0,
         }
         return Rollout(batch=batch, metrics=metrics, failure_examples=list(cs.failure_examples))
+
+    def _collect(self, index: int, version: int):
+        """Batch ``index``; the environment is past it after (its reset draws the prompts), also when a failed
+        attempt is healed and made again."""
+        env_state = copy.deepcopy(self.collector.env.state_dict())
+        while True:
+            try:
+                return self.collector.collect(index, version)
+            except RoleFailed as e:
+                if self.heal is None or not self.heal(e):
+                    raise
+                self.collector.env.load_state_dict(copy.deepcopy(env_state))
 
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
         return {} if self.evaluator is None else self.evaluator.maybe_evaluate(step, last_step)
@@ -145,6 +169,9 @@ class InProcessRollouts:
                              f"{state['next_index']}; the synchronous loop reads the stream in order. Resume it with "
                              "sota/grpo-async.py")
         self.position.load_state_dict(state)
+
+    def rewind(self) -> None:
+        """Nothing is collected ahead."""
 
     def close(self) -> None:
         """Nothing to stop: the engine is shut down by its owner."""

@@ -8,7 +8,8 @@ A checkpoint is a folder ``<run_dir>/checkpoints/step_XXXXXXXX/`` holding
 * ``trainer_state.pt``: optimizer, LR scheduler, policy version, RNG states (python, numpy, torch), the
   environment's data position, the step, the run config, and anything else the loop hands in; loaded with
   ``weights_only=True``;
-* ``config.yaml``: the run config, for people and for ``python -m grpo_rl.cli.evaluate checkpoint=...``.
+* ``config.yaml``: the run config, for people and for ``python -m grpo_rl.cli.evaluate checkpoint=...``;
+* ``manifest.json``, written last: every other file's size and SHA-256 (:mod:`grpo_rl.run.manifest`).
 
 The engine needs no state of its own: its sampling seeds are derived from ``(seed, step)`` by the collector,
 and its weights are pushed from the learner on resume.
@@ -19,12 +20,19 @@ of the run, see :func:`remove_stale_tmp`), never a checkpoint that loads half. A
 :class:`DiskFullError` and leaves the previous checkpoint as it was. Re-saving an existing step moves the old
 folder aside first and deletes it only after the new one is in place. Only the newest ``keep`` checkpoints are
 kept.
+
+Nothing is loaded from a checkpoint before it is checked against its manifest (:func:`verify_checkpoint`, called by
+:func:`load_trainer_state` and :func:`load_model_weights`): a file cut short or changed after the save is a
+:class:`CheckpointDamagedError` naming the file, and :meth:`Checkpointer.latest_intact` passes over damaged
+checkpoints to the newest intact one. A checkpoint written before manifests existed gets the checks that need no
+manifest (its JSON files and safetensors headers), and a load that fails on it names the file too.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -38,6 +46,17 @@ import numpy as np
 import torch
 
 from grpo_rl.errors import RunFolderError, UserError
+from grpo_rl.run.manifest import (
+    CheckpointDamagedError,
+    Damage,
+    checkpoint_damage,
+    damaged,
+    damaged_file_error,
+    load_error,
+    torch_file_problem,
+    verify_checkpoint,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -300,9 +319,9 @@ class Checkpointer:
                 export_model(model, tokenizer, tmp / "model")
             if config_yaml is not None:
                 (tmp / "config.yaml").write_text(config_yaml)
-            # Written last: a folder with trainer_state.pt is complete (see list()).
             # A state that brings its own RNG states (taken at a step boundary) keeps them.
             torch.save({"rng": rng_state(), **state, "step": step}, tmp / "trainer_state.pt")
+            write_manifest(tmp)  # last: it records every file above
             _publish(tmp, final)
         except BaseException as e:
             free = _free_bytes(self.root)  # before the partial folder is removed, which frees space again
@@ -313,21 +332,33 @@ class Checkpointer:
             if full is not None:
                 raise full from e
             raise
-        self._prune()
+        self._prune(step)
         log.info("checkpoint saved: %s", final)
         return final
 
-    def _prune(self) -> None:
+    def _prune(self, saved_step: int) -> None:
+        """Remove debris, the checkpoints past ``keep``, and those newer than ``saved_step``.
+
+        A checkpoint newer than the one just saved belongs to the history this run replaced: it resumed from an
+        earlier checkpoint (an explicit ``resume``, or ``resume=auto`` passing over a damaged newer one) and cut the
+        logs back to that step. Kept, it would make ``keep`` prune this run's own checkpoints first, and a later
+        ``resume=auto`` continue the old history.
+        """
         _recover_moved_aside(self.root)
         remove_stale_tmp(self.root)
         for stale in self.root.glob(".old-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        for newer in [c for c in self.list() if checkpoint_step(c) > saved_step]:
+            log.warning("removed %s, a checkpoint of the history this run replaced (it resumed from an earlier one "
+                        "and has now saved step %d)", newer, saved_step)
+            shutil.rmtree(newer, ignore_errors=True)
         if self.keep > 0:
             for old in self.list()[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
 
     def list(self) -> list[Path]:
-        """Complete checkpoints, oldest first."""
+        """Complete checkpoints (published step folders with a trainer state), oldest first; not checked for
+        damage (see :meth:`latest_intact`)."""
         if not self.root.exists():
             return []
         _recover_moved_aside(self.root)
@@ -336,8 +367,32 @@ class Checkpointer:
         return sorted(found, key=checkpoint_step)
 
     def latest(self) -> Path | None:
+        """The newest complete checkpoint, not checked for damage; None if there is none."""
         ckpts = self.list()
         return ckpts[-1] if ckpts else None
+
+    def latest_intact(self) -> Path | None:
+        """The newest checkpoint that passes :func:`checkpoint_damage`, with one warning for each newer damaged one
+        (naming its file and what is wrong); None if there is none.
+
+        Raises:
+            CheckpointDamagedError: every checkpoint is damaged (the message names the newest one's file).
+        """
+        checkpoints = self.list()
+        damaged: list[tuple[Path, Damage]] = []
+        for checkpoint in reversed(checkpoints):
+            damage = checkpoint_damage(checkpoint)
+            if damage is None:
+                for newer, its_damage in damaged:
+                    _warn_damaged(newer, its_damage, instead=checkpoint)
+                return checkpoint
+            damaged.append((checkpoint, damage))
+        if not damaged:
+            return None
+        which = (f"the only checkpoint in {self.root} is damaged" if len(checkpoints) == 1 else
+                 f"all {len(checkpoints)} checkpoints in {self.root} are damaged; the newest")
+        raise CheckpointDamagedError(
+            f"{which}: {damaged[0][1]}. Restore the checkpoints from a copy, or start a new run in another output_dir")
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:
@@ -348,12 +403,41 @@ def checkpoint_step(checkpoint: str | Path) -> int:
     return int(match.group(1))
 
 
+# Damaged checkpoints already warned about in this process: a resume looks for its checkpoint twice (the run folder
+# check at start, then the load), and says once what it passed over.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_damaged(checkpoint: Path, damage: Damage, instead: Path) -> None:
+    if (str(checkpoint), str(damage)) in _WARNED:
+        return
+    _WARNED.add((str(checkpoint), str(damage)))
+    log.warning("checkpoint %s is damaged (%s); using %s, the newest intact one, instead", checkpoint, damage,
+                instead.name)
+
+
 def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    """The trainer state of a checkpoint (``trainer_state.pt``, loaded with ``weights_only=True``), after
+    :func:`verify_checkpoint`.
+
+    Raises:
+        CheckpointNotFoundError: the folder has no ``trainer_state.pt``.
+        CheckpointDamagedError: a file of the checkpoint is damaged, or the state does not load.
+    """
     path = Path(checkpoint) / "trainer_state.pt"
     if not path.exists():
         raise CheckpointNotFoundError(f"{checkpoint} is not a checkpoint folder (no trainer_state.pt); pass a "
                                       "<run dir>/checkpoints/step_NNNNNNNN folder")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    verify_checkpoint(checkpoint)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+        problem = torch_file_problem(path, read_all=True)
+        if problem is not None:
+            raise damaged(path, problem) from e
+        if isinstance(e, pickle.UnpicklingError) and "weights only" in str(e).lower():
+            raise  # a whole file holding a type the state should not: a bug, not damage
+        raise load_error(path, e) from e
 
 
 def saved_model_name(checkpoint: str | Path) -> str | None:
@@ -400,10 +484,13 @@ def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
         CheckpointMismatchError: the checkpoint was written for another model (other architecture or sizes),
             or holds LoRA adapters and ``model`` has none.
         CheckpointNotFoundError: ``model`` has LoRA adapters and the checkpoint none, or it has no weights.
+        CheckpointDamagedError: a file of the checkpoint is damaged (:func:`verify_checkpoint`), or its weights do
+            not load.
     """
     from grpo_rl.model.lora import ADAPTER_DIR, is_lora, load_adapter
 
     checkpoint = Path(checkpoint)
+    verify_checkpoint(checkpoint)
     if is_lora(model):
         if not (checkpoint / ADAPTER_DIR).exists():
             raise CheckpointNotFoundError(
@@ -414,6 +501,11 @@ def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
         except RuntimeError as e:  # unexpected keys or size mismatches: adapters of another model or rank
             reason = str(e).strip().splitlines()[0][:300]
             raise _mismatch_error(checkpoint, model, f"{reason}; or other model.lora settings") from e
+        except Exception as e:  # noqa: BLE001 - a damaged file is reported, anything else re-raised
+            damaged = damaged_file_error(checkpoint / ADAPTER_DIR, e)
+            if damaged is None:
+                raise
+            raise damaged from e
         return
     if (checkpoint / ADAPTER_DIR).exists():
         raise CheckpointMismatchError(f"{checkpoint} holds LoRA adapters; resume it with model.lora.enabled=true")
@@ -423,7 +515,13 @@ def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
     from transformers import AutoModelForCausalLM
 
     dtype = next(model.parameters()).dtype
-    saved = AutoModelForCausalLM.from_pretrained(str(checkpoint / "model"), dtype=dtype).state_dict()
+    try:
+        saved = AutoModelForCausalLM.from_pretrained(str(checkpoint / "model"), dtype=dtype).state_dict()
+    except Exception as e:  # noqa: BLE001 - safetensors, json and transformers each raise their own type
+        damaged = damaged_file_error(checkpoint / "model", e)
+        if damaged is None:
+            raise
+        raise damaged from e
     reason = _weights_mismatch(saved, model.state_dict())
     if reason is not None:
         raise _mismatch_error(checkpoint, model, reason)

@@ -34,6 +34,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from grpo_rl.run.checkpoint import (
+    CheckpointDamagedError,
     Checkpointer,
     checkpoint_step,
     export_model_atomic,
@@ -42,6 +43,7 @@ from grpo_rl.run.checkpoint import (
     rng_state,
     saved_model_name,
     set_rng_state,
+    verify_checkpoint,
 )
 from grpo_rl.errors import RunFolderError
 from grpo_rl.run.metrics import RunLogger, console_line, log_reward_failures, read_jsonl
@@ -79,25 +81,60 @@ def _multirun_job_number() -> int | None:
 
 
 def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
+    """The checkpoint ``cfg.resume`` names, checked against its manifest before anything of it is loaded; None
+    without ``resume`` or, with ``resume=auto``, when the run has no checkpoint yet.
+
+    ``resume=auto`` takes the newest intact checkpoint, warning once about each newer damaged one it passes over.
+    ``resume=<folder>`` takes that folder or nothing: the user asked for that one.
+
+    Raises:
+        RunFolderError: ``resume=<folder>`` is not a checkpoint or is damaged (the message names the file), or
+            every checkpoint of the run is damaged.
+    """
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        return checkpointer.latest()
+        try:
+            return checkpointer.latest_intact()
+        except CheckpointDamagedError as e:
+            raise CheckpointDamagedError(f"resume=auto: {e}") from None
     path = Path(cfg.resume).expanduser()
     if not (path / "trainer_state.pt").exists():
         raise RunFolderError(
             f"resume={cfg.resume}: not a checkpoint folder (expected {path}/trainer_state.pt); pass a "
             f"<run dir>/checkpoints/step_NNNNNNNN folder, or resume=auto output_dir=<run dir> for the newest one")
+    try:
+        verify_checkpoint(path)
+    except CheckpointDamagedError as e:
+        raise CheckpointDamagedError(f"resume={cfg.resume}: {e}") from None
     return path
 
 
-def check_run_folder(cfg, run_dir: Path) -> None:
-    """Refuse a run folder that would mix two runs, before anything starts.
+def check_output_dir(run_dir: Path) -> None:
+    """Raise :class:`RunFolderError` if the run folder cannot be made because it, or a folder above it, is a
+    file. Hydra makes the folder before the run starts, so the entry scripts call this first (with the
+    command line's ``output_dir``) and :func:`check_run_folder` again."""
+    run_dir = Path(run_dir).expanduser()
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() or path.is_symlink():
+            if path.is_dir():
+                return
+            kind = "a file" if path.is_file() else "not a folder"
+            where = f"is {kind}" if path == run_dir else f"is inside {path}, which is {kind}"
+            raise RunFolderError(
+                f"output_dir={run_dir} {where}, so the run cannot write there; set output_dir to a folder (it is "
+                "made if it does not exist), or move that file away")
 
-    A fresh run (no ``resume``) in a folder that holds another run's checkpoints or metrics would overwrite its
-    logs, and a later ``resume=auto`` would continue the other run. A resumed run must use the model it was
+
+def check_run_folder(cfg, run_dir: Path) -> None:
+    """Refuse a run folder that would mix two runs or cannot be one, before anything starts.
+
+    The folder, or one above it, must not be a file. A fresh run (no ``resume``) in a folder that holds another
+    run's checkpoints or metrics would overwrite its logs, and a later ``resume=auto`` would continue the other run.
+    A resumed run's checkpoint must be intact (:func:`find_resume_checkpoint`) and must use the model it was
     trained with.
     """
+    check_output_dir(run_dir)
     checkpointer_root = run_dir / "checkpoints"
     checkpoints = sorted(checkpointer_root.glob("step_*")) if checkpointer_root.is_dir() else []
     metrics = run_dir / "metrics.jsonl"
@@ -206,6 +243,7 @@ class RunState:
         self._first_step: int | None = None
         self._step_started = self.started
         self._boundary: tuple | None = None  # (learner fingerprint, env state, RNG states) at the last step end
+        self._start: tuple | None = None  # (stream position, RNG states) of a run that started without a checkpoint
 
     def resume(self, learner, source, weight_sync) -> Path | None:
         """Continue from the checkpoint ``cfg.resume`` names, if any: weights, trainer state, the rollout
@@ -220,8 +258,30 @@ class RunState:
             self.restore(checkpoint, learner, source)
             weight_sync.push(learner.weights_for_push(), learner.version)
             self.resumed_from = checkpoint
+        else:  # what a learner that is started again without a checkpoint goes back to
+            self._start = (copy.deepcopy(source.state_dict()), rng_state())
         if self.cfg.resume:
             self.logger.rewind(self.step)
+        self._mark_boundary(learner, source)
+        return checkpoint
+
+    def restart(self, learner, source, weight_sync) -> Path | None:
+        """Take the run back to its newest checkpoint (or its start, without one), for ``learner``, a learner
+        group started again after it lost a rank: weights, optimizer, stream position (``source`` drops what it
+        collected ahead) and RNG; the engines get the weights; the logs are cut back to that step, so every step
+        is logged once. Returns the checkpoint."""
+        checkpoint = self.last_checkpoint or self.resumed_from
+        source.rewind()
+        if checkpoint is not None:
+            load_model_weights(checkpoint, learner.model)
+            self.restore(checkpoint, learner, source)
+        else:
+            stream, rng = self._start
+            source.load_state_dict(copy.deepcopy(stream))
+            set_rng_state(rng)
+            self.step, self.rewards = 0, []
+        weight_sync.push(learner.weights_for_push(), learner.version)
+        self.logger.rewind(self.step)
         self._mark_boundary(learner, source)
         return checkpoint
 
@@ -330,6 +390,12 @@ class RunState:
         then stands, and nothing is exported.
         """
         if self.step == 0 or self._boundary is None:
+            return
+        if getattr(learner, "lost", False):  # a learner group without one of its ranks holds no usable state
+            since = self.last_checkpoint or self.resumed_from
+            log.warning("the learner lost a rank: no final checkpoint; resume=auto %s",
+                        f"continues from {since}" if since else "starts over (no checkpoint was written: see "
+                        "train.checkpoint_frequency)")
             return
         fingerprint, env_state, rng = self._boundary
         if _learner_fingerprint(learner) != fingerprint:

@@ -18,17 +18,19 @@ Stopping (``train.steps``, ``train.max_time_minutes``, Ctrl-C, SIGTERM) checkpoi
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from pathlib import Path
 
-from grpo_rl.errors import RoleFailed
+from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.rollout.evaluation import due_for_evaluation, make_eval_env
 from grpo_rl.run.lifecycle import GracefulStop, RunState, StopRun
 from grpo_rl.run.metrics import RunLogger, pipeline_suffix
-from grpo_rl.run.roles import Roles, make_roles, start_roles
+from grpo_rl.run.roles import Roles, make_learner, make_roles, start_roles
 from grpo_rl.run.setup import make_run, make_train_env
 from grpo_rl.training.step import train_on_batch
 
+log = logging.getLogger(__name__)
 
 def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunState:
     """Build the run and its roles, resume if asked, and run steps until the run stops; returns its state."""
@@ -50,13 +52,41 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunState:
         state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
         # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engines get the weights.
         state.resume(roles.learner, roles.source, roles.weight_sync)
-        cleanup.callback(state.finish, roles.learner, roles.source, run.tokenizer)
+        cleanup.callback(lambda: roles.learner.shutdown())  # the learner of the last restart (a second one is a no-op)
+        cleanup.callback(lambda: state.finish(roles.learner, roles.source, run.tokenizer))
         cleanup.callback(roles.source.close)  # before the final checkpoint (a second close does nothing)
         try:
-            run_steps(state, roles, tokenizer=run.tokenizer)
+            run_healing_steps(state, roles, run)
         except StopRun as e:
             print(f"stopping: {e}", flush=True)
     return state
+
+
+def run_healing_steps(state: RunState, roles: Roles, run) -> None:
+    """:func:`run_steps`; a learner group that loses a rank is started again from the last checkpoint, up to
+    ``train.max_restarts`` times, and the steps go on (see :meth:`RunState.restart`)."""
+    limit, restarts = state.cfg.train.max_restarts, 0
+    while True:
+        try:
+            return run_steps(state, roles, tokenizer=run.tokenizer)
+        except LearnerLost as e:
+            if restarts >= limit:
+                why = ("train.max_restarts=0: a lost learner rank ends the run" if limit == 0 else
+                       f"after {restarts} restart(s), the most train.max_restarts={limit} allows")
+                raise LearnerLost(f"{e}; {why}") from e
+            restarts += 1
+            log.warning("%s: starting the learner group again from the last checkpoint (%d of train.max_restarts=%d)",
+                        e, restarts, limit)
+            t0 = time.perf_counter()
+            roles.learner.shutdown()
+            roles.learner = make_learner(run)
+            checkpoint = state.restart(roles.learner, roles.source, roles.weight_sync)
+            seconds = time.perf_counter() - t0
+            log.warning("learner group started again in %.1f s; continuing from step %d (%s)", seconds, state.step,
+                        checkpoint or "the start: no checkpoint was written")
+            if roles.restarts is not None:
+                roles.restarts.record("learner", 0, str(e), seconds, step=state.step,
+                                      checkpoint=str(checkpoint) if checkpoint else None)
 
 
 def run_steps(state: RunState, roles: Roles, *, tokenizer) -> None:
@@ -90,6 +120,8 @@ def run_steps(state: RunState, roles: Roles, *, tokenizer) -> None:
 
         step_seconds = t2 - t0
         metrics.update(rollout.metrics)
+        if roles.restarts is not None:
+            metrics.update(roles.restarts.metrics())
         metrics.update(
             policy_version=learner.version, weight_sync_seconds=push_seconds, step_seconds=step_seconds,
             learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,

@@ -17,6 +17,7 @@ from grpo_rl.envs.arithmetic import ArithmeticSpec, problem_count
 from grpo_rl.envs.rewards.custom import RewardFunction, user_reward_components
 from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.errors import ConfigError
+from grpo_rl.model.loading import missing_tokenizer
 from grpo_rl.model.optim import check_optimizer
 from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.placement.context import RolePrecisions, engine_is_served
@@ -39,6 +40,10 @@ def validate(cfg, rewards: Sequence[RewardFunction] = (), *, mode: str = "sync")
     if cfg.reward.model_path and not (Path(cfg.reward.model_path).expanduser() / "config.json").is_file():
         raise ConfigError(f"reward.model_path={cfg.reward.model_path}: no config.json there; point it at a local "
                           "HF folder holding an AutoModelForSequenceClassification with num_labels=1")
+    if cfg.reward.model_path:
+        missing = missing_tokenizer(Path(cfg.reward.model_path).expanduser())
+        if missing is not None:
+            raise ConfigError(f"reward.model_path={cfg.reward.model_path}: the folder {missing}")
 
 
 def _check_arithmetic_problems(cfg) -> None:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
+from grpo_rl.distributed.healing import Restarts
 from grpo_rl.distributed.learner_group import LearnerGroup
 from grpo_rl.distributed.pipeline import AsyncRollouts
 from grpo_rl.distributed.reference_actors import ReferenceActors
+from grpo_rl.errors import RoleFailed
 from grpo_rl.engines.build import make_engine, start_servers
 from grpo_rl.placement.context import RunContext
 from grpo_rl.placement.ray import start_ray, stop_ray
@@ -50,35 +53,65 @@ def make_learner(run: RunContext):
     return make_local_learner(run)
 
 
-def make_reference(run: RunContext, learner=None):
+def make_reference(run: RunContext, learner=None, restarts: Restarts | None = None):
     """The reference scorer (``score(batch)`` adds ``ref_logprobs``), or None without a KL penalty: in the driver
     (for LoRA, ``learner``'s model with its adapters off), or :class:`ReferenceActors` when it is a stage of its
-    own (``ref_model.placement``)."""
+    own (``ref_model.placement``), whose lost replicas are replaced within ``restarts``."""
     placement = run.placement.reference
     if placement is not None and placement.actors:
-        return ReferenceActors(run, timeout=run.cfg.pipeline.timeout_seconds)
+        return ReferenceActors(run, timeout=run.cfg.pipeline.timeout_seconds, restarts=restarts)
     return make_ref_scorer(run, learner)
 
 
 def make_rollout_source(run: RunContext, env, *, engine=None, reference=None, evaluator: Evaluator | None = None,
-                        ) -> tuple[RolloutSource, ReferenceScorer | None]:
+                        fleet=None, restarts: Restarts | None = None) -> tuple[RolloutSource, ReferenceScorer | None]:
     """The rollout source, and the reference scorer the learner still applies (None when the source scores).
 
     With ``engine``: the synchronous loop's :class:`InProcessRollouts` over ``engine`` and ``env`` (evaluating with
     ``evaluator``); the learner scores with ``reference`` wherever it runs. Without: the asynchronous loop's
     :class:`AsyncRollouts`, whose collector actors build their own engines and whose driver-side ``env`` tracks the
     stream position; a reference of its own actors becomes its stage between the buffer and the learner, so the
-    three roles overlap. DAPO's dynamic sampling wraps either.
+    three roles overlap; lost collectors (and their engine servers, from ``fleet``) are replaced within
+    ``restarts``. DAPO's dynamic sampling wraps either.
     """
-    source, reference = _collecting_source(run, env, engine=engine, reference=reference, evaluator=evaluator)
+    source, reference = _collecting_source(run, env, engine=engine, reference=reference, evaluator=evaluator,
+                                           fleet=fleet, restarts=restarts)
     return with_dynamic_sampling(run, source), reference
 
 
-def _collecting_source(run: RunContext, env, *, engine, reference, evaluator):
+def _collecting_source(run: RunContext, env, *, engine, reference, evaluator, fleet=None, restarts=None,
+                       weight_sync=None):
     if engine is not None:
-        return InProcessRollouts(make_collector(run, engine, env), evaluator), reference
+        heal = served_healer(run, fleet, engine, weight_sync, restarts) if fleet is not None else None
+        return InProcessRollouts(make_collector(run, engine, env), evaluator, heal=heal), reference
     stage = reference if isinstance(reference, ReferenceActors) else None
-    return AsyncRollouts(run, env, reference=stage), (None if stage is not None else reference)
+    rollouts = AsyncRollouts(run, env, reference=stage, fleet=fleet, restarts=restarts)
+    return rollouts, (None if stage is not None else reference)
+
+
+def served_healer(run: RunContext, fleet, engine, weight_sync: InPlaceWeightSync, restarts: Restarts):
+    """The synchronous loop's answer to a failed collection with engine servers the run started: every server
+    that no longer answers is started again (within ``pipeline.max_restarts``), given the newest weights, and the
+    batch is collected again. A failure with every server healthy is not healed."""
+    restarts.register("engine")
+
+    def heal(error: RoleFailed) -> bool:
+        lost = [i for i in range(len(fleet.servers)) if not fleet.healthy(i)]
+        if not lost:
+            return False
+        for index in lost:
+            if not restarts.allowed("engine"):
+                raise RoleFailed(f"{error}; {restarts.exhausted('engine')}") from error
+            log.warning("engine server %s does not answer: starting another", fleet.servers[index].url)
+            t0 = time.perf_counter()
+            url = fleet.replace(index)
+            engine.replace_server(index, url)
+            run.engine_urls = tuple(fleet.urls)
+            weight_sync.push_again()
+            restarts.record("engine", index, str(error), time.perf_counter() - t0, url=url)
+        return True
+
+    return heal
 
 
 def with_dynamic_sampling(run: RunContext, source: RolloutSource) -> RolloutSource:
@@ -106,9 +139,13 @@ def make_weight_sync(run: RunContext, *, engine=None, rollouts: AsyncRollouts | 
     if transport == "collective":
         from grpo_rl.weights.collective_sync import CollectiveWeightSync
 
-        return CollectiveWeightSync(rollouts.collectors, device=run.devices.train[0],
+        sync = CollectiveWeightSync(rollouts.collectors, device=run.devices.train[0],
                                     timeout=run.cfg.pipeline.timeout_seconds)
-    return ObjectStoreWeightSync(rollouts.collectors, timeout=run.cfg.pipeline.timeout_seconds)
+    else:  # a push skips a collector that died: its replacement is given the newest push
+        sync = ObjectStoreWeightSync(rollouts.collectors, timeout=run.cfg.pipeline.timeout_seconds,
+                                     lost_ok=run.cfg.pipeline.max_restarts > 0)
+    rollouts.weight_sync = sync
+    return sync
 
 
 @dataclass(frozen=True)
@@ -143,6 +180,8 @@ class Roles:
     """The reference the loop scores with; None without a KL penalty or when the source scores (a stage)."""
     weight_sync: WeightSync
     push: PushPolicy
+    restarts: Restarts | None = None
+    """The replacements of lost workers and restarts of the learner so far (``restarts/*`` metrics)."""
 
 
 def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) -> Roles:
@@ -159,6 +198,7 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
     fleet = start_servers(run)  # the vLLM servers of a served engine, before anything that talks to them
     if fleet is not None:
         cleanup.callback(fleet.close)
+    restarts = Restarts(cfg.pipeline.max_restarts, run.run_dir)
     if run.mode == "sync":
         shared = cfg.inference_model.share_weights
         engine = None if shared else make_engine(run)
@@ -168,12 +208,16 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
         if shared:
             engine = make_engine(run, policy=learner.model)
         cleanup.callback(engine.shutdown)
-        source, reference = make_rollout_source(run, env, engine=engine, reference=make_reference(run, learner),
-                                                evaluator=make_evaluator(run, engine, env=eval_env))
         weight_sync = make_weight_sync(run, engine=engine)
+        source, reference = _collecting_source(run, env, engine=engine,
+                                               reference=make_reference(run, learner, restarts=restarts),
+                                               evaluator=make_evaluator(run, engine, env=eval_env), fleet=fleet,
+                                               restarts=restarts, weight_sync=weight_sync)
+        source = with_dynamic_sampling(run, source)
         push = PushPolicy(every=None if shared else 1, stop_between_phases=True)
     else:
-        rollouts, reference = _collecting_source(run, env, engine=None, reference=make_reference(run), evaluator=None)
+        rollouts, reference = _collecting_source(run, env, engine=None, reference=make_reference(run, restarts=restarts),
+                                                 evaluator=None, fleet=fleet, restarts=restarts)
         cleanup.callback(rollouts.close)
         source = with_dynamic_sampling(run, rollouts)
         seed_everything(cfg.seed)
@@ -182,4 +226,7 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
         weight_sync = make_weight_sync(run, rollouts=rollouts)
         push = PushPolicy(every=cfg.pipeline.push_every, stop_between_phases=False)
     cleanup.callback(weight_sync.close)
-    return Roles(source=source, learner=learner, reference=reference, weight_sync=weight_sync, push=push)
+    if run.placement.learner.actors:
+        restarts.register("learner")
+    return Roles(source=source, learner=learner, reference=reference, weight_sync=weight_sync, push=push,
+                 restarts=restarts)

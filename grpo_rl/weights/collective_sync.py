@@ -16,6 +16,7 @@ import torch
 
 from grpo_rl.weights.collective import WeightBroadcast
 from grpo_rl.placement.ray import free_port
+from grpo_rl.errors import RoleFailed
 from grpo_rl.weights.sync import WeightPacket, unpack_weights, wait_for_collectors
 
 
@@ -51,6 +52,15 @@ class CollectiveWeightSync:
     def delivered(self) -> float:
         """A push returns once every collector holds it."""
         return 0.0
+
+    can_replace = False
+    """A lost collector ends the run (see :meth:`send_newest`)."""
+
+    def send_newest(self, replica: int, actor) -> None:
+        """A broadcast group has a fixed set of ranks: a replacement collector cannot join it."""
+        raise RoleFailed(f"collector replica {replica} was lost, and pipeline.weight_transport=collective cannot "
+                         "give a replacement its weights (its broadcast group is fixed at start); use "
+                         "pipeline.weight_transport=object_store to have lost collectors replaced")
 
     def close(self) -> None:
         self.group.close()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol
 
 import torch
 
@@ -110,13 +110,20 @@ class InPlaceWeightSync:
     def __init__(self, engine):
         self.engine = engine
         self.version = 0
+        self._newest = None
 
     def push(self, weights, version: int) -> float:
         t0 = time.perf_counter()
-        self.engine.update_weights(unpack_weights(weights) if isinstance(weights, WeightPacket) else weights,
-                                   version=version)
-        self.version = version
+        weights = unpack_weights(weights) if isinstance(weights, WeightPacket) else list(weights)
+        self.engine.update_weights(weights, version=version)
+        self.version, self._newest = version, weights
         return time.perf_counter() - t0
+
+    def push_again(self) -> None:
+        """Push the newest weights once more (to an engine server started again); nothing before the first push:
+        a new server loads the model's own weights, version 0."""
+        if self._newest is not None:
+            self.engine.update_weights(self._newest, version=self.version)
 
     def delivered(self) -> float:
         """A push here is done when it returns."""
@@ -134,30 +141,51 @@ class ObjectStoreWeightSync:
         timeout: seconds to wait for the previous push's delivery (``pipeline.timeout_seconds``).
     """
 
-    def __init__(self, collectors: Sequence[Any], timeout: float | None = None):
-        self.collectors = list(collectors)
+    def __init__(self, collectors: list[Any], timeout: float | None = None, *, lost_ok: bool = False):
+        self.collectors = collectors  # the rollout source's own list: a replaced collector gets the next push
         self.timeout = timeout
+        self.lost_ok = lost_ok
         self._inflight: list = []
+        self._newest: WeightPacket | None = None
 
     def push(self, weights, version: int) -> float:
         t0 = time.perf_counter()
         # Surfaces a failure of the previous push; these calls return at once.
-        wait_for_collectors(self._inflight, "taking the weights of the previous push", self.timeout)
+        wait_for_collectors(self._inflight, "taking the weights of the previous push", self.timeout,
+                            lost_ok=self.lost_ok)
         packet = weights if isinstance(weights, WeightPacket) else pack_weights(weights, version)
+        self._newest = packet
         self._inflight = [c.set_weights.remote(packet) for c in self.collectors]
         return time.perf_counter() - t0
 
     def delivered(self) -> float:
         t0 = time.perf_counter()
-        wait_for_collectors(self._inflight, "taking the weights of the last push", self.timeout)
+        wait_for_collectors(self._inflight, "taking the weights of the last push", self.timeout,
+                            lost_ok=self.lost_ok)
         return time.perf_counter() - t0
+
+    can_replace = True
+    """A lost collector's replacement can be given the newest push (:meth:`send_newest`)."""
+
+    def send_newest(self, replica: int, actor) -> None:
+        """Give ``actor``, the replacement of collector ``replica``, the newest push (nothing before the first:
+        it starts from the model's own weights, version 0)."""
+        if self._newest is None:
+            return
+        call = actor.set_weights.remote(self._newest)
+        wait_for_collectors([call], "taking the newest weights as a replacement", self.timeout)
+        if replica < len(self._inflight):
+            self._inflight[replica] = call
 
     def close(self) -> None:
         self._inflight = []
 
 
-def wait_for_collectors(calls: list, what: str, timeout: float | None) -> list:
+def wait_for_collectors(calls: list, what: str, timeout: float | None, *, lost_ok: bool = False) -> list:
     """``ray.get`` of one call per collector replica (call ``i`` to replica ``i``) within ``timeout`` seconds.
+
+    With ``lost_ok`` (lost collectors are replaced, and the replacement is given the newest push), a call to an
+    actor that died returns None instead.
 
     Raises:
         RoleFailed: on one line, naming the replica that died or failed while doing ``what`` (its own log, above,
@@ -170,10 +198,24 @@ def wait_for_collectors(calls: list, what: str, timeout: float | None) -> list:
     except ray.exceptions.GetTimeoutError as e:
         raise RoleFailed(f"a collector did not finish {what} within pipeline.timeout_seconds={timeout:g}") from e
     except ray.exceptions.RayError as e:
+        if lost_ok and isinstance(e, ray.exceptions.RayActorError):
+            return [_unless_lost(i, call, what, timeout) for i, call in enumerate(calls)]
         replica = next((i for i, call in enumerate(calls) if _failed(call)), None)
         who = "a collector" if replica is None else f"collector replica {replica}"
         how = "died" if isinstance(e, ray.exceptions.RayActorError) else "failed"
         raise RoleFailed(f"{who} {how} while {what}: {type(e).__name__}; its log is above") from e
+
+
+def _unless_lost(replica: int, call, what: str, timeout: float | None):
+    """The result of ``call`` to collector ``replica``; None if the actor died (it is being replaced)."""
+    import ray
+
+    try:
+        return ray.get(call, timeout=timeout)
+    except ray.exceptions.RayActorError:
+        return None
+    except ray.exceptions.RayError as e:
+        raise RoleFailed(f"collector replica {replica} failed while {what}: {type(e).__name__}; its log is above") from e
 
 
 def _failed(call) -> bool:

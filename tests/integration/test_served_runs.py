@@ -104,14 +104,31 @@ def test_sync_served_run_samples_as_in_process_and_sigterm_stops_its_server(tiny
     assert not wait_gone(sids, 5), "the server outlived the run"
 
 
-def test_async_served_run_with_inflight_updates_leaves_no_server_when_the_driver_is_killed(
+def wait_for_line(proc: subprocess.Popen, lines: list[str], text: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in lines):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no {text!r}:\n" + "".join(lines[-60:]))
+        time.sleep(0.2)
+
+
+def test_async_served_run_replaces_a_killed_server_and_leaves_none_when_the_driver_is_killed(
         tiny_model_dir, tmp_path, in_process_answers):
+    """With in-flight updates: the run's server is SIGKILLed after step 2; its collector is replaced with a new
+    server, given the newest weights, and the steps go on, each batch trained once. Then the driver is SIGKILLed:
+    no server outlives it."""
     run_dir = tmp_path / "killed"
     proc, lines = start_script("grpo-async.py", [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED,
                                                  "pipeline.inflight_updates=true"], until="step 2/1000 |")
     try:
         sids = server_sessions("".join(lines))
         assert len(sids) == 1 and alive_in_session(sids[0]), "".join(lines[-60:])
+        os.killpg(sids[0], signal.SIGKILL)  # the server and its engine process
+        wait_for_line(proc, lines, "collector replica 0 replaced")
+        steps_then = len((run_dir / "metrics.jsonl").read_text().splitlines())
+        wait_for_line(proc, lines, f"step {steps_then + 2}/1000 |")
+        sids = server_sessions("".join(lines))
+        assert len(sids) == 2 and alive_in_session(sids[1]) and not alive_in_session(sids[0]), sids
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone: no cleanup of its own runs
         proc.wait(timeout=30)
         left = wait_gone(sids)
@@ -125,6 +142,11 @@ def test_async_served_run_with_inflight_updates_leaves_no_server_when_the_driver
     assert not left, f"the server outlived its driver: {left}"
     # the collector drove the server: the same first batch as the synchronous in-process run
     assert first_answers(run_dir) == in_process_answers
+    (restart,) = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert restart["role"] == "collector" and "failed" in restart["cause"], restart
+    trained = [b for line in (run_dir / "trained.jsonl").read_text().splitlines() for b in json.loads(line)["batch_index"]]
+    assert len(trained) == len(set(trained)) >= steps_then + 2 and set(trained) == set(range(len(trained))), trained
+    assert (run_dir / "engine_server_0.1.log").exists()  # the replacement's log beside the first one
 
 
 def test_a_server_that_dies_mid_run_is_named_and_the_last_step_is_kept(tiny_model_dir, tmp_path):

@@ -14,24 +14,27 @@ TRL) may return None for an answer: that answer gets ``fallback`` and is counted
 and never makes a step raise.
 
 A component with ``timeout_seconds`` runs in a worker thread, and the step stops waiting for it after that
-long (the function runs off the main thread, so it cannot install signal handlers). Python cannot stop a
-thread, so a call that never returns is abandoned, not killed: it keeps running (and using CPU) in the
-background until it returns or the process ends. To bound that, a step stops retrying
-a component after :data:`MAX_RETRY_TIMEOUTS` timed-out retries, and a component with
+long (:mod:`grpo_rl.envs.time_limit`, which tools use too; the function runs off the main thread, so it cannot
+install signal handlers). Python cannot stop a thread, so a call that never returns is abandoned, not killed: it
+keeps running (and using CPU) in the background until it returns or the process ends. To bound that, a step stops
+retrying a component after :data:`MAX_RETRY_TIMEOUTS` timed-out retries, and a component with
 :data:`MAX_ABANDONED_CALLS` abandoned calls still running is not called again until some of them return.
 """
 from __future__ import annotations
 
-import contextvars
+import functools
+import inspect
 import logging
 import math
 import numbers
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo_rl.envs.time_limit import MAX_ABANDONED_CALLS, CallTimeout, call_with_time_limit, still_running
 from grpo_rl.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,6 @@ RewardFn = Callable[[Sequence[str], Sequence[Any]], Sequence[float]]
 MAX_EXAMPLE_CHARS = 300
 # After this many timed-out retries in one step, the component's other samples are not retried.
 MAX_RETRY_TIMEOUTS = 2
-# A component with this many timed-out calls still running is not called (its samples time out at once).
-MAX_ABANDONED_CALLS = 4
 
 
 class RewardError(UserError, RuntimeError):
@@ -61,15 +62,11 @@ def _no_reward() -> NoReward:
     return NoReward("returned None: no reward for this answer (TRL's convention); it gets reward.fallback")
 
 
-class RewardTimeout(Exception):
+class RewardTimeout(CallTimeout):
     """A reward call ran past its component's ``timeout_seconds`` and was abandoned (or was not made).
 
     ``thread``: the abandoned call's thread, still running; None when no call was made.
     """
-
-    def __init__(self, message: str, thread: threading.Thread | None = None):
-        super().__init__(message)
-        self.thread = thread
 
 
 @dataclass
@@ -80,6 +77,8 @@ class RewardComponent:
     from ``reward.timeout_seconds`` for users' functions).
     ``none_is_no_reward``: a None in the returned list means "no reward for this answer" (TRL's convention): the
     answer gets the fallback and counts as a failure, without a retry, and a step of all None does not raise.
+    ``origin``: where the function comes from, ``file.py:function``, for messages; None: found from ``fn``
+    (:func:`function_origin`). A function loaded from a user's file gives the file as configured.
     """
 
     name: str
@@ -87,6 +86,35 @@ class RewardComponent:
     weight: float = 1.0
     timeout_seconds: float | None = None
     none_is_no_reward: bool = False
+    origin: str | None = None
+
+    def where(self) -> str:
+        """``file.py:function`` of the component's code (:attr:`origin`, else :func:`function_origin`)."""
+        return self.origin or function_origin(self.fn)
+
+
+_PACKAGE_PARENT = Path(__file__).resolve().parents[3]  # the folder holding grpo_rl/
+
+
+def function_origin(fn: Callable) -> str:
+    """``file.py:qualified.name`` of the code behind ``fn``: partials, decorators and bound methods are unwrapped,
+    a callable object is named by its class; a file of this package is given from ``grpo_rl/`` on, a file under
+    the working directory relative to it, other files in full, code without a file (a C function) by its module."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    target = inspect.unwrap(getattr(fn, "__func__", fn))
+    if not (inspect.isfunction(target) or inspect.isclass(target) or inspect.isbuiltin(target)):
+        target = type(target)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    try:
+        file = Path(inspect.getsourcefile(target) or inspect.getfile(target)).resolve()
+    except (TypeError, OSError):
+        return f"{getattr(target, '__module__', None) or '?'}:{name}"
+    for root in (_PACKAGE_PARENT / "grpo_rl", Path.cwd()):
+        if file.is_relative_to(root):
+            file = file.relative_to(root.parent if root.name == "grpo_rl" else root)
+            break
+    return f"{file}:{name}"
 
 
 @dataclass
@@ -130,13 +158,14 @@ class CompositeReward:
             # A timeout or a declared "no reward" is not proof that the function is broken.
             excused = any(e.get("timed_out") or e.get("no_reward") for e in errors)
             if failed == n and n > 0 and not excused:
-                raise RewardError(f"reward {comp.name!r} failed on every sample of the step, so it cannot score this "
-                                  f"task; fix the function (and test it on a few responses), then resume with "
-                                  f"resume=auto. First failure: {errors[0]}")
+                raise RewardError(f"reward {comp.name!r} ({comp.where()}) failed on every sample of the step, so it "
+                                  f"cannot score this task; fix the function (and test it on a few responses), then "
+                                  f"resume with resume=auto. First failure: {errors[0]}")
             if failed:
                 failures[comp.name] = failed
                 examples.extend(errors[:3])
-                log.warning("reward %r failed on %d/%d samples; first: %s", comp.name, failed, n, errors[0])
+                log.warning("reward %r (%s) failed on %d/%d samples; first: %s", comp.name, comp.where(), failed, n,
+                            errors[0])
             values[comp.name] = vals
             total += comp.weight * vals
         return RewardResult(total=total, components=values, failures=failures, failure_examples=examples)
@@ -152,8 +181,7 @@ class CompositeReward:
         n = len(responses)
         limit = comp.timeout_seconds
         abandoned = self._abandoned.setdefault(comp.name, [])
-        abandoned[:] = [t for t in abandoned if t.is_alive()]
-        if len(abandoned) >= MAX_ABANDONED_CALLS:
+        if still_running(abandoned) >= MAX_ABANDONED_CALLS:
             skipped = RewardTimeout(f"not called: {len(abandoned)} earlier calls are still running past "
                                     f"reward.timeout_seconds={limit:g}; make the function faster or raise the limit")
             return (torch.full((n,), self.fallback, dtype=torch.float32), n,
@@ -231,36 +259,21 @@ def _as_number(v: Any) -> float | None:
 
 
 def _call(comp: RewardComponent, responses, references, extra: dict, timeout: float | None):
-    """``comp.fn(responses, references, **extra)``, abandoned with :class:`RewardTimeout` after ``timeout`` seconds.
+    """``comp.fn(responses, references, **extra)``, abandoned with :class:`RewardTimeout` after ``timeout`` seconds
+    (:func:`~grpo_rl.envs.time_limit.call_with_time_limit`: a daemon thread that runs on until the function
+    returns); the worker computes with the caller's grad mode, which torch keeps per thread."""
+    grad = torch.is_grad_enabled()
 
-    With a timeout the call runs in a daemon thread (with the caller's context variables) and the caller stops
-    waiting after ``timeout``; the thread cannot be stopped and runs on until the function returns.
-    """
     def call():
-        return comp.fn(responses, references, **extra) if extra else comp.fn(responses, references)
+        with torch.set_grad_enabled(grad):
+            return comp.fn(responses, references, **extra) if extra else comp.fn(responses, references)
 
     if timeout is None:
         return call()
-    box: dict[str, Any] = {}
-    grad = torch.is_grad_enabled()  # thread-local in torch: the worker computes as its caller would
-
-    def run():
-        try:
-            with torch.set_grad_enabled(grad):
-                box["out"] = call()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, SystemExit included
-            box["error"] = e
-
-    context = contextvars.copy_context()
-    worker = threading.Thread(target=context.run, args=(run,), name=f"reward-{comp.name}", daemon=True)
-    worker.start()
-    worker.join(max(timeout, 0.0))
-    if worker.is_alive():
-        raise RewardTimeout(f"timed out after reward.timeout_seconds={timeout:g} and was abandoned (it may still be "
-                            "running); make the function faster or raise reward.timeout_seconds", worker)
-    if "error" in box:
-        raise box["error"]
-    return box["out"]
+    return call_with_time_limit(
+        call, timeout, name=f"reward-{comp.name}", error=RewardTimeout,
+        message=(f"timed out after reward.timeout_seconds={timeout:g} and was abandoned (it may still be running); "
+                 "make the function faster or raise reward.timeout_seconds"))
 
 
 def _describe(error: BaseException) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from grpo_rl.errors import ConfigError
-from grpo_rl.envs.rewards.base import RewardComponent
+from grpo_rl.envs.rewards.base import RewardComponent, function_origin
 from grpo_rl.envs.rewards.conventions import ConventionError, adapt_reward
 from grpo_rl.envs.user_files import user_function
 
@@ -151,10 +151,12 @@ def user_reward_components(reward_cfg, *, prompt_column: str | None = None, refe
     for key, path, name, weight, label in specs:
         if path is None:  # a Python object
             fn = UserReward(name.fn, key=key, prompt_column=prompt_column, reference_column=reference_column)
+            origin = function_origin(name.fn)
             name = fn.__name__
         else:
             fn = load_reward_function(path, name, key=key, prompt_column=prompt_column,
                                       reference_column=reference_column)
+            origin = f"{path}:{name}"
         label = label or name
         if label in seen:
             raise RewardLoadError(f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "
@@ -162,5 +164,5 @@ def user_reward_components(reward_cfg, *, prompt_column: str | None = None, refe
         seen[label] = key
         components.append(RewardComponent(label, fn, float(weight),
                                           timeout_seconds=None if timeout is None else float(timeout),
-                                          none_is_no_reward=fn.allows_none))
+                                          none_is_no_reward=fn.allows_none, origin=origin))
     return components

@@ -16,25 +16,34 @@ The first line of the docstring is the description the model reads; the paramete
 described by its ``Args:`` line (else its annotation) and marked optional when it has a default. Arguments
 arrive by name exactly as the model wrote them in JSON (str, int, float, bool, None, list, dict): annotations
 are shown to the model but not enforced or converted, so a tool should check what it gets. A tool returns text
-(anything else goes through ``str()``), or raises :class:`ToolError` for an error the model should read.
+(anything else but None goes through ``str()``), or raises :class:`ToolError` for an error the model should read.
 
-:func:`call_tool` never raises: wrong argument names, an exception inside the tool and oversized output all
-become the text of the ``tool`` message, with an error kind the environment can count. A tool runs in the calling
-thread, without a time limit: a user's tool that can block (network, subprocess) must bound itself.
+:func:`call_tool` never raises: wrong argument names, an exception inside the tool, a reply that is no text (None,
+an object whose ``str()`` fails, text that is not valid Unicode), a call past the tool's ``timeout_seconds`` and
+oversized output all become the text of the ``tool`` message, with an error kind the environment can count. The
+time limit is the one reward functions have (:mod:`grpo_rl.envs.time_limit`): the call runs in a worker thread, and
+one that does not return in time is abandoned (it runs on in the background); a tool with
+:data:`~grpo_rl.envs.time_limit.MAX_ABANDONED_CALLS` such calls still running is not called until they return.
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from grpo_rl.errors import ConfigError
+from grpo_rl.envs.time_limit import MAX_ABANDONED_CALLS, CallTimeout, call_with_time_limit, still_running
 from grpo_rl.envs.tools.calculator import CalculatorError, evaluate, format_number
 from grpo_rl.envs.user_files import user_function
 
-__all__ = ["BUILTIN_TOOLS", "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "Tool", "ToolError", "call_tool", "load_tool",
-           "tool_from_function"]
+__all__ = ["BUILTIN_TOOLS", "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "Tool", "ToolError", "ToolTimeout", "call_tool",
+           "load_tool", "tool_from_function"]
+
+log = logging.getLogger(__name__)
 
 # Longest tool reply (the tool message's text) by default, and longest error line.
 MAX_OUTPUT_CHARS = 500
@@ -51,6 +60,8 @@ class Tool:
         parameters: parameter name -> one-line description, in signature order.
         fn: called with the arguments by name; returns the reply text (or anything ``str()`` turns into it).
         example: arguments for the system prompt's example call (default: ``"..."`` for each parameter).
+        timeout_seconds: how long one call may run before it is abandoned and answered with an error (None: no
+            limit; ``env.tools[i].timeout_seconds`` for configured tools).
     """
 
     name: str
@@ -58,6 +69,7 @@ class Tool:
     parameters: dict[str, str]
     fn: Callable[..., Any] = field(repr=False)
     example: dict[str, Any] | None = None
+    timeout_seconds: float | None = None
 
 
 class ToolError(Exception):
@@ -67,6 +79,15 @@ class ToolError(Exception):
     def __init__(self, message: str, kind: str = "tool_error"):
         super().__init__(message)
         self.kind = kind
+
+
+class ToolTimeout(CallTimeout):
+    """A tool call ran past its tool's ``timeout_seconds`` and was abandoned (or was not made)."""
+
+
+class _BadOutput(Exception):
+    """A tool returned something that is not a reply: None, an object whose ``str()`` fails, text that is not
+    valid Unicode."""
 
 
 def _args_section(doc: str) -> dict[str, str]:
@@ -173,15 +194,42 @@ def _one_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def call_tool(tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS) -> tuple[str, str | None]:
-    """Run ``tool`` with ``arguments`` (a :class:`~grpo_rl.envs.tools.format.ToolCall`'s) and never raise.
+def _reply_text(tool: Tool, arguments: Mapping[str, Any]) -> str:
+    """``tool``'s reply to ``arguments`` as text; raises :class:`_BadOutput` when it is no text."""
+    out = tool.fn(**arguments)
+    if out is None:
+        raise _BadOutput(f"{tool.name} returned None, not a reply; a tool returns its reply as text")
+    try:
+        text = out if isinstance(out, str) else str(out)
+    except Exception as e:  # noqa: BLE001 - a user's object whose __str__ fails
+        raise _BadOutput(f"{tool.name} returned a {type(out).__name__} whose str() raised {type(e).__name__}") from e
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates: no tokenizer can encode them
+        raise _BadOutput(f"{tool.name} returned text that is not valid Unicode (at character {e.start})") from e
+    return text
+
+
+def call_tool(tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS,
+              abandoned: list[threading.Thread] | None = None) -> tuple[str, str | None]:
+    """Run ``tool`` with ``arguments`` (a :class:`~grpo_rl.envs.tools.format.ToolCall`'s) under its
+    ``timeout_seconds``, and never raise.
+
+    Args:
+        tool: the tool.
+        arguments: the call's arguments, as the model wrote them.
+        max_chars: a reply longer than this is cut, ending with how long it was.
+        abandoned: this tool's calls that ran past the limit and may still run, kept by the caller across calls: a
+            call that times out is added; with :data:`~grpo_rl.envs.time_limit.MAX_ABANDONED_CALLS` of them still
+            running the tool is not called. None: no such bound.
 
     Returns:
         ``(text, kind)``: the ``tool`` message's text and None, or an ``error: ...`` line and the error's kind:
         ``"bad_arguments"`` (not an object, an unknown or a missing argument), ``"exception"`` (the tool raised;
-        the line gives the exception's type and message, cut to :data:`MAX_ERROR_CHARS`), a
-        :class:`ToolError`'s ``kind``, or the calculator's (:data:`grpo_rl.envs.tools.calculator.KINDS`). A reply
-        longer than ``max_chars`` is cut, ending with how long it was.
+        the line gives the exception's type and message, cut to :data:`MAX_ERROR_CHARS`), ``"timeout"`` (it ran
+        past ``timeout_seconds``, or was not called because earlier calls still run), ``"bad_output"`` (the reply
+        is no text), a :class:`ToolError`'s ``kind``, or the calculator's
+        (:data:`grpo_rl.envs.tools.calculator.KINDS`).
     """
     if not isinstance(arguments, Mapping):
         return _one_line(f"error: {tool.name} takes an object of named arguments, not {type(arguments).__name__}",
@@ -197,10 +245,27 @@ def call_tool(tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS) 
         return _one_line(f"error: {e}; {tool.name}'s arguments: {known}", MAX_ERROR_CHARS), "bad_arguments"
     except ValueError:  # no readable signature: the call itself will tell
         pass
+    limit = tool.timeout_seconds
+    if abandoned is not None and still_running(abandoned) >= MAX_ABANDONED_CALLS:
+        return _one_line(f"error: {tool.name} was not called: {len(abandoned)} earlier calls are still running past "
+                         f"its time limit of {limit:g} s", MAX_ERROR_CHARS), "timeout"
+    call = functools.partial(_reply_text, tool, arguments)
     try:
-        text = str(tool.fn(**arguments))
+        if limit is None:
+            text = call()
+        else:
+            text = call_with_time_limit(call, limit, name=f"tool-{tool.name}", error=ToolTimeout,
+                                        message=f"{tool.name} did not answer within {limit:g} s")
+    except ToolTimeout as e:
+        if abandoned is not None and e.thread is not None:
+            abandoned.append(e.thread)
+        log.warning("tool %r ran past its timeout_seconds=%g (env.tools) and was abandoned; the model gets an error "
+                    "reply (counted in tool_errors_timeout)", tool.name, limit)
+        return _one_line(f"error: {e}", MAX_ERROR_CHARS), "timeout"
     except (ToolError, CalculatorError) as e:
         return _one_line(f"error: {e}", MAX_ERROR_CHARS), e.kind
+    except _BadOutput as e:
+        return _one_line(f"error: {e}", MAX_ERROR_CHARS), "bad_output"
     except (Exception, SystemExit) as e:  # a tool's sys.exit() must not end the run
         return _one_line(f"error: {type(e).__name__}: {e}", MAX_ERROR_CHARS), "exception"
     if len(text) > max_chars:

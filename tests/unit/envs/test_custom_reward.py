@@ -1,9 +1,11 @@
 """Loading a user's reward functions, their failure handling, the file environment and the worked example."""
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -14,6 +16,7 @@ from grpo_rl.run.preflight import validate
 from grpo_rl.run.metrics import log_reward_failures
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent, RewardError
 from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
+from grpo_rl.envs.rewards.gsm8k import correctness_reward
 from tests.unit.helpers import file_env, score_answers, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -189,9 +192,18 @@ def test_non_number_gets_the_fallback(rewards_file):
     assert "returned None" in result.failure_examples[0]["error"]
 
 
-def test_every_sample_failing_raises(rewards_file):
-    with pytest.raises(RewardError, match="'always_raises' failed on every sample"):
-        _reward(rewards_file, "always_raises")(["a", "b"], ["x"] * 2)
+def test_every_sample_failing_raises_naming_the_file_and_the_function(rewards_file):
+    cfg = SimpleNamespace(path=str(rewards_file), name="always_raises", functions=[], timeout_seconds=None)
+    reward = CompositeReward(user_reward_components(cfg))
+    with pytest.raises(RewardError) as info:
+        reward(["a", "b"], ["x"] * 2)
+    assert str(info.value).startswith(f"reward 'always_raises' ({rewards_file}:always_raises) failed on every sample")
+    # A component built without an origin finds it from its function: a built-in by its module's file.
+    builtin = CompositeReward([RewardComponent("correct", functools.partial(correctness_reward,
+                                                                           last_number_fallback=False))])
+    with pytest.raises(RewardError, match=r"^reward 'correct' \(grpo_rl/envs/rewards/gsm8k.py:correctness_reward\) "
+                                          "failed on every sample"):
+        builtin(["a", "b"], [None, None])
 
 
 def test_failures_are_written_to_the_run_dir(tmp_path, rewards_file):

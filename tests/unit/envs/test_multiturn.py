@@ -3,13 +3,17 @@ token exactness: every model token the learner trains on is an id the engine sam
 in the context the engine sampled it from."""
 from __future__ import annotations
 
+import time
+
 import torch
+from omegaconf import OmegaConf
 
 from grpo_rl.rollout.collector import Collector
 from grpo_rl.training.learner import loss_mask
 from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.envs.multiturn import ERROR_KINDS, ToolMessages, ToolUse, pack_episodes, run_episodes, tool_metrics
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.envs.tools.registry import BUILTIN_TOOLS, call_tool
 from tests.unit.helpers import file_env, write_jsonl
 
@@ -113,6 +117,52 @@ def test_a_call_at_the_last_turn_ends_the_episode_truncated(tokenizer):
                             max_total_tokens=4096)
     assert episodes[0].turns == 2 and episodes[0].tool_calls == 2 and episodes[0].truncated
     assert len(engine.calls) == 2
+
+
+STUCK_TOOL = '''
+import threading
+
+RELEASE = threading.Event()
+
+
+def lookup(word: str) -> str:
+    """Look a word up (and never answer)."""
+    RELEASE.wait()
+    return word
+'''
+
+
+def test_a_hung_user_tool_is_a_failed_tool_and_the_episode_goes_on(tokenizer, tmp_path):
+    (tmp_path / "stuck.py").write_text(STUCK_TOOL)
+    tools = configured_tools(OmegaConf.create([{"name": "lookup", "path": str(tmp_path / "stuck.py"),
+                                                "timeout_seconds": 0.3}]))
+    prompts = [tokenizer.encode("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")]
+    lookup = '<tool_call>{"name": "lookup", "arguments": {"word": "ratio"}}</tool_call>'
+    engine = ScriptedEngine(tokenizer, [lookup, "It did not answer. #### 1"])
+    started = time.monotonic()
+    try:
+        episodes = run_episodes(engine, prompts, 1, SamplingSpec(max_new_tokens=64), tools=ToolUse(tools),
+                                messages=ToolMessages(tokenizer), decode=decode(tokenizer), max_turns=3,
+                                max_total_tokens=4096)
+    finally:
+        tools["lookup"].fn.__globals__["RELEASE"].set()
+    assert time.monotonic() - started < 3  # about the limit, not forever
+    [episode] = episodes
+    assert episode.turns == 2 and not episode.truncated  # the model read the error and answered
+    assert episode.tool_errors == {"timeout": 1}
+    assert "error: lookup did not answer within 0.3 s" in tokenizer.decode(engine.calls[1]["context"])
+    metrics = tool_metrics(pack_episodes(prompts, episodes, 1, pad_id=0))
+    assert metrics["tool_errors"] == 1 and metrics["tool_errors_timeout"] == 1
+
+
+def test_tool_use_pickles_without_its_abandoned_calls():
+    import pickle
+    import threading
+
+    tools = ToolUse(dict(BUILTIN_TOOLS))
+    tools._abandoned["calculator"] = [threading.Thread(target=lambda: None)]
+    copy = pickle.loads(pickle.dumps(tools))  # to a collector actor
+    assert copy.tools.keys() == tools.tools.keys() and copy._abandoned == {}
 
 
 def test_the_loss_covers_model_tokens_only(tokenizer):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,15 @@ def test_file_env_with_a_reward_model_alone(tmp_path, tokenizer, reward_model_di
 def test_validate_reward_model_settings(reward_model_dir, overrides, match):
     with pytest.raises(ConfigError, match=match):
         validate(_compose([o.format(rm=reward_model_dir) for o in overrides]))
+
+
+def test_a_reward_model_folder_without_a_tokenizer_is_refused_at_start(reward_model_dir, tmp_path):
+    folder = Path(shutil.copytree(reward_model_dir, tmp_path / "rm"))
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / file).unlink()
+    with pytest.raises(ConfigError, match=rf"^reward.model_path={folder}: the folder holds no tokenizer: "
+                                          "tokenizer.json and tokenizer_config.json are missing"):
+        validate(_compose([f"reward.model_path={folder}"]))
 
 
 # The reward_model role in the device allocation

@@ -59,7 +59,8 @@ def test_python_bools_are_numbers():
 @pytest.mark.parametrize("bad", [[np.float32("nan")] * 3, ["1.0"] * 3, [10**400] * 3, "abc", 1.0])
 def test_non_numbers_still_fail(bad):
     reward = CompositeReward([RewardComponent("bad", lambda r, ref: bad)])
-    with pytest.raises(RewardError, match="'bad' failed on every sample"):
+    with pytest.raises(RewardError, match=r"'bad' \(tests/unit/envs/test_reward_robustness.py:"
+                                          r"test_non_numbers_still_fail\.<locals>\.<lambda>\) failed on every sample"):
         reward(RESPONSES, REFS)
 
 

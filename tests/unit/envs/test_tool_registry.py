@@ -3,13 +3,19 @@ the one-line errors that name the config key, and call_tool's capture of bad arg
 output."""
 from __future__ import annotations
 
+import logging
 import textwrap
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from grpo_rl.errors import ConfigError
+from grpo_rl.envs.time_limit import MAX_ABANDONED_CALLS
 from grpo_rl.envs.tools.calculator import KINDS
+from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.envs.tools.format import parse_tool_call
 from grpo_rl.envs.tools.registry import (
     BUILTIN_TOOLS,
@@ -201,6 +207,79 @@ def test_long_output_is_cut(tools_file):
     assert kind is None and len(text) == 500 and text.endswith("... (501 characters, cut)")
     text, _ = call_tool(tool, {"n": 10_000}, max_chars=100)
     assert len(text) == 100 and text.startswith("x" * 70)
+
+
+# --------------------------------------------------------------------------- time limits and replies that are no text
+
+
+@pytest.fixture
+def release():
+    """Lets the abandoned calls of a test return once it is over."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def test_a_call_past_the_time_limit_is_an_error_reply(release, caplog):
+    tool = Tool("stuck", "Never answers.", {}, fn=lambda: release.wait(), timeout_seconds=0.2)
+    abandoned: list[threading.Thread] = []
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="grpo_rl.envs.tools.registry"):
+        reply = call_tool(tool, {}, abandoned=abandoned)
+    assert time.monotonic() - started < 2
+    assert reply == ("error: stuck did not answer within 0.2 s", "timeout")
+    assert len(abandoned) == 1 and abandoned[0].is_alive()
+    assert "tool 'stuck' ran past its timeout_seconds=0.2 (env.tools)" in caplog.text
+
+
+def test_a_tool_whose_calls_still_run_is_not_called_again(release):
+    calls = []
+
+    def stuck():
+        calls.append(1)
+        release.wait()
+        return "late"
+
+    tool = Tool("stuck", "Never answers.", {}, fn=stuck, timeout_seconds=0.05)
+    abandoned: list[threading.Thread] = []
+    for _ in range(MAX_ABANDONED_CALLS):
+        assert call_tool(tool, {}, abandoned=abandoned)[1] == "timeout"
+    started = time.monotonic()
+    text, kind = call_tool(tool, {}, abandoned=abandoned)
+    assert time.monotonic() - started < 0.05 and len(calls) == MAX_ABANDONED_CALLS
+    assert kind == "timeout" and text == (f"error: stuck was not called: {MAX_ABANDONED_CALLS} earlier calls are "
+                                          "still running past its time limit of 0.05 s")
+    release.set()
+    for thread in abandoned:
+        thread.join(10)
+    # they returned: the tool is called again (and now answers at once)
+    assert call_tool(tool, {}, abandoned=abandoned) == ("late", None) and len(calls) == MAX_ABANDONED_CALLS + 1
+
+
+class _Unprintable:
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize("out, says", [
+    (None, "error: t returned None, not a reply; a tool returns its reply as text"),
+    (_Unprintable(), "error: t returned a _Unprintable whose str() raised RuntimeError"),
+    ("ok \ud800", "error: t returned text that is not valid Unicode (at character 3)"),
+])
+def test_a_reply_that_is_no_text_is_an_error_reply(out, says):
+    for timeout in (None, 5.0):  # in the calling thread, and in a worker
+        assert call_tool(Tool("t", "Garbage.", {}, fn=lambda: out, timeout_seconds=timeout), {}) == (says, "bad_output")
+
+
+def test_configured_tools_get_their_time_limit(tools_file):
+    spec = SimpleNamespace(name="weather", path=str(tools_file), timeout_seconds=2.5)
+    builtin = SimpleNamespace(name="calculator", path=None, timeout_seconds=None)
+    tools = configured_tools([spec, builtin])
+    assert tools["weather"].timeout_seconds == 2.5 and tools["calculator"].timeout_seconds is None
+    assert BUILTIN_TOOLS["calculator"].timeout_seconds is None  # the shared built-in is left as it was
+    spec.timeout_seconds = 0
+    with pytest.raises(ConfigError, match=r"^env.tools\[0\].timeout_seconds=0 must be > 0"):
+        configured_tools([spec])
 
 
 # --------------------------------------------------------------------------- the built-in calculator

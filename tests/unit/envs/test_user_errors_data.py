@@ -27,7 +27,15 @@ from grpo_rl.run.checkpoint import (
 from grpo_rl.envs.data import load_records
 from grpo_rl.envs.base import PromptTooLongError
 from grpo_rl.errors import DataError, RunFolderError, UserError
-from grpo_rl.model.loading import ModelFileError, ModelNotFoundError, build_tiny_model, load_causal_lm, load_tokenizer
+from grpo_rl.model.loading import (
+    ModelFileError,
+    ModelNotFoundError,
+    TokenizerNotFoundError,
+    build_tiny_model,
+    check_model_folder,
+    load_causal_lm,
+    load_tokenizer,
+)
 
 CPU = torch.device("cpu")
 
@@ -134,6 +142,31 @@ def test_broken_tokenizer_file_is_named(model_copy):
     tokenizer_json.write_text(text[: len(text) // 2], encoding="utf-8")
     with pytest.raises(ModelFileError, match=rf"^{tokenizer_json} is not valid JSON"):
         load_tokenizer(str(model_copy))
+
+
+@pytest.mark.parametrize("keep_config", [False, True])
+def test_a_folder_without_tokenizer_files_names_the_missing_files(model_copy, keep_config):
+    removed = ["tokenizer.json", "chat_template.jinja"] + ([] if keep_config else ["tokenizer_config.json"])
+    for name in removed:
+        (model_copy / name).unlink()
+    missing = ("tokenizer.json is missing" if keep_config else
+               "tokenizer.json and tokenizer_config.json are missing")
+    expected = (f"model.name={model_copy}: the folder holds no tokenizer: {missing}, and so is every vocabulary "
+                "file a tokenizer can be built from (tokenizer.model, vocab.json with merges.txt, vocab.txt, "
+                "*.tiktoken). Copy the tokenizer files of the model these weights come from into that folder "
+                f"(AutoTokenizer.from_pretrained(<that model>).save_pretrained('{model_copy}') writes them)")
+    with pytest.raises(TokenizerNotFoundError) as info:
+        check_model_folder(str(model_copy))  # with the other model-folder checks, before any engine
+    assert isinstance(info.value, UserError) and str(info.value) == expected
+    with pytest.raises(TokenizerNotFoundError, match=rf"^{model_copy} holds no tokenizer: {missing}"):
+        load_tokenizer(str(model_copy))  # and where a tokenizer is loaded without that check
+
+
+def test_a_folder_with_a_vocabulary_but_no_tokenizer_json_passes(model_copy, tokenizer):
+    (model_copy / "tokenizer.json").unlink()
+    tokenizer.backend_tokenizer.model.save(str(model_copy))  # vocab.json and merges.txt
+    assert (model_copy / "vocab.json").is_file()
+    check_model_folder(str(model_copy))
 
 
 def test_model_not_found_is_a_user_error():

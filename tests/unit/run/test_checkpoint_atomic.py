@@ -72,7 +72,8 @@ def test_save_round_trip_restores_weights_state_and_rng(tiny_model, tokenizer, t
     load_model_weights(path, tiny_model)
     for key, value in tiny_model.state_dict().items():
         assert torch.equal(value, original[key]), key
-    assert ckp.latest() == path and sorted(p.name for p in path.iterdir()) == ["model", "trainer_state.pt"]
+    assert ckp.latest() == path
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "model", "trainer_state.pt"]
 
 
 def test_exception_during_save_leaves_previous_checkpoint_and_no_debris(tiny_model, tokenizer, tmp_path, monkeypatch):

@@ -149,3 +149,17 @@ def test_a_missing_resume_checkpoint_is_a_user_error(tmp_path):
     cfg.resume = str(tmp_path / "nowhere")
     with pytest.raises(RunFolderError, match="not a checkpoint folder"):
         check_run_folder(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_an_output_dir_that_is_a_file_is_a_user_error(tmp_path, resume):
+    file = tmp_path / "notes.txt"
+    file.write_text("not a run")
+    cfg = _cfg(tmp_path)
+    cfg.resume = resume
+    with pytest.raises(RunFolderError) as info:
+        check_run_folder(cfg, file)
+    assert str(info.value) == (f"output_dir={file} is a file, so the run cannot write there; set output_dir to a "
+                               "folder (it is made if it does not exist), or move that file away")
+    with pytest.raises(RunFolderError, match=rf"^output_dir={file / 'run'} is inside {file}, which is a file"):
+        check_run_folder(cfg, file / "run")
