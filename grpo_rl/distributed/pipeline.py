@@ -73,8 +73,8 @@ class AsyncRollouts:
         # Collectors start a batch only while it can still be trained within the bound (RolloutBuffer.admit).
         # The buffers live on the driver's node: what they hold cannot be rebuilt elsewhere, and a node that is
         # lost takes only workers that can be replaced.
-        here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-            ray.get_runtime_context().get_node_id(), soft=True)
+        here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(  # hard: soft ones were seen to spill
+            ray.get_runtime_context().get_node_id(), soft=False)
         buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here)
         self.buffer = buffer.remote(
             p.buffer_capacity, None if reference is not None else p.max_staleness, "buffer",
@@ -85,8 +85,6 @@ class AsyncRollouts:
         self._buffers = [self.buffer] + ([self.scored] if reference is not None else [])
         pids = wait_ready(self.collectors + self._buffers, "collector", p.timeout_seconds)
         self.pids = {"collector": pids[: len(self.collectors)]}
-        self.nodes = self._get([c.node.remote() for c in self.collectors], "the collectors")
-        self._write_pids()
         self._runs: list = []
         self._pump: threading.Thread | None = None
         self._pump_error: BaseException | None = None
@@ -96,6 +94,8 @@ class AsyncRollouts:
         self._prev_stats: dict[str, float] | None = None
         self._step_started = time.perf_counter()
         self._closed = False
+        self.nodes = self._get([c.node.remote() for c in self.collectors], "the collectors", heal=False)
+        self._write_pids()
 
     # -- the RolloutSource protocol -------------------------------------------------------------------------------
 
@@ -159,7 +159,7 @@ class AsyncRollouts:
         ray.wait(self._runs, num_returns=len(self._runs), timeout=self.timeout)
         if self._pump is not None:
             self._pump.join(self.timeout)
-        self._get([b.reset.remote() for b in self._buffers], "the buffer")
+        self._get([b.reset.remote() for b in self._buffers], "the buffer", heal=False)
         for c in self.collectors:  # one that died is replaced when its loop is started again
             _quietly(ray.get, c.rearm.remote(), timeout=self.timeout)
         self._runs, self._pump, self._pump_error = [], None, None
@@ -263,7 +263,7 @@ class AsyncRollouts:
         actor = self._new_collector(replica, urls)
         try:
             pid = wait_ready([actor], "replacement collector", self.timeout)[0]
-            self.nodes[replica] = self._get(actor.node.remote(), "the replacement collector")
+            self.nodes[replica] = self._get(actor.node.remote(), "the replacement collector", heal=False)
         except RoleFailed as e:
             raise RoleFailed(f"{who} {cause}, and its replacement failed: {e}") from error
         self.collectors[replica] = actor
@@ -280,7 +280,7 @@ class AsyncRollouts:
         """The stream position a replacement starts from: the learner's watermark, with every batch the buffer
         received since counted as done (a replica regenerates its own share of the rest)."""
         position = self.position.state_dict()
-        delivered = self._get(self.buffer.delivered.remote(position["next_index"]), "the buffer")
+        delivered = self._get(self.buffer.delivered.remote(position["next_index"]), "the buffer", heal=False)
         position["consumed"] = sorted(set(position["consumed"]) | set(delivered))
         return position
 
@@ -336,9 +336,11 @@ class AsyncRollouts:
         import ray
 
         try:
-            return ray.get(self.collectors[0].evaluate.remote(step, last_step), timeout=self.timeout)
-        except ray.exceptions.RayActorError:
-            self.check_health()  # replaced (or the run ends), then evaluated once more
+            return self._get(self.collectors[0].evaluate.remote(step, last_step), "collector replica 0 (evaluation)")
+        except RoleFailed as e:
+            if not isinstance(e.__cause__, ray.exceptions.RayActorError):
+                raise
+        # it died: _get had it replaced (or the run ends there); the replacement holds the newest weights
         return self._get(self.collectors[0].evaluate.remote(step, last_step), "collector replica 0 (evaluation)")
 
     def stats(self) -> dict[str, float]:
@@ -355,9 +357,10 @@ class AsyncRollouts:
         self._prev_stats, self._step_started = now, t
         return metrics
 
-    def _get(self, calls, role: str, extra: float = 0.0):
+    def _get(self, calls, role: str, extra: float = 0.0, heal: bool = True):
         """``ray.get`` within ``pipeline.timeout_seconds``; a dead or silent actor raises
-        :class:`~grpo_rl.errors.RoleFailed` naming ``role`` (a collector that died is named by its replica)."""
+        :class:`~grpo_rl.errors.RoleFailed` naming ``role``. With ``heal``, collectors that died are replaced first
+        (off inside a replacement: one loss is not healed twice)."""
         import ray
 
         try:
@@ -365,7 +368,8 @@ class AsyncRollouts:
         except ray.exceptions.GetTimeoutError as e:
             raise RoleFailed(f"{role} did not answer within pipeline.timeout_seconds={self.timeout:g}") from e
         except ray.exceptions.RayError as e:
-            self.check_health()  # names the collector replica that died, if one did
+            if heal:
+                self.check_health()
             raise RoleFailed(f"{role} failed: {e}") from e
 
 

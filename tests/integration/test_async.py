@@ -47,7 +47,8 @@ def run_script(script: str, overrides: list[str], timeout: float = 240) -> subpr
 def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_path, monkeypatch, transport):
     """Engine log-probs (in the collector actor) equal the learner's own (here) for the same tokens, 1e-4, after
     pushes through either transport (collective: a gloo broadcast across processes, the code NCCL runs on GPUs);
-    a collector that dies makes the learner's wait raise, naming it, instead of hang."""
+    a collector that dies, with no replacements allowed, makes the learner's wait raise, naming it, instead of hang
+    (replacements: tests/integration/test_healing.py)."""
     import contextlib
 
     from omegaconf import OmegaConf
@@ -64,7 +65,8 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
         tiny_overrides(tiny_model_dir, tmp_path, **{"pipeline.max_staleness": 0, "pipeline.buffer_capacity": 1,
                                                      "pipeline.weight_transport": transport,
-                                                     "pipeline.timeout_seconds": 300})))
+                                                     "pipeline.timeout_seconds": 300,
+                                                     "pipeline.max_restarts": 0})))
     run = make_run(cfg, tmp_path, mode="async")
     with contextlib.ExitStack() as cleanup:
         start_roles(run, cleanup)
