@@ -28,7 +28,7 @@ from grpo_rl.training.build import make_local_learner
 from grpo_rl.training.build import seed_everything
 from grpo_rl.quiet import quiet_start
 from grpo_rl.placement.context import ActorSpec, RunContext
-from grpo_rl.weights.sync import WeightPacket, pack_weights
+from grpo_rl.weights.sync import WeightPacket, call_failed, pack_weights
 
 log = logging.getLogger(__name__)
 
@@ -129,20 +129,6 @@ def combine_rank_metrics(results: list[dict]) -> dict:
     return metrics
 
 
-def _died(call) -> bool:
-    import ray
-
-    if not ray.wait([call], timeout=0)[0]:
-        return False
-    try:
-        ray.get(call)
-    except ray.exceptions.RayActorError:
-        return True
-    except ray.exceptions.RayError:
-        return False
-    return False
-
-
 def dist_rank() -> int:
     import torch.distributed as dist
 
@@ -197,7 +183,7 @@ class LearnerGroup:
                               f"{self.timeout:g}") from e
         except ray.exceptions.RayActorError as e:
             self.lost = True
-            rank = next((i for i, call in enumerate(calls) if _died(call)), None)
+            rank = next((i for i, call in enumerate(calls) if call_failed(call, ray.exceptions.RayActorError)), None)
             who = "a learner rank" if rank is None else f"learner rank {rank} (pid {self.pids[rank]})"
             raise LearnerLost(f"{who} died during {what} ({died_how(e)})") from e
         except ray.exceptions.RayError as e:

@@ -200,7 +200,7 @@ def wait_for_collectors(calls: list, what: str, timeout: float | None, *, lost_o
     except ray.exceptions.RayError as e:
         if lost_ok and isinstance(e, ray.exceptions.RayActorError):
             return [_unless_lost(i, call, what, timeout) for i, call in enumerate(calls)]
-        replica = next((i for i, call in enumerate(calls) if _failed(call)), None)
+        replica = next((i for i, call in enumerate(calls) if call_failed(call)), None)
         who = "a collector" if replica is None else f"collector replica {replica}"
         how = "died" if isinstance(e, ray.exceptions.RayActorError) else "failed"
         raise RoleFailed(f"{who} {how} while {what}: {type(e).__name__}; its log is above") from e
@@ -218,13 +218,14 @@ def _unless_lost(replica: int, call, what: str, timeout: float | None):
         raise RoleFailed(f"collector replica {replica} failed while {what}: {type(e).__name__}; its log is above") from e
 
 
-def _failed(call) -> bool:
+def call_failed(call, error: type[BaseException] | None = None) -> bool:
+    """Has the Ray ``call`` finished with a Ray error (of type ``error``, default any)? False while it runs."""
     import ray
 
     if not ray.wait([call], timeout=0)[0]:
         return False
     try:
         ray.get(call)
-    except ray.exceptions.RayError:
-        return True
+    except ray.exceptions.RayError as e:
+        return isinstance(e, error or ray.exceptions.RayError)
     return False
