@@ -1,5 +1,5 @@
-"""Reward curves of four objectives on the embedded default: grpo, dapo with dynamic sampling, gspo and cispo; and
-of the ``lowmem`` preset against the default.
+"""Reward curves of the objectives on the embedded default: grpo, dapo with dynamic sampling, gspo, cispo, sapo,
+gmpo and grpo with IcePop's engine band mask; and of the ``lowmem`` preset against the default.
 
     python benchmarks/objectives_curve.py                    # 20 steps each, SmolLM2-135M-Instruct on GSM8K
     python benchmarks/objectives_curve.py --steps 30 --arms grpo,cispo --json /tmp/curves.json
@@ -19,11 +19,17 @@ The arms:
   dynamic sampling with up to 3 extra batches).
 * ``gspo``: ``policy.loss_type=gspo`` with the paper's clip range (3e-4, 4e-4).
 * ``cispo``: ``policy.loss_type=cispo`` (weights cut at 5).
+* ``sapo``: ``policy.loss_type=sapo`` (TRL's gate temperatures 1.0 / 1.05, per-answer token mean).
+* ``gmpo``: ``policy.loss_type=gmpo`` (token log-ratios clipped to +-0.4, mean over answers).
+* ``icepop``: grpo with ``policy.engine_correction=token_band_mask`` and IcePop's band [0.5, 5].
 * ``lowmem``: ``+preset=lowmem`` (config/preset/lowmem.yaml), the grpo objective: ``--arms grpo,lowmem``.
 
 With one optimizer step per batch (``train.updates_per_batch=1``, the default) every ratio is 1 at the update, so
 grpo, gspo and cispo differ only in how the loss is aggregated and weighted: gspo averages per answer; cispo's
-gradient is REINFORCE's. The curves of one seed are noisy: differences of a few hundredths are not evidence.
+gradient is REINFORCE's. At ratio 1 SAPO's gate passes the whole gradient and GMPO's geometric mean is 1, so sapo and
+gmpo give gspo's gradient (the per-answer mean of REINFORCE's); pass ``-- train.updates_per_batch=2`` to make them
+differ. The icepop arm differs from grpo only where the engine's log-probs leave the band. The curves of one seed
+are noisy: differences of a few hundredths are not evidence.
 
 Prints the CPU, its flags and the load average before each arm, a table, and writes JSON. Never asserts a time.
 """
@@ -45,6 +51,10 @@ ARMS = {
     "dapo_dyn": ["policy.loss_type=dapo", "policy.dynamic_sampling=true"],
     "gspo": ["policy.loss_type=gspo", "policy.clip_eps_low=3e-4", "policy.clip_eps_high=4e-4"],
     "cispo": ["policy.loss_type=cispo"],
+    "sapo": ["policy.loss_type=sapo"],
+    "gmpo": ["policy.loss_type=gmpo"],
+    "icepop": ["policy.engine_correction=token_band_mask", "policy.engine_correction_min=0.5",
+               "policy.engine_correction_max=5.0"],
     "lowmem": ["+preset=lowmem"],
 }
 

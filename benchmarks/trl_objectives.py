@@ -32,6 +32,13 @@ weight, so the cases set it to False and one extra case shows the default's diff
 TRL 1.16 has no GSPO-token (``importance_sampling_level="sequence_token"`` lived in ``trl.experimental.gspo_token``,
 which 1.16 no longer ships): our ``gspo_token`` is compared with TRL's sequence level, whose value and gradient it
 must equal when every answer has one advantage.
+
+SAPO is ``GRPOTrainer``'s ``loss_type="sapo"`` (per-answer token mean, as our default for ``sapo``). GMPO is
+``trl.experimental.gmpo.GMPOTrainer._compute_loss`` with a ``GMPOConfig`` (its ``epsilon``/``epsilon_high`` are our
+``gmpo_clip_eps``, in log space; it averages the KL per answer and takes no engine weight, so its cases have none).
+Our ``token_band_mask`` (IcePop) is compared with TRL's ``token_mask`` given both bounds, IcePop's ``[0.5, 5]``:
+IcePop keeps the ratio inside the band, which is what TRL's mask does. ``sequence_band_mask`` (a geometric mean
+per answer) has no TRL counterpart; its unit tests check it by hand.
 """
 from __future__ import annotations
 
@@ -72,6 +79,7 @@ class Case:
     note: str = ""
     expect_equal: bool = True
     on_policy: bool = False  # old log-probs = the current ones, detached (one optimizer step per batch)
+    trainer: str = "grpo"  # "grpo": GRPOTrainer/GRPOConfig; "gmpo": trl.experimental.gmpo's GMPOTrainer/GMPOConfig
     kl_times_ratio: bool = False  # also add TRL's KL weighting to ours: beta * aggregate(k3 * (ratio - 1))
 
 
@@ -113,7 +121,11 @@ def trl_importance_ratio_block() -> str:
 def trl_side(case: Case, x: dict[str, torch.Tensor], is_block: str) -> dict:
     """TRL's loss, its gradient w.r.t. the current log-probs, its engine ratio and its metrics."""
     from accelerate import Accelerator
-    from trl import GRPOConfig, GRPOTrainer
+
+    if case.trainer == "gmpo":
+        from trl.experimental.gmpo import GMPOConfig as GRPOConfig, GMPOTrainer as GRPOTrainer
+    else:
+        from trl import GRPOConfig, GRPOTrainer
 
     B, T = x["mask"].shape
     config = GRPOConfig(output_dir=str(Path(tempfile.gettempdir()) / "trl_objectives"), use_cpu=True, report_to="none",
@@ -230,6 +242,25 @@ def cases() -> list[Case]:
     trl, ours = engine("sequence_mask", 3.0, None)
     out.append(Case("gspo + sequence_mask", dict(loss_type="grpo", **seq, **trl),
                     dict(aggregation="seq_mean_token_mean", **gspo, **ours), note="TRL's default engine mode"))
+    sapo = dict(aggregation="seq_mean_token_mean", loss_type="sapo")
+    out += [
+        Case("sapo", dict(loss_type="sapo", **no_bias_kl), dict(**sapo), note="TRL's temperatures 1.0 / 1.05"),
+        Case("sapo, other temperatures", dict(loss_type="sapo", sapo_temperature_pos=3.0, sapo_temperature_neg=0.5,
+                                              **no_bias_kl),
+             dict(sapo_temperature_pos=3.0, sapo_temperature_neg=0.5, **sapo)),
+        Case("sapo, on-policy", dict(loss_type="sapo", **no_bias_kl), dict(**sapo), on_policy=True),
+        Case("gmpo", dict(loss_type="grpo", epsilon=0.4, **no_bias_kl),
+             dict(aggregation="seq_mean_token_mean", loss_type="gmpo", gmpo_clip_eps=0.4), trainer="gmpo",
+             note="trl.experimental.gmpo, the paper's range"),
+        Case("gmpo, eps 0.1", dict(loss_type="grpo", epsilon=0.1, **no_bias_kl),
+             dict(aggregation="seq_mean_token_mean", loss_type="gmpo", gmpo_clip_eps=0.1), trainer="gmpo"),
+    ]
+    trl, ours = engine("token_mask", 5.0, 0.5)
+    ours.update(engine_correction="token_band_mask", engine_correction_max=5.0)
+    out.append(Case("grpo + token_band_mask", dict(loss_type="dapo", **surrogate, **trl),
+                    dict(aggregation="token_mean", **grpo, **ours), note="IcePop's band, vs TRL's token_mask"))
+    trl, ours = engine("token_truncate", 2.0, None)
+    out.append(Case("sapo + token_truncate", dict(loss_type="sapo", **no_bias_kl, **trl), dict(**sapo, **ours)))
     trl, ours = engine("token_truncate", 2.0, None)
     out.append(Case("cispo + token_truncate", dict(loss_type="cispo", epsilon_high=5.0, **no_bias_kl, **trl),
                     dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=5.0, **ours)))
@@ -253,8 +284,12 @@ def trl_text(c: dict) -> str:
         parts.append(f"level={c['importance_sampling_level']}")
     if c["loss_type"] == "cispo":
         parts.append(f"epsilon_high={c['epsilon_high']}")
-    else:
+    elif c["loss_type"] == "sapo":
+        parts.append(f"temperatures {c.get('sapo_temperature_pos', 1.0):g}/{c.get('sapo_temperature_neg', 1.05):g}")
+    elif "epsilon_high" in c:
         parts.append(f"epsilon={c['epsilon']:g}/{c['epsilon_high']:g}")
+    else:
+        parts.append(f"epsilon={c['epsilon']:g}")
     if c.get("use_vllm"):
         bounds = bounds_text(c["vllm_importance_sampling_clip_min"], c["vllm_importance_sampling_clip_max"])
         parts.append(f"IS {c['vllm_importance_sampling_mode']} {bounds}")
@@ -268,10 +303,15 @@ def our_text(c: dict) -> str:
     parts = [c["loss_type"], c["aggregation"] + (f"({c['max_tokens']})" if c.get("max_tokens") else "")]
     if c["loss_type"] == "cispo":
         parts.append(f"cispo_ratio_max={c['cispo_ratio_max']}")
+    elif c["loss_type"] == "sapo":
+        parts.append(f"temperatures {c.get('sapo_temperature_pos', 1.0):g}/{c.get('sapo_temperature_neg', 1.05):g}")
+    elif c["loss_type"] == "gmpo":
+        parts.append(f"gmpo_clip_eps={c['gmpo_clip_eps']:g}")
     else:
         parts.append(f"clip_eps={c['clip_eps_low']:g}/{c['clip_eps_high']:g}")
     if c.get("tis_cap") is not None:
-        parts.append(f"engine {c['engine_correction']} {bounds_text(c.get('engine_correction_min'), c['tis_cap'])}")
+        high = c.get("engine_correction_max") or c["tis_cap"]
+        parts.append(f"engine {c['engine_correction']} {bounds_text(c.get('engine_correction_min'), high)}")
     return ", ".join(parts)
 
 
@@ -310,7 +350,8 @@ def main() -> None:
         grad_diff = float((trl_out["grad"] - ours["grad"]).abs().max())
         d = ours["diag"]
         trl_clip = trl_out["metrics"].get("clip_ratio/region_mean", trl_out["metrics"].get("cispo_clip_ratio"))
-        acted = [f"clip {d['clip_fraction']:.1%} (TRL's metric {trl_clip:.1%})"]
+        trl_clip_text = f"TRL's metric {trl_clip:.1%}" if trl_clip is not None else "TRL logs none"
+        acted = [f"clip {d['clip_fraction']:.1%} ({trl_clip_text})"]
         if case.ours.get("tis_cap") is not None:
             bounded = d["tis_fraction"]
             r = trl_out["ratio"].expand(B, T)

@@ -19,6 +19,11 @@ schema with the same messages), the run folder (``output_dir``, else ``outputs/D
 checkpoints, ``resume`` and the exported final model. Both scripts are thin users of :func:`train`, so a run made
 here and one made from the command line with the same config are the same run.
 
+A model held in memory trains too: ``Trainer(model=model, tokenizer=tokenizer, ref_model=..., reward_model=...)``
+takes ``transformers`` (and ``peft``) objects, as TRL's ``GRPOTrainer`` does. They are written once into the run
+folder (the engines and a resumed run load folders) and the trained weights are loaded back into ``model`` at the
+end (:mod:`grpo_rl.run.model_objects`; ``examples/notebook_model_objects.py``).
+
 Prompts given as objects are written to ``<run_dir>/prompts.jsonl`` and read back as ``env.dataset=file`` (so the
 run folder holds its data, and a resumed run reads the same rows). Reward functions travel with the run context:
 the environments of the collector actors (``mode="async"``) get them pickled by value, as Ray pickles any
@@ -97,8 +102,9 @@ def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), 
     defaults, then Hydra ``overrides`` (``"train.steps=20"``), checked against the schema as on the command line.
 
     Raises:
-        ConfigError: an override names a key the schema does not have (with the nearest valid names), or a value
-            does not fit its key's type.
+        ConfigError: an override names a key the schema does not have (with the nearest valid names), a value
+            does not fit its key's type, or one contradicts a TorchRL key (:mod:`grpo_rl.config.torchrl_keys`, whose
+            settings are set here).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -109,6 +115,7 @@ def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), 
     from grpo_rl.cli.entry import check_overrides
     from grpo_rl.errors import ConfigError
     from grpo_rl.config.schema import GRPOConfig, register_configs
+    from grpo_rl.config.torchrl_keys import override_keys, resolve_torchrl_keys
 
     overrides = [str(o) for o in overrides]
     check_overrides(overrides)
@@ -120,11 +127,14 @@ def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), 
                 raise ConfigError(f"config_dir={folder} does not exist; pass config_dir=<folder of the YAML configs> "
                                   "or config=<a dict of settings>")
             with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
-                return hydra_compose(config or "grpo_gsm8k", overrides=overrides)
-        cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.create(dict(config)))
-        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+                cfg = hydra_compose(config or "grpo_gsm8k", overrides=overrides)
+        else:
+            cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.create(dict(config)))
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"the config cannot be composed: {str(e).splitlines()[0]}") from e
+    resolve_torchrl_keys(cfg, override_keys(overrides))  # an override that TorchRL's key contradicts is an error
+    return cfg
 
 
 def reward_functions(rewards) -> tuple[RewardFunction, ...]:
@@ -189,17 +199,34 @@ class Trainer:
         run_dir: the run folder; default ``output_dir`` if set, else ``outputs/DATE/TIME``.
         mode: ``sync`` (``sota/grpo.py``'s loop) or ``async`` (``sota/grpo-async.py``'s).
         config_dir: where YAML configs are found.
+        model: the policy as an object held in memory (a ``transformers`` causal LM, or a ``peft`` LoRA model, whose
+            adapter shape the run takes), or a folder path; None: ``model.name``.
+        tokenizer: the policy's tokenizer; None: the one in the folder ``model`` was loaded from.
+        ref_model: a reference model other than the policy's initial weights (an object or a folder), as TRL's
+            ``ref_model``; None: the initial weights.
+        reward_model: a sequence-classification reward model (``num_labels=1``; an object or a folder), scored as
+            ``reward.model_path``.
+        reward_tokenizer: the reward model's tokenizer; None: the one in its folder.
 
     The config is composed and checked here (:attr:`cfg`, editable before :meth:`train`); the reward functions'
-    signatures and the data are checked when :meth:`train` starts, before any engine.
+    signatures and the data are checked when :meth:`train` starts, before any engine. Model objects are written once
+    into the run folder, where they stay as the run's models (:mod:`grpo_rl.run.model_objects`), and after training
+    the final weights are loaded back into a plain ``model`` object, in place (a ``peft`` model is left as it was:
+    the trained model is ``result.final_model``).
     """
 
     def __init__(self, config: str | Mapping | None = None, *, overrides: Iterable[str] = (), prompts=None,
                  rewards: Callable | Sequence | Mapping | None = None, run_dir: str | Path | None = None,
-                 mode: str = "sync", config_dir: str | Path | None = None):
+                 mode: str = "sync", config_dir: str | Path | None = None, model=None, tokenizer=None,
+                 ref_model=None, reward_model=None, reward_tokenizer=None):
         if mode not in ("sync", "async"):
             raise ValueError(f"mode={mode!r}: choose sync or async")
+        from grpo_rl.run.model_objects import ModelObjects
+
         self.cfg = compose(config, overrides, config_dir=config_dir)
+        self.models = ModelObjects(model=model, tokenizer=tokenizer, ref_model=ref_model, reward_model=reward_model,
+                                   reward_tokenizer=reward_tokenizer)
+        self.models.check()
         self.rewards = reward_functions(rewards)
         self.prompts = None if prompts is None else prompt_rows(prompts, self.cfg.env.prompt_column)
         self.mode = mode
@@ -209,11 +236,13 @@ class Trainer:
 
     def train(self) -> RunResult:
         """Run to ``train.steps`` (or the time limit, or Ctrl-C: the last completed step is checkpointed)."""
-        cfg = self.cfg
-        if self.prompts is not None:
-            from grpo_rl.run.lifecycle import check_output_dir
+        from grpo_rl.run.lifecycle import check_output_dir
+        from grpo_rl.run.model_objects import copy_trained_weights, write_model_objects
 
-            check_output_dir(self.run_dir)  # before the folder is made for the prompts
+        cfg = self.cfg
+        check_output_dir(self.run_dir)  # before the folder is made for the prompts or the models
+        write_model_objects(cfg, self.run_dir, self.models)
+        if self.prompts is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             data = self.run_dir / "prompts.jsonl"
             data.write_text("".join(json.dumps(row, default=str) + "\n" for row in self.prompts))
@@ -221,7 +250,11 @@ class Trainer:
             gt = cfg.env.ground_truth_column
             if gt is not None and not any(gt in row for row in self.prompts):
                 cfg.env.ground_truth_column = None  # prompts without references: the rewards get None for each
-        return train(cfg, self.run_dir, mode=self.mode, rewards=self.rewards)
+        result = train(cfg, self.run_dir, mode=self.mode, rewards=self.rewards)
+        model = self.models.model
+        if model is not None and not isinstance(model, (str, Path)):
+            copy_trained_weights(result.final_model, model)
+        return result
 
 
 __all__ = ["RunResult", "Trainer", "compose", "train"]

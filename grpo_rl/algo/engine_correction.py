@@ -4,7 +4,7 @@ The engine samples with its own numerics (bf16 weights, other kernels) and, in t
 policy, so its log-probs ``behavior_logprobs`` differ from the learner's ``old_logprobs`` for the same tokens.
 The policy loss is reweighted by ``w = pi_old / mu`` (learner over engine), bounded to ``[w_min, cap]``
 (truncated importance sampling, Yao et al., 2025, and its masked form). Four modes, named as TRL's
-``vllm_importance_sampling_mode``:
+``vllm_importance_sampling_mode``, and two band modes after IcePop:
 
 * ``token_truncate`` (the default): ``w_t = exp(old_t - behavior_t)`` clamped to ``[w_min, cap]``.
 * ``token_mask``: tokens whose ``w_t`` is outside ``[w_min, cap]`` get weight 0, the others keep ``w_t``.
@@ -12,9 +12,26 @@ The policy loss is reweighted by ``w = pi_old / mu`` (learner over engine), boun
   token weights (the exact importance weight of the whole answer, as TRL computes it; not GSPO's
   length-normalised mean), clamped to ``[w_min, cap]`` and applied to each of its tokens.
 * ``sequence_mask``: answers whose ``w_i`` is outside ``[w_min, cap]`` get weight 0, the others keep ``w_i``.
+* ``token_band_mask``: IcePop (inclusionAI, 2025, "Small Leak Can Sink a Great Ship: Boost RL Training on MoE with
+  IcePop", and the Ring-1T report, "Every Step Evolves", arXiv:2510.18855): the policy term of token ``t`` is
+  multiplied by ``M(w_t)``, ``M(k) = k`` for ``k in [alpha, beta]`` and 0 otherwise, with ``alpha``, ``beta`` the
+  band ``[w_min, w_max]`` (Ring-1T: 0.5 and 5). Inside the band the token keeps its ratio as weight, as the paper's
+  ``M`` and NeMo-RL's ``icepop`` mode do (SkyRL's token mask and verl's rejection sampling instead give weight 1 and
+  leave weighting to a separate TIS step).
+* ``sequence_band_mask``: the same at the answer's level, ``M(rho_i)`` on each of its tokens, with
+  ``rho_i = exp(mean_t log w_t)`` the geometric mean of its token weights (the length-normalised ratio of GSPO, and
+  of the geometric sequence masks of SkyRL, verl's ``seq_mean_k1`` rejection and NeMo-RL's ``seq-mask-tis``, whose
+  kept answers keep their raw token weights instead).
+
+The band modes differ from the mask modes in their bounds and, at the answer level, in the weight. ``token_band_mask``
+computes the same weights as ``token_mask`` given the same two bounds; what it adds is IcePop's two-sided band:
+both bounds required, the upper one ``w_max`` rather than ``cap`` (TIS's cap, default 2; IcePop's upper bound is
+5), while ``token_mask`` bounds from above only unless ``w_min`` is set. ``sequence_band_mask`` tests and applies
+the geometric mean, on the per-token scale, where ``sequence_mask`` uses the product over the answer, which for long
+answers leaves any band of per-token width.
 
 A zero weight removes a token's policy term but not its place in the aggregation's denominator, nor its KL
-term (as in TRL). ``w_min = None`` means no lower bound.
+term (as in TRL). ``w_min = None`` means no lower bound (the band modes need one).
 """
 from __future__ import annotations
 
@@ -23,8 +40,11 @@ from typing import Literal
 
 import torch
 
-EngineCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-ENGINE_CORRECTIONS: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+EngineCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token_band_mask",
+                           "sequence_band_mask"]
+ENGINE_CORRECTIONS: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
+                                       "token_band_mask", "sequence_band_mask")
+BAND_CORRECTIONS: tuple[str, ...] = ("token_band_mask", "sequence_band_mask")
 
 
 @dataclass
@@ -33,10 +53,11 @@ class EngineWeights:
 
     Attributes:
         weight_BT: the weight applied to each token's policy loss, ``[B, T]``, detached.
-        raw: the weights before bounding, at the correction's level: ``[B, T]`` per token or ``[B, 1]`` per answer.
+        raw: the weights before bounding, at the correction's level: ``[B, T]`` per token or ``[B, 1]`` per answer
+            (the product of its token weights, or for ``sequence_band_mask`` their geometric mean).
         outside_BT: bool ``[B, T]``, tokens whose weight (their own or their answer's) was outside
-            ``[w_min, cap]``, that is truncated or masked.
-        masked_BT: bool ``[B, T]``, tokens whose weight was set to 0 (mask modes only).
+            ``[w_min, cap]`` (the band modes: ``[w_min, w_max]``), that is truncated or masked.
+        masked_BT: bool ``[B, T]``, tokens whose weight was set to 0 (mask and band modes only).
     """
 
     weight_BT: torch.Tensor
@@ -53,6 +74,7 @@ def engine_weights(
     mode: EngineCorrection = "token_truncate",
     cap: float = 2.0,
     min_weight: float | None = None,
+    max_weight: float | None = None,
 ) -> EngineWeights:
     """Bounded importance weights ``pi_old / mu`` of the engine's samples (see the module docstring).
 
@@ -60,24 +82,35 @@ def engine_weights(
         old_logprobs_BT: the learner's log-probs at the start of the update, ``[B, T]``.
         behavior_logprobs_BT: the engine's log-probs of the same tokens, ``[B, T]``.
         mask_BT: response-token mask, ``[B, T]``.
-        mode: ``token_truncate``, ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
-        cap: upper bound of the weight.
-        min_weight: lower bound, or ``None`` for none.
+        mode: ``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``, ``token_band_mask`` or
+            ``sequence_band_mask``.
+        cap: upper bound of the weight, except in the band modes.
+        min_weight: lower bound, or ``None`` for none (the band modes need one).
+        max_weight: upper bound of the band modes (IcePop's ``beta``); not used by the others.
 
     Returns:
         :class:`EngineWeights`.
     """
     if mode not in ENGINE_CORRECTIONS:
         raise ValueError(f"unknown engine correction {mode!r}; choose one of {', '.join(ENGINE_CORRECTIONS)}")
+    if mode in BAND_CORRECTIONS:
+        if min_weight is None or max_weight is None:
+            raise ValueError(f"engine correction {mode!r} needs both bounds of its band, min_weight and max_weight")
+        high = max_weight
+    else:
+        high = cap
     log_w = old_logprobs_BT.detach() - behavior_logprobs_BT.detach()  # [B, T]
     if mode.startswith("sequence"):
-        log_w = (log_w * mask_BT.to(log_w.dtype)).sum(-1, keepdim=True)  # [B, 1]
+        m = mask_BT.to(log_w.dtype)
+        log_w = (log_w * m).sum(-1, keepdim=True)  # [B, 1]: log of the product of the answer's token weights
+        if mode == "sequence_band_mask":
+            log_w = log_w / m.sum(-1, keepdim=True).clamp(min=1.0)  # [B, 1]: log of their geometric mean
     raw = torch.exp(log_w)  # [B, T] or [B, 1]
-    outside = raw > cap
+    outside = raw > high
     if min_weight is not None:
         outside = outside | (raw < min_weight)
     if mode.endswith("truncate"):
-        weight = raw.clamp(min=min_weight, max=cap)
+        weight = raw.clamp(min=min_weight, max=high)
         masked = torch.zeros_like(outside)
     else:
         weight = raw.masked_fill(outside, 0.0)

@@ -4,7 +4,8 @@ Implements the policy loss of GRPO (Shao et al., 2024, "DeepSeekMath", eq. 3) wi
 later work found to matter, each selectable by an explicit argument:
 
 * The policy term (:mod:`grpo_rl.algo.objectives`): GRPO's clipped surrogate (the default), GSPO's sequence-level
-  ratio and its GSPO-token variant (Zheng et al., 2025), or CISPO's clipped, stop-gradient weight (MiniMax-M1).
+  ratio and its GSPO-token variant (Zheng et al., 2025), CISPO's clipped, stop-gradient weight (MiniMax-M1), SAPO's
+  soft gate (Qwen, 2025) or GMPO's geometric mean of token-clipped ratios (Zhao et al., 2025).
 * Separate low/high clip ranges ("clip-higher", DAPO, Yu et al., 2025): the ratio is clipped to
   ``[1 - eps_low, 1 + eps_high]``.
 * Aggregation over tokens:
@@ -17,8 +18,9 @@ later work found to matter, each selectable by an explicit argument:
   (:func:`kl_penalised_rewards`), ``kl_coef`` here is 0.
 * An importance weight between the policy the learner evaluates at (``old_logprobs``) and the engine that
   sampled (``behavior_logprobs``), truncated at ``tis_cap`` per token by default (Yao et al., 2025, "truncated
-  importance sampling"), or masked, or per answer (:mod:`grpo_rl.algo.engine_correction`); it corrects
-  engine/learner numeric mismatch and, in the asynchronous loop, policy lag.
+  importance sampling"), or masked, or per answer, or masked outside IcePop's two-sided band
+  (:mod:`grpo_rl.algo.engine_correction`); it corrects engine/learner numeric mismatch and, in the asynchronous
+  loop, policy lag.
 * An optional entropy bonus, ``-entropy_coef`` times the aggregated token entropy (needs an entropy computed
   with gradient).
 * Under sampling truncation (top-k / top-p) the policy's log-probs are those of the truncated distribution
@@ -44,14 +46,15 @@ Departures from the paper and from TRL:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from grpo_rl.algo.engine_correction import EngineCorrection, engine_weights, weight_quantiles
 from grpo_rl.algo.objectives import PolicyObjective, policy_term
-from grpo_rl.config.checks import resolve_loss_type
-from grpo_rl.config.schema import PolicyConfig, SamplingConfig
+
+if TYPE_CHECKING:  # the config package needs Hydra; the loss itself needs only torch (benchmarks/trl_objectives.py)
+    from grpo_rl.config.schema import PolicyConfig, SamplingConfig
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -64,17 +67,23 @@ class LossSettings:
     log-probs under the distribution the engine sampled from (``temperature``, ``top_p``, ``top_k``).
 
     Attributes:
-        loss_type: the policy term, ``grpo``, ``gspo``, ``gspo_token`` or ``cispo`` (:mod:`grpo_rl.algo.objectives`;
-            aliases such as ``dapo`` are resolved by :func:`~grpo_rl.config.checks.resolve_loss_type`).
+        loss_type: the policy term, ``grpo``, ``gspo``, ``gspo_token``, ``cispo``, ``sapo`` or ``gmpo``
+            (:mod:`grpo_rl.algo.objectives`; aliases such as ``dapo`` are resolved by
+            :func:`~grpo_rl.config.checks.resolve_loss_type`).
         clip_eps_low, clip_eps_high: the surrogates' ratio is clipped to ``[1 - clip_eps_low, 1 + clip_eps_high]``.
         cispo_ratio_max, cispo_ratio_min: bounds of CISPO's stop-gradient weight (``None``: no lower bound).
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures for positive and other advantages.
+        gmpo_clip_eps: GMPO's token log-ratios are clipped to ``[-gmpo_clip_eps, gmpo_clip_eps]``.
         kl_coef: weight of the KL term (0 disables it; 0 too when the KL is in the reward).
         kl_estimator: ``k1``, ``k2`` or ``k3``.
         aggregation: token aggregation, see the module docstring.
         max_tokens: normaliser for ``seq_mean_token_sum_norm`` (``sampling.max_new_tokens``).
-        tis_cap: upper bound of the engine importance weight; ``None`` disables the correction.
-        engine_correction: ``token_truncate``, ``token_mask``, ``sequence_truncate`` or ``sequence_mask``.
-        engine_correction_min: lower bound of the engine weight; ``None`` for none.
+        tis_cap: upper bound of the engine importance weight in the truncate and mask modes; ``None`` disables
+            the correction, in every mode.
+        engine_correction: ``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``,
+            ``token_band_mask`` or ``sequence_band_mask``.
+        engine_correction_min: lower bound of the engine weight; ``None`` for none (the band modes need one).
+        engine_correction_max: upper bound of the band modes' weight (IcePop's ``beta``); unused by the others.
         entropy_coef: weight of the entropy bonus ``-entropy_coef * aggregate(entropy)`` (0 disables it).
         temperature, top_p, top_k: the engine's sampling distribution, which the policy's log-probs are taken under
             (:mod:`grpo_rl.model.vocab`); tokens outside its truncated set get weight 0 in the loss.
@@ -85,6 +94,9 @@ class LossSettings:
     clip_eps_high: float = 0.2
     cispo_ratio_max: float = 5.0
     cispo_ratio_min: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    gmpo_clip_eps: float = 0.4
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     aggregation: Aggregation = "token_mean"
@@ -92,6 +104,7 @@ class LossSettings:
     tis_cap: float | None = 2.0
     engine_correction: EngineCorrection = "token_truncate"
     engine_correction_min: float | None = None
+    engine_correction_max: float | None = None
     entropy_coef: float = 0.0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -101,13 +114,18 @@ class LossSettings:
     def from_config(cls, policy: PolicyConfig, sampling: SamplingConfig) -> "LossSettings":
         """The settings ``policy`` and ``sampling`` name (the loss type's alias resolved, the KL penalty moved out
         of the loss when it is in the reward)."""
+        from grpo_rl.config.checks import resolve_loss_type
+
         objective, aggregation = resolve_loss_type(policy.loss_type, policy.aggregation)
         return cls(
             loss_type=objective, clip_eps_low=policy.clip_eps_low, clip_eps_high=policy.clip_eps_high,
             cispo_ratio_max=policy.cispo_ratio_max, cispo_ratio_min=policy.cispo_ratio_min,
+            sapo_temperature_pos=policy.sapo_temperature_pos, sapo_temperature_neg=policy.sapo_temperature_neg,
+            gmpo_clip_eps=policy.gmpo_clip_eps,
             kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef, kl_estimator=policy.kl_estimator,
             aggregation=aggregation, max_tokens=sampling.max_new_tokens, tis_cap=policy.tis_cap,
             engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
+            engine_correction_max=policy.engine_correction_max,
             entropy_coef=policy.entropy_coef, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k,
         )
@@ -129,10 +147,10 @@ class GRPOLossOutput:
     clip_fraction: torch.Tensor  # fraction of tokens whose ratio was clipped
     kl_approx: torch.Tensor  # k3 estimate of KL(old || new), for monitoring the step size
     kl_ref: torch.Tensor  # mean chosen-estimator KL to the reference, per token
-    ratio_mean: torch.Tensor  # mean of the objective's ratio (the sequence ratio for gspo, gspo_token)
+    ratio_mean: torch.Tensor  # mean of the objective's ratio (the sequence ratio for gspo, gspo_token, gmpo)
     ess: torch.Tensor  # normalised effective sample size of the importance weights, in (0, 1]
-    tis_fraction: torch.Tensor  # fraction of tokens whose engine weight was outside [min, cap] (truncated or masked)
-    engine_masked_fraction: torch.Tensor  # fraction of tokens whose engine weight was set to 0 (mask modes)
+    tis_fraction: torch.Tensor  # fraction of tokens whose engine weight was outside its bounds (truncated or masked)
+    engine_masked_fraction: torch.Tensor  # fraction of tokens whose engine weight was set to 0 (mask and band modes)
     engine_weight_p5: torch.Tensor  # quantiles of the unbounded engine weight pi_old / mu (1 without behavior_logprobs)
     engine_weight_p50: torch.Tensor
     engine_weight_p95: torch.Tensor
@@ -245,7 +263,9 @@ def grpo_loss(
 
     term = policy_term(logprobs, old_logprobs, adv_BT, keep_f, objective=settings.loss_type,
                        clip_eps_low=settings.clip_eps_low, clip_eps_high=settings.clip_eps_high,
-                       cispo_ratio_max=settings.cispo_ratio_max, cispo_ratio_min=settings.cispo_ratio_min)
+                       cispo_ratio_max=settings.cispo_ratio_max, cispo_ratio_min=settings.cispo_ratio_min,
+                       sapo_temperature_pos=settings.sapo_temperature_pos,
+                       sapo_temperature_neg=settings.sapo_temperature_neg, gmpo_clip_eps=settings.gmpo_clip_eps)
     pg_loss_BT = term.loss_BT  # [B, T]
     if outside is not None:
         pg_loss_BT = pg_loss_BT * keep_f
@@ -253,7 +273,8 @@ def grpo_loss(
     engine = None
     if behavior_logprobs is not None and settings.tis_cap is not None:
         engine = engine_weights(old_logprobs, behavior_logprobs, keep_f, mode=settings.engine_correction,
-                                cap=settings.tis_cap, min_weight=settings.engine_correction_min)
+                                cap=settings.tis_cap, min_weight=settings.engine_correction_min,
+                                max_weight=settings.engine_correction_max)
         pg_loss_BT = pg_loss_BT * engine.weight_BT
 
     loss_policy = aggregate(pg_loss_BT, mask_f, settings.aggregation, settings.max_tokens) * scale

@@ -1,4 +1,4 @@
-"""Per-token policy-gradient terms: GRPO's clipped surrogate, GSPO, GSPO-token and CISPO.
+"""Per-token policy-gradient terms: GRPO's clipped surrogate, GSPO, GSPO-token, CISPO, SAPO and GMPO.
 
 Each objective turns the log-probs of the policy being trained (``logprobs``) and of the policy at the start of
 the update (``old_logprobs``) into a per-token loss ``[B, T]``; :func:`grpo_rl.algo.loss.grpo_loss` then applies the
@@ -22,13 +22,41 @@ engine importance weight and aggregates. With ``r_t = pi(y_t) / pi_old(y_t)``:
   paper writes them ``1 - eps_low^IS`` and ``1 + eps_high^IS`` and in practice sets no lower bound, which is
   the default here (``ratio_min=None``). Its loss value is ``-w A log pi`` (not ``-A`` at ratio 1, as the
   surrogates' is); only its gradient is comparable.
+* ``sapo``: SAPO (Qwen team, 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347): the hard clip replaced
+  by a soft, temperature-controlled gate, ``-f(r_t) A`` with ``f(r) = sigmoid(tau (r - 1)) * 4 / tau`` and
+  ``tau = tau_pos`` where ``A > 0``, ``tau_neg`` elsewhere (TRL 1.16's per-token formula and defaults, 1.0 and 1.05:
+  the gate of a negative advantage closes faster). Its gradient is ``-4 p (1 - p) r A grad log pi(y_t)`` with
+  ``p = sigmoid(tau (r - 1))``: weight 1 at ``r = 1`` (GRPO's gradient), falling smoothly as the ratio leaves 1 on
+  either side, whatever the advantage's sign, where the hard clip keeps the full gradient up to ``1 + eps`` and then
+  none. Nothing is clipped, so ``clipped_BT`` is all False. The loss value at ``r = 1`` is ``-2 A / tau``, not
+  ``-A``; only the gradients compare with the surrogates'.
+* ``gmpo``: GMPO (Zhao et al., 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673): one ratio per answer,
+  the geometric mean of its token ratios, each clipped first, in log space:
+  ``s_i = exp(mean_t c_t)``, ``c_t = min(log r_t, clip(log r_t, -eps, eps))`` where ``A > 0`` and ``max(...)``
+  elsewhere (PPO's pessimistic bound, written for log ratios), loss ``-A_i s_i``. The paper's range is
+  ``(e^-0.4, e^0.4)``. A clipped token leaves the mean's gradient; the others get ``-A_i s_i / |y_i|`` each. Unlike
+  GSPO, which clips the mean, GMPO clips each token and then averages, so one extreme token neither dominates the
+  ratio nor silences the whole answer. Written on each token of the answer, as GSPO's, so ``seq_mean_token_mean``
+  gives the paper's (and TRL's ``trl.experimental.gmpo``) mean over answers. A per-token advantage is averaged over
+  the answer (as verl's ``geo_mean`` loss; the paper has one per answer) and its sign picks each token's clip side.
+
+Settings: SAPO's temperatures are ``policy.sapo_temperature_pos`` and ``policy.sapo_temperature_neg``. GMPO's range
+is ``policy.gmpo_clip_eps``, its own setting, although TRL's ``GMPOConfig`` and verl's ``geo_mean`` reuse their
+surrogate clip settings read in log space (TRL with the default changed to 0.4): here ``clip_eps_low`` and
+``clip_eps_high`` bound the ratio itself, ``[1 - eps, 1 + eps]``, with defaults 0.2 and 0.28, so reusing them would
+change their meaning with the loss type and miss the paper's 0.4. One symmetric value, as the paper uses; TRL and
+verl also take a separate upper bound.
 
 Departures from TRL: the per-token values above are TRL's. The aggregation is a separate choice here, and
 ``policy.loss_type`` picks the paper's by default: ``seq_mean_token_mean`` for ``gspo`` and ``gspo_token``
 (TRL's default ``loss_type="dapo"`` would weight each answer by its length, which TRL warns about), ``token_mean``
-for ``cispo`` (MiniMax-M1's normalisation by the total token count; TRL's ``cispo`` always uses it). CISPO's
-bounds are settings of their own (``policy.cispo_ratio_max``, ``policy.cispo_ratio_min``) rather than the
-surrogates' ``clip_eps_*``, whose good values (0.2 to 0.28) are an order of magnitude smaller.
+for ``cispo`` (MiniMax-M1's normalisation by the total token count; TRL's ``cispo`` always uses it),
+``seq_mean_token_mean`` for ``sapo`` (the paper's and TRL's) and ``gmpo`` (a mean over answers, as the paper and TRL).
+CISPO's bounds are settings of their own (``policy.cispo_ratio_max``, ``policy.cispo_ratio_min``) rather than the
+surrogates' ``clip_eps_*``, whose good values (0.2 to 0.28) are an order of magnitude smaller. TRL's GMPO averages
+its KL term per answer, which is what ``seq_mean_token_mean`` does with ours; it ignores the engine importance
+weight, which here multiplies each token's copy of the answer's loss (so under ``seq_mean_token_mean`` an answer is
+weighted by the mean of its tokens' engine weights; verl's ``geo_mean`` takes their geometric mean).
 """
 from __future__ import annotations
 
@@ -37,8 +65,8 @@ from typing import Literal
 
 import torch
 
-PolicyObjective = Literal["grpo", "gspo", "gspo_token", "cispo"]
-POLICY_OBJECTIVES: tuple[str, ...] = ("grpo", "gspo", "gspo_token", "cispo")
+PolicyObjective = Literal["grpo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"]
+POLICY_OBJECTIVES: tuple[str, ...] = ("grpo", "gspo", "gspo_token", "cispo", "sapo", "gmpo")
 
 
 @dataclass
@@ -47,10 +75,12 @@ class PolicyTerm:
 
     Attributes:
         loss_BT: per-token policy loss ``[B, T]`` (padding not yet masked), differentiable.
-        ratio_BT: the importance ratio the objective uses, detached, ``[B, T]`` (a sequence ratio repeated over
-            the answer's tokens for ``gspo`` and ``gspo_token``).
-        clipped_BT: bool ``[B, T]``, tokens on which the clip acted: for the surrogates, where the clipped term
-            was the one taken (no gradient); for ``cispo``, where the weight was cut (the token keeps a gradient).
+        ratio_BT: the importance ratio the objective uses, before any clip, detached, ``[B, T]`` (a sequence ratio
+            repeated over the answer's tokens for ``gspo``, ``gspo_token`` and ``gmpo``, whose is the geometric mean
+            of the unclipped token ratios, GSPO's ``s_i``).
+        clipped_BT: bool ``[B, T]``, tokens on which the clip acted: for the surrogates and ``gmpo``, where the
+            clipped term was the one taken (no gradient); for ``cispo``, where the weight was cut (the token keeps a
+            gradient); for ``sapo``, none (its gate is soft).
     """
 
     loss_BT: torch.Tensor
@@ -80,6 +110,9 @@ def policy_term(
     clip_eps_high: float = 0.2,
     cispo_ratio_max: float = 5.0,
     cispo_ratio_min: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    gmpo_clip_eps: float = 0.4,
 ) -> PolicyTerm:
     """The per-token loss of one policy objective (see the module docstring).
 
@@ -87,10 +120,13 @@ def policy_term(
         logprobs_BT: log-probs under the policy being trained, ``[B, T]``.
         old_logprobs_BT: log-probs at the start of the update, ``[B, T]`` (detached here).
         adv_BT: advantages, ``[B, 1]`` (one per answer) or ``[B, T]``.
-        mask_BT: response-token mask, ``[B, T]``; used by the sequence ratio of ``gspo`` and ``gspo_token``.
-        objective: ``grpo``, ``gspo``, ``gspo_token`` or ``cispo``.
+        mask_BT: response-token mask, ``[B, T]``; used by the sequence ratios of ``gspo``, ``gspo_token`` and
+            ``gmpo``.
+        objective: ``grpo``, ``gspo``, ``gspo_token``, ``cispo``, ``sapo`` or ``gmpo``.
         clip_eps_low, clip_eps_high: the surrogates clip their ratio to ``[1 - clip_eps_low, 1 + clip_eps_high]``.
         cispo_ratio_max, cispo_ratio_min: bounds of CISPO's weight (``None``: no lower bound).
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures where ``A > 0`` and elsewhere.
+        gmpo_clip_eps: GMPO clips each token's log-ratio to ``[-gmpo_clip_eps, gmpo_clip_eps]``.
 
     Returns:
         :class:`PolicyTerm`.
@@ -104,6 +140,15 @@ def policy_term(
         if cispo_ratio_min is not None:
             clipped = clipped | (ratio < cispo_ratio_min)
         return PolicyTerm(loss_BT=loss_BT, ratio_BT=ratio.detach(), clipped_BT=clipped)
+    if objective == "sapo":
+        ratio = torch.exp(log_ratio)  # [B, T]
+        tau = torch.where(adv_BT > 0, adv_BT.new_tensor(sapo_temperature_pos),
+                          adv_BT.new_tensor(sapo_temperature_neg))  # [B, 1] or [B, T]
+        gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # [B, T]: f(r), f'(1) = 1
+        return PolicyTerm(loss_BT=-gate * adv_BT, ratio_BT=ratio.detach(),
+                          clipped_BT=torch.zeros(mask_BT.shape, dtype=torch.bool, device=mask_BT.device))
+    if objective == "gmpo":
+        return _gmpo_term(log_ratio, adv_BT, mask_BT, gmpo_clip_eps)
     if objective == "grpo":
         log_w = log_ratio  # [B, T]
     elif objective == "gspo":
@@ -121,3 +166,22 @@ def policy_term(
         clipped = ((ratio < 1.0 - clip_eps_low) & (adv_BT < 0)) | ((ratio > 1.0 + clip_eps_high) & (adv_BT > 0))
     return PolicyTerm(loss_BT=loss_BT, ratio_BT=ratio.detach().expand(mask_BT.shape),
                       clipped_BT=clipped.expand(mask_BT.shape))
+
+
+def _gmpo_term(log_ratio_BT: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float) -> PolicyTerm:
+    """GMPO's answer loss ``-A_i exp(mean_t c_t)`` on each of its tokens (see the module docstring)."""
+    clamped = log_ratio_BT.clamp(-eps, eps)  # [B, T]
+    positive = adv_BT > 0  # [B, 1] or [B, T]
+    # PPO's min(r A, clip(r) A), taken on log r: the lower of the two where A > 0, the higher where A <= 0.
+    clipped_log = torch.where(positive, torch.minimum(log_ratio_BT, clamped), torch.maximum(log_ratio_BT, clamped))
+    log_s = sequence_log_ratio(clipped_log, mask_BT)  # [B, 1]
+    if adv_BT.shape[-1] == 1:
+        adv_i = adv_BT  # [B, 1]
+    else:  # one advantage per answer: the mean of its tokens' (verl's geo_mean)
+        m = mask_BT.to(adv_BT.dtype)
+        adv_i = (adv_BT * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # [B, 1]
+    loss_BT = (-adv_i * torch.exp(log_s)).expand(mask_BT.shape)  # [B, T]
+    with torch.no_grad():
+        ratio = torch.exp(sequence_log_ratio(log_ratio_BT, mask_BT)).expand(mask_BT.shape)  # [B, T], unclipped
+        clipped = ((log_ratio_BT > eps) & (adv_BT > 0)) | ((log_ratio_BT < -eps) & (adv_BT < 0))
+    return PolicyTerm(loss_BT=loss_BT, ratio_BT=ratio, clipped_BT=clipped.expand(mask_BT.shape))

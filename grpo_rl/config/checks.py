@@ -2,7 +2,8 @@
 
 Pure functions of the config: no file, device or user code is touched here (that is
 :mod:`grpo_rl.run.preflight`, which calls :func:`check_values` first). Each raises :class:`ConfigError` naming the
-key and the fix.
+key and the fix. :func:`check_values` first sets what TorchRL's keys map to (:mod:`grpo_rl.config.torchrl_keys`,
+which also reads which keys the command line gave).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Optional
 
 from grpo_rl.config.schema import (AGGREGATIONS, COMPILE_MODES, ENGINE_CORRECTIONS, IFEVAL_COMPONENTS, LOSS_TYPES,
                                    OPTIMIZERS, parse_compile_mode)
+from grpo_rl.config.torchrl_keys import resolve_torchrl_keys
 from grpo_rl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ def _finite(key: str, value: float) -> None:
 def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix.
     ``rewards``: reward functions given as Python objects (they count as the run's reward)."""
+    resolve_torchrl_keys(cfg)  # first: the settings TorchRL's keys decide are then checked like the others
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "vllm_server", "transformers"))
     for role in ("train_model", "ref_model", "inference_model"):
@@ -77,6 +80,9 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     if cfg.model.lora.enabled and cfg.ref_model.placement == "actor" and cfg.policy.kl_coef > 0:
         raise ConfigError("ref_model.placement=actor with model.lora.enabled=true: a LoRA run's reference is the "
                           "learner's own model with the adapters off; use ref_model.placement=auto")
+    if cfg.model.lora.enabled and cfg.ref_model.path:
+        raise ConfigError(f"ref_model.path={cfg.ref_model.path} with model.lora.enabled=true: a LoRA run's reference is "
+                          "the policy with its adapters off; set ref_model.path=null, or train without LoRA")
     if cfg.train_model.sharding == "fsdp" and cfg.model.lora.enabled:
         raise ConfigError("train_model.sharding=fsdp with model.lora.enabled=true: a LoRA learner is small enough for "
                           "one device; use train_model.sharding=none")
@@ -176,9 +182,12 @@ def resolve_loss_type(loss_type: str, aggregation: Optional[str]) -> tuple[str, 
 
 def _validate_policy(policy: Any) -> None:
     """The objective's settings: names, non-negative coefficients, ordered bounds."""
-    for key in ("cispo_ratio_max", "entropy_coef", "advantage_eps"):
+    for key in ("cispo_ratio_max", "entropy_coef", "advantage_eps", "sapo_temperature_pos", "sapo_temperature_neg",
+                "gmpo_clip_eps"):
         _finite(f"policy.{key}", getattr(policy, key))
     _positive("policy.entropy_coef", policy.entropy_coef, allow_zero=True)
+    for key in ("sapo_temperature_pos", "sapo_temperature_neg", "gmpo_clip_eps"):
+        _positive(f"policy.{key}", getattr(policy, key))
     if not policy.advantage_eps > 0:
         raise ConfigError(f"policy.advantage_eps={policy.advantage_eps} must be > 0: it keeps a group whose rewards "
                           "are all equal (std 0) at advantage 0 instead of 0/0; the default is 1e-6, TRL's 1e-4")
@@ -188,17 +197,31 @@ def _validate_policy(policy: Any) -> None:
     if policy.cispo_ratio_min is not None and not 0.0 <= policy.cispo_ratio_min <= 1.0:
         raise ConfigError(f"policy.cispo_ratio_min={policy.cispo_ratio_min} must be in [0, 1] (or null for no "
                           "lower bound)")
-    cap, low = policy.tis_cap, policy.engine_correction_min
+    cap, low, high = policy.tis_cap, policy.engine_correction_min, policy.engine_correction_max
     if cap is not None and not cap >= 1.0:
         raise ConfigError(f"policy.tis_cap={cap} must be >= 1 (or null to disable)")
-    _choice("policy.engine_correction", policy.engine_correction, ENGINE_CORRECTIONS)
+    mode = policy.engine_correction
+    _choice("policy.engine_correction", mode, ENGINE_CORRECTIONS)
+    band = mode.endswith("_band_mask")
+    if band and (low is None or high is None):
+        raise ConfigError(f"policy.engine_correction={mode} needs both bounds of its band: set "
+                          "policy.engine_correction_min and policy.engine_correction_max (IcePop's: 0.5 and 5.0)")
+    if high is not None:
+        if not band:
+            raise ConfigError(f"policy.engine_correction_max={high} bounds only token_band_mask and "
+                              f"sequence_band_mask; policy.engine_correction={mode}'s upper bound is policy.tis_cap")
+        if not (math.isfinite(high) and high >= 1.0):
+            raise ConfigError(f"policy.engine_correction_max={high} must be a finite number >= 1: a weight near 1, "
+                              "where engine and learner agree, must pass (IcePop's is 5.0)")
+    upper = "policy.engine_correction_max" if band else "policy.tis_cap"
     if low is not None:
         if cap is None:
             raise ConfigError(f"policy.engine_correction_min={low} with policy.tis_cap=null: the engine correction is "
-                              "off, so the lower bound does nothing; set policy.tis_cap (e.g. 2.0) or drop the bound")
-        if not 0.0 <= low <= 1.0:  # hence <= tis_cap, which is >= 1
-            raise ConfigError(f"policy.engine_correction_min={low} must be in [0, 1], below policy.tis_cap={cap}: a "
-                              "weight near 1, where engine and learner agree, must pass; or null for no lower bound")
+                              "off, so the lower bound does nothing; set policy.tis_cap (e.g. 2.0) or drop the bound"
+                              + (" (the band modes do not use its value)" if band else ""))
+        if not 0.0 <= low <= 1.0:  # hence <= the upper bound, which is >= 1
+            raise ConfigError(f"policy.engine_correction_min={low} must be in [0, 1], below {upper}: a weight near "
+                              "1, where engine and learner agree, must pass; or null for no lower bound")
 
 
 def _validate_overlong(policy: Any, max_new_tokens: int) -> None:
@@ -403,10 +426,20 @@ def _validate_rewards(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     for key, w in weights.items():
         _finite(f"reward.ifeval_weights.{key}", w)
         _positive(f"reward.ifeval_weights.{key}", w, allow_zero=True)
-    for key in ("correctness_weight", "format_weight", "model_weight"):
+    for key in ("correctness_weight", "format_weight", "model_weight", "thinking_weight", "scale", "bias"):
         _finite(f"reward.{key}", getattr(cfg.reward, key))
     _positive("reward.correctness_weight", cfg.reward.correctness_weight, allow_zero=True)
     _positive("reward.format_weight", cfg.reward.format_weight, allow_zero=True)
+    _positive("reward.thinking_weight", cfg.reward.thinking_weight, allow_zero=True)
+    _positive("reward.min_thinking_tokens", cfg.reward.min_thinking_tokens, allow_zero=True)
+    if cfg.reward.scale <= 0:
+        raise ConfigError(f"reward.scale={cfg.reward.scale:g} must be > 0: 0 makes every advantage 0 and a negative "
+                          "scale trains towards lower rewards; 1 leaves the reward as it is")
+    if cfg.reward.thinking_weight and (cfg.env.dataset not in ("gsm8k", "arithmetic") or cfg.env.template != "tags"):
+        raise ConfigError(f"reward.thinking_weight={cfg.reward.thinking_weight:g} scores the <think> section that "
+                          f"env.template=tags asks for on gsm8k or arithmetic (here env.dataset={cfg.env.dataset}, "
+                          f"env.template={cfg.env.template}); set env.template=tags on one of those tasks, or "
+                          "reward.thinking_weight=0")
     if cfg.env.dataset == "ifeval" and not any(weights.values()):
         raise ConfigError("every reward.ifeval_weights entry is 0; give one a weight, e.g. reward.ifeval_weights.inst_strict=1")
     timeout = cfg.reward.timeout_seconds

@@ -81,6 +81,10 @@ class TrainModelConfig(RoleDevices):
 
 @dataclass
 class RefModelConfig(RoleDevices):
+    path: Optional[str] = None
+    """A reference model other than the policy's initial weights: a local HF folder of a causal LM with the policy's
+    vocabulary (the Python API's ``ref_model=`` writes one). null: model.name, the usual GRPO reference. Not with
+    model.lora.enabled, whose reference is the policy with its adapters off."""
     share_with_train: bool = False
     """Put the reference on the training devices (allowed overlap)."""
     placement: str = "auto"
@@ -222,6 +226,12 @@ class EnvConfig:
     """Prompts per batch; the batch holds prompts_per_step * group_size answers."""
     group_size: int = 8
     """G: answers sampled per prompt."""
+    num_envs: Optional[int] = None
+    """TorchRL's environments stepped in parallel, N (its README's lever against out-of-memory errors in vLLM and
+    in reference scoring): the answers generated together. Sets env.prompts_per_step = N / group_size (N a multiple
+    of group_size; the start-up log prints it); null: not set. Not exact: here those answers are also the step's
+    training batch, where TorchRL fills its training batches separately, and each engine of sota/grpo-async.py
+    (inference_model.num_devices) generates that many (grpo_rl/config/torchrl_keys.py)."""
     max_prompt_tokens: int = 320
     """Prompts longer than this (in tokens, after the chat template) are rejected (too_long_prompts=error) or skipped."""
     too_long_prompts: str = "skip"
@@ -290,6 +300,19 @@ class RewardConfig:
     """A local HF folder with a sequence-classification reward model (num_labels=1); null: none."""
     model_weight: float = 1.0
     """Weight of the reward model's score (logged as reward_model)."""
+    thinking_weight: float = 0.0
+    """GSM8K/arithmetic with env.template=tags: weight of the ``thinking`` component, 1 for one ``<think>`` section
+    of at least min_thinking_tokens tokens, 0 for none, an empty or a shorter one (logged as reward_thinking)."""
+    min_thinking_tokens: int = 16
+    """Fewest tokens (policy tokenizer) a ``<think>`` section needs to score in the thinking component."""
+    scale: float = 1.0
+    """The reward is ``(weighted sum of the components + bias) * scale``, before advantages: AReaL's
+    ``(reward + reward_bias) * reward_scaling``, so its values carry over. Cancels out with
+    policy.scale_advantages_by_std=true; sets the gradient's size without it (Dr. GRPO). reward_mean is the scaled
+    reward; reward_unscaled_mean the weighted sum before bias and scale."""
+    bias: float = 0.0
+    """Added to the weighted sum before ``scale`` (AReaL's ``reward_bias``); shifts every answer alike, so it cancels
+    out of group advantages, but not out of a KL-in-reward or overlong penalty's share of the reward."""
 
 
 @dataclass
@@ -308,10 +331,12 @@ class PolicyConfig:
     loss_type: str = "grpo"
     """The policy objective (grpo_rl/algo/objectives.py): grpo (clipped surrogate per token) | gspo (one length-normalised
     ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo (REINFORCE weighted
-    by a clipped, stop-gradient ratio; no token loses its gradient). Also the TRL/verl names that choose grpo's
-    objective with a fixed aggregation: dapo (token_mean), bnpo (token_mean: TRL normalises by the tokens of each
-    micro-batch, which is token_mean when the batch is one micro-batch; here every micro-batch is weighted by its
-    share of the batch's tokens, so it is always the batch's token mean), dr_grpo (seq_mean_token_sum_norm).
+    by a clipped, stop-gradient ratio; no token loses its gradient) | sapo (a soft sigmoid gate on the token ratio
+    instead of the clip) | gmpo (the geometric mean of the answer's token ratios, each clipped in log space). Also the
+    TRL/verl names that choose grpo's objective with a fixed aggregation: dapo (token_mean), bnpo (token_mean: TRL
+    normalises by the tokens of each micro-batch, which is token_mean when the batch is one micro-batch; here every
+    micro-batch is weighted by its share of the batch's tokens, so it is always the batch's token mean), dr_grpo
+    (seq_mean_token_sum_norm).
     Note: TRL's loss_type=grpo is grpo with aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
     kl_coef: float = 0.01
     """Weight of the KL penalty to the reference model; 0 disables the reference model."""
@@ -329,10 +354,18 @@ class PolicyConfig:
     smaller."""
     cispo_ratio_min: Optional[float] = None
     """cispo: lower bound of the weight, in [0, 1]; null: none (as MiniMax-M1 in practice, and TRL)."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: temperature of the gate sigmoid(tau (r - 1)) * 4 / tau on tokens with a positive advantage (TRL's
+    default); higher closes the gate faster as the ratio leaves 1."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: the same for the other tokens (TRL's default 1.05: negative advantages' updates are damped sooner)."""
+    gmpo_clip_eps: float = 0.4
+    """gmpo: each token's log-ratio is clipped to [-gmpo_clip_eps, gmpo_clip_eps], the ratio to (e^-0.4, e^0.4) by
+    default (the GMPO paper's). In log space, unlike clip_eps_low/high (which TRL and verl reuse for it)."""
     aggregation: Optional[str] = None
     """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO) | null: the loss type's,
-    token_mean for grpo, dapo, bnpo and cispo, seq_mean_token_mean for gspo and gspo_token (the paper's mean over
-    answers), seq_mean_token_sum_norm for dr_grpo."""
+    token_mean for grpo, dapo, bnpo and cispo, seq_mean_token_mean for gspo, gspo_token, sapo and gmpo (the papers'
+    mean over answers), seq_mean_token_sum_norm for dr_grpo."""
     scale_advantages_by_std: bool = True
     advantage_eps: float = 1e-6
     """Added to the group's reward std before dividing by it (TRL: 1e-4; see grpo_rl/algo/advantages.py)."""
@@ -347,15 +380,20 @@ class PolicyConfig:
     dynamic_sampling_max_rounds: int = 3
     """Extra batches a step may draw with dynamic_sampling (verl's max_num_gen_batches - 1); 0: only the first."""
     tis_cap: Optional[float] = 2.0
-    """Upper bound of the importance weight between learner and engine log-probs (pi_old / mu); null disables the
-    correction."""
+    """Upper bound of the importance weight between learner and engine log-probs (pi_old / mu) in the truncate and
+    mask modes (the band modes use engine_correction_max); null disables the correction, in every mode."""
     engine_correction: str = "token_truncate"
     """How that weight is applied (grpo_rl/algo/engine_correction.py; TRL's vllm_importance_sampling_mode):
     token_truncate (clamp each token's weight to [engine_correction_min, tis_cap]) | token_mask (weight 0 for
     tokens outside it) | sequence_truncate, sequence_mask (the same with one weight per answer, the product of its
-    token weights)."""
+    token weights) | token_band_mask (IcePop: weight 0 for tokens outside [engine_correction_min,
+    engine_correction_max], the others keep their weight) | sequence_band_mask (the same per answer, with the
+    geometric mean of its token weights). The band modes need both bounds; IcePop's are 0.5 and 5.0."""
     engine_correction_min: Optional[float] = None
-    """Lower bound of the engine weight, in [0, 1]; null: none."""
+    """Lower bound of the engine weight, in [0, 1]; null: none (the band modes need one)."""
+    engine_correction_max: Optional[float] = None
+    """Upper bound of the band modes' weight, >= 1 (IcePop's beta: 5.0); required by them, and only used by them (the
+    other modes' upper bound is tis_cap)."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus: the loss gets -entropy_coef * (aggregated token entropy); 0: off (the entropy
     is then logged only, and computed without gradient)."""
@@ -396,6 +434,12 @@ class TrainConfig:
     ceil(prompt_epochs x prompts / env.prompts_per_step) steps, the prompts counted once the data is loaded and
     over-long ones skipped, before any engine starts (the start-up log prints the count). When set it wins over
     train.steps, which always has a value; null: train.steps."""
+    total_dialog_turns: Optional[int] = None
+    """TorchRL's length of a run in dialog turns (answers): sets train.steps = total_dialog_turns /
+    (env.prompts_per_step x env.group_size), which must divide it (the start-up log prints it); null: not set. Not
+    exact: answers are counted as trained, a step's batch each (as TorchRL's grpo-sync.py collects them); a
+    multi-turn episode counts once where TorchRL counts each turn, and the extra batches of policy.dynamic_sampling
+    or the stale ones the asynchronous loop drops are not counted. Not with train.prompt_epochs."""
     updates_per_batch: int = 1
     """Optimizer steps on each batch, each a pass over all of it (TRL's num_iterations, verl's ppo_epochs); more than
     one reuses the batch off-policy, the clipped ratio keeping the updates close to the policy that sampled it."""
@@ -405,6 +449,15 @@ class TrainConfig:
     updates_per_batch set to another value than 1 and different from it is an error."""
     micro_batch_tokens: int = 4096
     """Token budget of one micro-batch (prompt + response tokens, padded); gradients accumulate across them."""
+    optim_batch_size: Optional[int] = None
+    """TorchRL's batch size for optimization, B (its README's lever against out-of-memory errors in training), as
+    answers per micro-batch: sets micro_batch_tokens = B x (env.max_prompt_tokens + sampling.max_new_tokens), or B x
+    inference_model.max_model_len with env.max_turns > 1, the padded size of B answers of the longest length (the
+    start-up log prints it); null: not set. Not exact: a micro-batch is sized in tokens, so it never holds more
+    tokens than B such answers and holds more answers when they are shorter; and TorchRL's B is the answers of one
+    optimizer step, split into gradient_accumulation_steps micro-batches, where here one optimizer step covers the
+    whole batch: for TorchRL's micro-batch give its B / gradient_accumulation_steps. With share_prompt (micro-batches
+    of whole groups) at least env.group_size (grpo_rl/config/torchrl_keys.py)."""
     share_prompt: bool = True
     """Run each group's shared prompt once in the reference and policy passes (one packed row per group,
     see grpo_rl/model/packing.py) instead of once per answer; same log-probs, about (G-1)/G fewer prompt tokens."""
@@ -584,12 +637,15 @@ LOSS_TYPES: dict[str, tuple[str, str, bool]] = {
     "gspo": ("gspo", "seq_mean_token_mean", False),
     "gspo_token": ("gspo_token", "seq_mean_token_mean", False),
     "cispo": ("cispo", "token_mean", False),
+    "sapo": ("sapo", "seq_mean_token_mean", False),
+    "gmpo": ("gmpo", "seq_mean_token_mean", False),
     "dapo": ("grpo", "token_mean", True),
     "bnpo": ("grpo", "token_mean", True),
     "dr_grpo": ("grpo", "seq_mean_token_sum_norm", True),
 }
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-ENGINE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ENGINE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token_band_mask",
+                      "sequence_band_mask")
 
 
 def uses_reference(cfg) -> bool:

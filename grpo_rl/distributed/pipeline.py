@@ -58,7 +58,7 @@ class AsyncRollouts:
     push from it."""
 
     def __init__(self, run: RunContext, env, reference: ReferenceActors | None = None, fleet=None,
-                 restarts: Restarts | None = None):
+                 restarts: Restarts | None = None, *, wait: bool = True):
         import ray
 
         p = run.cfg.pipeline
@@ -83,8 +83,7 @@ class AsyncRollouts:
         self.num_replicas = run.placement.collector.count
         self.collectors = [self._new_collector(i) for i in range(self.num_replicas)]
         self._buffers = [self.buffer] + ([self.scored] if reference is not None else [])
-        pids = wait_ready(self.collectors + self._buffers, "collector", p.timeout_seconds)
-        self.pids = {"collector": pids[: len(self.collectors)]}
+        self.pids: dict[str, list[int]] = {}
         self._runs: list = []
         self._pump: threading.Thread | None = None
         self._pump_error: BaseException | None = None
@@ -94,6 +93,20 @@ class AsyncRollouts:
         self._prev_stats: dict[str, float] | None = None
         self._step_started = time.perf_counter()
         self._closed = False
+        self.nodes: list = []
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until the collectors, the buffers and the reference stage have started (once; with ``wait=False``
+        the caller loads the learner meanwhile, and every actor starts at the same time). Raises
+        :class:`RoleFailed` naming the role if one fails or takes past ``pipeline.timeout_seconds``."""
+        if self.pids:
+            return
+        pids = wait_ready(self.collectors + self._buffers, "collector", self.timeout)
+        if self.reference is not None:
+            self.reference.wait_started()
+        self.pids = {"collector": pids[: len(self.collectors)]}
         self.nodes = self._get([c.node.remote() for c in self.collectors], "the collectors", heal=False)
         self._write_pids()
 
@@ -189,6 +202,7 @@ class AsyncRollouts:
 
     def _start(self) -> None:
         """Start collecting at the stream position (the start, or what a resumed checkpoint recorded)."""
+        self.wait_started()
         position = self.position.state_dict()
         self._runs = [c.run.remote(position) for c in self.collectors]
         self._prev_stats = self.stats()

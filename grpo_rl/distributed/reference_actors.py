@@ -35,13 +35,21 @@ class ReferenceActors:
         restarts: the run's replacement budget and record (default: one of ``pipeline.max_restarts``).
     """
 
-    def __init__(self, run: RunContext, timeout: float, restarts: Restarts | None = None):
+    def __init__(self, run: RunContext, timeout: float, restarts: Restarts | None = None, *, wait: bool = True):
         self.run, self.timeout = run, timeout
         self.restarts = restarts if restarts is not None else Restarts(run.cfg.pipeline.max_restarts, run.run_dir)
         self.restarts.register("reference")
         self.actors = [self._new_replica(i) for i in range(run.placement.reference.count)]
-        self.pids = wait_ready(self.actors, "reference replica", timeout)
-        record_pids(run.run_dir, "reference", self.pids)
+        self.pids: list[int] | None = None
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until every replica has started (once; ``wait=False`` lets the caller start other roles
+        meanwhile). Raises :class:`RoleFailed` naming the role if one fails or takes past the timeout."""
+        if self.pids is None:
+            self.pids = wait_ready(self.actors, "reference replica", self.timeout)
+            record_pids(self.run.run_dir, "reference", self.pids)
 
     def _new_replica(self, index: int):
         import ray
@@ -51,6 +59,7 @@ class ReferenceActors:
 
     def submit(self, batch: TensorDict) -> list:
         """Start scoring ``batch`` (one shard per replica); pass the result to :meth:`collect`."""
+        self.wait_started()
         shards = [s for s in shard_batch(batch, len(self.actors)) if s.batch_size[0] > 0]
         keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_id")
         return [a.score.remote(s.select(*keys)) for a, s in zip(self.actors, shards)]

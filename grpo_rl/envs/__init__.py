@@ -4,7 +4,7 @@
 (generated problems scored as GSM8K, :mod:`.arithmetic`) or ``file`` (a user's prompts, :mod:`.custom`). Any
 task's own reward can be extended with the user's reward functions (``reward.path``/``reward.name``,
 ``reward.functions``) and a reward model (``reward.model_path``); all components are summed with their weights and
-logged one by one.
+logged one by one, and the sum is shifted and scaled, ``(sum + reward.bias) * reward.scale``, before advantages.
 
 The package holds the tasks: environments, data loading (:mod:`.data`), rewards (:mod:`.rewards`), tools
 (:mod:`.tools`) and multi-turn episodes (:mod:`.multiturn`). May import :mod:`grpo_rl.engines` and below (an
@@ -73,6 +73,8 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
     else:
         raise ValueError(f"env.dataset={dataset!r} is not supported; choose gsm8k, ifeval, arithmetic or file")
     env.tool_use = tool_use
+    env.reward.scale, env.reward.bias = cfg.reward.scale, cfg.reward.bias
+    env.update_specs()  # a reward_unscaled key when the scale or bias changes the sum
     for comp in env.reward.components:
         if isinstance(comp.fn, UserReward):
             comp.fn.check_columns(env.extra_columns)

@@ -213,7 +213,7 @@ class PromptEnv(EnvBase):
         """
         p = self._prompts_per_step
         first = self._rows[0]
-        self._spec_components = tuple(c.name for c in self.reward.components)
+        self._spec_components = self._reward_keys()
         locked = self.is_spec_locked
         self.set_spec_lock_(False)
         self.__dict__["_batch_size"] = torch.Size([p])
@@ -241,6 +241,12 @@ class PromptEnv(EnvBase):
         if locked:
             self.set_spec_lock_(True)
 
+    def _reward_keys(self) -> tuple[str, ...]:
+        """The ``reward_<name>`` keys a step writes: one per component, and ``unscaled`` (the weighted sum before
+        ``reward.scale`` and ``reward.bias``) when those change it."""
+        unscaled = ("unscaled",) if getattr(self.reward, "rescales", False) else ()
+        return (*(c.name for c in self.reward.components), *unscaled)
+
     # -- the prompt stream ---------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -267,7 +273,7 @@ class PromptEnv(EnvBase):
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDict:
         """Draw the next ``P`` prompts (every reset draws a full batch: the episodes all end together)."""
-        if tuple(c.name for c in self.reward.components) != self._spec_components:
+        if self._reward_keys() != self._spec_components:
             self.update_specs()  # components added after construction get their reward_<c> specs
         rows = self._next_rows()
         p = len(rows)
@@ -303,6 +309,8 @@ class PromptEnv(EnvBase):
                           "terminated": torch.ones(p, 1, dtype=torch.bool)}, batch_size=[p])
         for name, vals in result.components.items():
             out.set(f"reward_{name}", vals.reshape(shape))
+        if result.unscaled is not None:
+            out.set("reward_unscaled", result.unscaled.reshape(shape))
         for key in OBSERVATION_KEYS:
             if key in tensordict.keys():
                 out.set(key, tensordict.get(key))

@@ -7,7 +7,8 @@ Two prompt templates:
 * ``tags`` (DeepSeek-R1 style): reasoning inside ``<think>...</think>``, answer inside ``<answer>N</answer>``.
 
 The reward is correctness (the extracted final answer equals the reference) plus a weighted, partial format
-reward. A 135M model rarely gets a GSM8K answer right, so a pure 0/1 reward gives it almost no signal; the
+reward, and with ``tags`` optionally a thinking component (``reward.thinking_weight``: a ``<think>`` section of at
+least ``reward.min_thinking_tokens`` tokens). A 135M model rarely gets a GSM8K answer right, so a pure 0/1 reward gives it almost no signal; the
 format component varies within groups and is what a small model learns first.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Sequence
 
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.envs.rewards.gsm8k import correctness_reward, format_reward, reference_answer
+from grpo_rl.envs.rewards.gsm8k import (TokenCounter, correctness_reward, format_reward, reference_answer,
+                                        thinking_reward)
 
 # The hash prompt carries one worked example: with it, 17% of SmolLM2-135M-Instruct's answers use the
 # '#### N' format before any training (9% exactly as asked), against 2% with the instruction alone
@@ -48,12 +50,21 @@ def gsm8k_messages(row: dict, *, template: str, system_prompt: str | None = None
     ]
 
 
-def gsm8k_reward(template: str, correctness_weight: float, format_weight: float, last_number_fallback: bool) -> CompositeReward:
+def gsm8k_reward(template: str, correctness_weight: float, format_weight: float, last_number_fallback: bool, *,
+                 thinking_weight: float = 0.0, min_thinking_tokens: int = 0, tokenizer=None) -> CompositeReward:
+    """GSM8K's reward: ``correct``, ``format`` (when ``format_weight``) and, with the ``tags`` template,
+    ``thinking`` (when ``thinking_weight``; its tokens are counted with ``tokenizer``)."""
     components = [
         RewardComponent("correct", partial(correctness_reward, last_number_fallback=last_number_fallback), correctness_weight)
     ]
     if format_weight:
         components.append(RewardComponent("format", partial(format_reward, template=template), format_weight))
+    if thinking_weight:
+        if template != "tags" or tokenizer is None:
+            raise ValueError("the thinking reward scores the <think> section of the tags template; it needs "
+                             "template='tags' and the policy's tokenizer")
+        scorer = partial(thinking_reward, count_tokens=TokenCounter(tokenizer), min_tokens=min_thinking_tokens)
+        components.append(RewardComponent("thinking", scorer, thinking_weight))
     return CompositeReward(components)
 
 
@@ -62,7 +73,8 @@ def make_gsm8k_env(cfg, records: list[dict], tokenizer, *, seed: int,
     """Build the GSM8K environment from the ``env`` and ``reward`` config groups; ``extra_components`` (user
     functions, a reward model) are added to GSM8K's own, before the environment builds its reward specs."""
     reward = gsm8k_reward(cfg.env.template, cfg.reward.correctness_weight, cfg.reward.format_weight,
-                          cfg.reward.last_number_fallback)
+                          cfg.reward.last_number_fallback, thinking_weight=cfg.reward.thinking_weight,
+                          min_thinking_tokens=cfg.reward.min_thinking_tokens, tokenizer=tokenizer)
     reward.components.extend(extra_components)
     reward.fallback = cfg.reward.fallback
     return PromptEnv(

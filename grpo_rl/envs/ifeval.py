@@ -8,6 +8,8 @@ Departures from the benchmark:
   instructions, not how well it generalises to unseen ones: evaluate on held-out instructions for that.
 * With ``reward.ifeval_answer_tags`` a system prompt asks for the answer inside ``<answer>...</answer>`` and
   only that text is checked.
+* The two prompts whose ``keywords:letter_frequency`` names ``#`` or ``!`` are scored on that symbol, where the
+  reference checker counts a random letter (:mod:`grpo_rl.envs.rewards.ifeval.checkers_keywords`).
 
 GSM8K's ``env.template`` (hash | tags) means nothing here and is ignored; ``env.system_prompt`` still applies.
 The row's ``prompt`` is also passed to every reward as a keyword column (a reward model reads it).

@@ -46,7 +46,8 @@ def _adamw8bit_class():
                 warnings.simplefilter("ignore")
             from torchao.optim import AdamW8bit
     except ImportError as e:
-        raise ConfigError(f"optimizer.name=adamw8bit needs torchao ({e}): pip install torchao==0.18.0, or set "
+        raise ConfigError(f"optimizer.name=adamw8bit (the lowmem preset) needs torchao ({e}): install the lowmem "
+                          "extra (GRPO_EXTRAS=lowmem bash scripts/setup.sh, or pip install -e '.[lowmem]'), or set "
                           "optimizer.name=adamw") from None
     finally:
         for logger, level in zip(quiet, levels):

@@ -29,6 +29,7 @@ CONSOLE_KEYS = (
     ("reward_mean", "reward {:.3f}"),
     ("reward_correct_mean", "acc {:.3f}"),
     ("reward_format_mean", "fmt {:.3f}"),
+    ("reward_thinking_mean", "think {:.3f}"),
     ("reward_inst_strict_mean", "inst {:.3f}"),
     ("reward_prompt_strict_mean", "prompt {:.3f}"),
     ("eval/accuracy", "eval acc {:.3f}"),

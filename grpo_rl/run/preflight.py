@@ -46,6 +46,27 @@ def validate(cfg, rewards: Sequence[RewardFunction] = (), *, mode: str = "sync")
             raise ConfigError(f"reward.model_path={cfg.reward.model_path}: the folder {missing}")
 
 
+def check_reference_folder(path: str, model_path: str) -> None:
+    """``ref_model.path`` must be a complete causal-LM folder whose vocabulary is the policy's (``model_path``):
+    the reference scores the policy's token ids. Raises :class:`ConfigError`."""
+    import json
+
+    from grpo_rl.model.loading import broken_model_file
+
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"ref_model.path={path}: no config.json there; point it at a local HF folder of a causal LM "
+                          "(or ref_model.path=null for the policy's initial weights)")
+    broken = broken_model_file(folder)
+    if broken is not None:
+        raise ConfigError(f"ref_model.path={path}: {broken[0]} {broken[1]}; write or copy that model again")
+    vocab = [json.loads((Path(p) / "config.json").read_text()).get("vocab_size") for p in (folder, model_path)]
+    if vocab[0] != vocab[1]:
+        raise ConfigError(f"ref_model.path={path} has a vocabulary of {vocab[0]} tokens, the policy ({model_path}) "
+                          f"{vocab[1]}: the reference must score the policy's token ids; use a reference of the same "
+                          "model family and tokenizer")
+
+
 def _check_arithmetic_problems(cfg) -> None:
     """With env.dataset=arithmetic, the operations must fill both splits with distinct problems."""
     a = cfg.env.arithmetic

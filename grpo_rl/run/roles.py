@@ -53,13 +53,14 @@ def make_learner(run: RunContext):
     return make_local_learner(run)
 
 
-def make_reference(run: RunContext, learner=None, restarts: Restarts | None = None):
+def make_reference(run: RunContext, learner=None, restarts: Restarts | None = None, *, wait: bool = True):
     """The reference scorer (``score(batch)`` adds ``ref_logprobs``), or None without a KL penalty: in the driver
     (for LoRA, ``learner``'s model with its adapters off), or :class:`ReferenceActors` when it is a stage of its
-    own (``ref_model.placement``), whose lost replicas are replaced within ``restarts``."""
+    own (``ref_model.placement``), whose lost replicas are replaced within ``restarts`` (``wait=False``: started,
+    not yet waited for)."""
     placement = run.placement.reference
     if placement is not None and placement.actors:
-        return ReferenceActors(run, timeout=run.cfg.pipeline.timeout_seconds, restarts=restarts)
+        return ReferenceActors(run, timeout=run.cfg.pipeline.timeout_seconds, restarts=restarts, wait=wait)
     return make_ref_scorer(run, learner)
 
 
@@ -80,12 +81,12 @@ def make_rollout_source(run: RunContext, env, *, engine=None, reference=None, ev
 
 
 def _collecting_source(run: RunContext, env, *, engine, reference, evaluator, fleet=None, restarts=None,
-                       weight_sync=None):
+                       weight_sync=None, wait: bool = True):
     if engine is not None:
         heal = served_healer(run, fleet, engine, weight_sync, restarts) if fleet is not None else None
         return InProcessRollouts(make_collector(run, engine, env), evaluator, heal=heal), reference
     stage = reference if isinstance(reference, ReferenceActors) else None
-    rollouts = AsyncRollouts(run, env, reference=stage, fleet=fleet, restarts=restarts)
+    rollouts = AsyncRollouts(run, env, reference=stage, fleet=fleet, restarts=restarts, wait=wait)
     return rollouts, (None if stage is not None else reference)
 
 
@@ -216,13 +217,16 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
         source = with_dynamic_sampling(run, source)
         push = PushPolicy(every=None if shared else 1, stop_between_phases=True)
     else:
-        rollouts, reference = _collecting_source(run, env, engine=None, reference=make_reference(run, restarts=restarts),
-                                                 evaluator=None, fleet=fleet, restarts=restarts)
+        # The actors (collectors, reference replicas) start while the driver loads the learner: one wait for all.
+        rollouts, reference = _collecting_source(run, env, engine=None,
+                                                 reference=make_reference(run, restarts=restarts, wait=False),
+                                                 evaluator=None, fleet=fleet, restarts=restarts, wait=False)
         cleanup.callback(rollouts.close)
         source = with_dynamic_sampling(run, rollouts)
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)
+        rollouts.wait_started()  # and its reference stage
         weight_sync = make_weight_sync(run, rollouts=rollouts)
         push = PushPolicy(every=cfg.pipeline.push_every, stop_between_phases=False)
     cleanup.callback(weight_sync.close)

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from grpo_rl.config.schema import needs_reference_model
+from grpo_rl.config.torchrl_keys import describe_torchrl_keys
 from grpo_rl.envs import make_env
 from grpo_rl.envs.rewards.custom import RewardFunction
 from grpo_rl.model.loading import check_model_folder, load_tokenizer, resolve_model
@@ -20,7 +21,7 @@ from grpo_rl.model.precision import cpu_flags
 from grpo_rl.placement.context import RunContext, plan_placement, resolve_run_precision
 from grpo_rl.placement.devices import allocate_devices, available_cpus
 from grpo_rl.run.lifecycle import check_run_folder
-from grpo_rl.run.preflight import check_roles, validate
+from grpo_rl.run.preflight import check_reference_folder, check_roles, validate
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     check_run_folder(cfg, run_dir)
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)
     check_model_folder(model_path)
+    if cfg.ref_model.path and needs_reference_model(cfg):
+        check_reference_folder(cfg.ref_model.path, model_path)
     tokenizer = load_tokenizer(model_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
@@ -77,6 +80,10 @@ def describe_run(run: RunContext, mode: str) -> str:
         f"  precision: {run.precision.describe()}",
         f"  outputs:   {run.run_dir} (metrics.jsonl, {wandb[cfg.logger.backend]}, checkpoints/)",
     ]
+    if cfg.reward.scale != 1.0 or cfg.reward.bias != 0.0:
+        lines.insert(-1, f"  reward:    (weighted sum of the components {cfg.reward.bias:+g}) * {cfg.reward.scale:g} "
+                         "(reward.bias, reward.scale); reward_unscaled_mean logs the sum")
+    lines[1:1] = [f"  torchrl:   {line}" for line in describe_torchrl_keys(cfg)]  # what TorchRL's keys set
     return "\n".join(lines)
 
 

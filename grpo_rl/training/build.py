@@ -7,6 +7,7 @@ The learner's loss settings come from ``policy`` and ``sampling`` as one
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -85,8 +86,8 @@ def reference_dtype(run: RunContext) -> str:
 
 
 def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScorer | None:
-    """The reference scorer: a frozen copy of the initial model, or, for LoRA, ``learner``'s model with its
-    adapters disabled (no second copy)."""
+    """The reference scorer: a frozen copy of the initial model (or of ``ref_model.path``), or, for LoRA,
+    ``learner``'s model with its adapters disabled (no second copy)."""
     if not run.uses_ref:
         return None
     if run.cfg.simulate.enabled:
@@ -106,7 +107,8 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
                                         bf16_autocast=run.precision.ref.bf16,
                                         share_prompt=run.cfg.train.share_prompt)
     device = run.devices.ref[0]
-    model = load_causal_lm(run.model_path, device, reference_dtype(run), trainable=False)
+    path = str(Path(run.cfg.ref_model.path).expanduser()) if run.cfg.ref_model.path else run.model_path
+    model = load_causal_lm(path, device, reference_dtype(run), trainable=False)
     return RefScorer(model, device, temperature=run.cfg.sampling.temperature,
                      micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
                      bf16_autocast=run.precision.ref.bf16, share_prompt=run.cfg.train.share_prompt)

@@ -2,6 +2,7 @@
 functions given as objects, and its user errors before any engine starts."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -94,3 +95,65 @@ def test_user_errors_are_one_line_before_any_engine(kwargs, expected, tmp_path):
     line = next((l for l in proc.stdout.splitlines() if l.startswith("USER ERROR")), proc.stdout[-2000:])
     assert expected in line, line
     assert "engine imported: False" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_model_objects_example_trains_the_callers_model(tiny_model_dir, tmp_path):
+    """examples/notebook_model_objects.py on the tiny model: the object's weights come back trained."""
+    out = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=2) if not o.startswith(("env.", "model.name"))]
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook_model_objects.py"), str(tiny_model_dir),
+                           *overrides, "inference_model.engine=transformers"],
+                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if "parameter tensors of `model` changed" in l)
+    changed, total = int(line.split()[0]), int(line.split()[2])
+    assert 0 < changed <= total
+    assert (out / "initial_model" / "config.json").is_file() and (out / "final_model" / "config.json").is_file()
+    assert f"name: {out / 'initial_model'}" in (out / "checkpoints" / "step_00000002" / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_model_objects_reach_every_role_and_the_weights_come_back(tiny_model_dir, tmp_path):
+    """model=, tokenizer=, ref_model= (another random model: the KL to it is not 0 at the first step, where the
+    policy still equals its initial weights) and reward_model= (a sequence classifier) as objects, through the
+    synchronous loop; the caller's model object ends holding the exported final weights."""
+    out = tmp_path / "run"
+    code = f"""
+        import json, sys
+        import torch
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+        from grpo_rl import Trainer
+
+        folder = {str(tiny_model_dir)!r}
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        torch.manual_seed(1)
+        reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+        config = AutoConfig.from_pretrained(folder, num_labels=1, pad_token_id=tokenizer.eos_token_id)
+        reward_model = AutoModelForSequenceClassification.from_config(config)
+        before = {{k: v.clone() for k, v in model.state_dict().items()}}
+        result = Trainer(model=model, tokenizer=tokenizer, ref_model=reference, reward_model=reward_model,
+                         reward_tokenizer=tokenizer, prompts=["Say hi.", "Name a colour.", "Count to three."],
+                         overrides=sys.argv[1:]).train()
+        final = load_file(str(result.final_model / "model.safetensors"))
+        state = model.state_dict()
+        print("RESULT", json.dumps({{
+            "equal_final": all(torch.equal(state[k], v) for k, v in final.items()),
+            "changed": sum(not torch.equal(before[k], state[k]) for k in final),
+        }}))
+    """
+    proc = run_python(code, *tiny_overrides(tiny_model_dir, out, steps=2), "eval.every=0", "policy.kl_coef=0.1",
+                      "inference_model.engine=transformers", "env.ground_truth_column=null")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT "):])
+    assert result["equal_final"] and result["changed"] > 0
+    rows = [r for r in read_metrics(out) if "reward_mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["kl_ref"] > 1e-3  # a fresh policy against another random model; 0 against its own weights
+    assert "reward_model_mean" in rows[0]
+    config = (out / "checkpoints" / "step_00000002" / "config.yaml").read_text()
+    for folder in ("initial_model", "reference_model", "reward_model"):
+        assert (out / folder / "config.json").is_file()
+        assert str(out / folder) in config

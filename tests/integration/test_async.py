@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpo_rl.run.metrics import read_jsonl
-from tests.integration.helpers import FLAKY_REWARD, ROOT, SHARED_STEP_METRICS, read_metrics, script_env
+from tests.integration.helpers import FLAKY_REWARD, ROOT, SHARED_STEP_METRICS, read_metrics, script_env, start_up_noise
 from tests.integration.helpers import run_script as _run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -105,7 +105,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
 def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
     """Two engine replicas feed one buffer; every trained sample is within the staleness bound."""
     run_dir = tmp_path / "async"
-    run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
+    proc = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
         "train.steps": 4, "pipeline.max_staleness": 1, "pipeline.buffer_capacity": 1,
         "inference_model.num_devices": 2, "logger.num_examine": 8, "logger.examine_every": 1,
         "eval.every": 2, "eval.num_prompts": 2, "eval.pass_k": 2}))
@@ -128,6 +128,7 @@ def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
     assert len(trained) == 4 * 2 and len(set(trained)) == len(trained)  # the replicas share prompts out
     assert (run_dir / "checkpoints" / "step_00000004" / "trainer_state.pt").exists()
     assert (run_dir / "final_model" / "config.json").exists()
+    assert start_up_noise(proc) == []  # nor anything from the Ray actors (each a process with its own imports)
 
 
 def test_sync_script_on_the_same_tiny_config(tiny_model_dir, tmp_path):

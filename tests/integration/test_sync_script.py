@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import SHARED_STEP_METRICS, read_metrics, run_script, tiny_overrides
+from tests.integration.helpers import SHARED_STEP_METRICS, read_metrics, run_script, start_up_noise, tiny_overrides
 
 pytestmark = [pytest.mark.integration]
 
@@ -23,6 +23,7 @@ def test_sync_script_runs_steps(tiny_model_dir, tmp_path):
     assert (out / "checkpoints" / "step_00000002" / "model" / "config.json").exists()
     assert (out / "final_model" / "model.safetensors").exists()
     assert "reward: start" in proc.stdout and str(out) in proc.stdout
+    assert start_up_noise(proc) == []  # a quiet start: the banner, the data lines and torch's NUMA note only
 
 
 @pytest.mark.slow

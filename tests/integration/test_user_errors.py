@@ -46,6 +46,13 @@ def test_bad_value(tmp_path):
     _fails_cleanly(run_script("grpo-async.py", "optimizer.beta2=1.5", f"output_dir={tmp_path}"), "optimizer.beta2")
 
 
+def test_a_torchrl_key_and_the_setting_it_maps_to_disagree(tmp_path):
+    """TorchRL's train.total_dialog_turns=3200 is 100 steps of the default 4 x 8 answers; train.steps=50 too is a
+    conflict, refused by the check of the values, before a model is resolved."""
+    result = run_script("grpo.py", "train.total_dialog_turns=3200", "train.steps=50", f"output_dir={tmp_path}")
+    _fails_cleanly(result, "train.total_dialog_turns=3200", "train.steps=100", "train.steps=50")
+
+
 def test_non_utf8_data_is_reported_with_file_and_line_before_the_engine(weightless_model_dir, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_bytes(b'{"prompt": "ok", "ground_truth": "1"}\n{"prompt": "caf\xe9", "ground_truth": "2"}\n')

@@ -119,27 +119,36 @@ def function_origin(fn: Callable) -> str:
 
 @dataclass
 class RewardResult:
-    """``total``: ``[N]`` weighted sum; ``components``: name -> ``[N]`` unweighted values; ``failures``: name -> count."""
+    """``total``: ``[N]`` reward, ``(weighted sum + bias) * scale``; ``components``: name -> ``[N]`` unweighted values;
+    ``failures``: name -> count; ``unscaled``: ``[N]`` weighted sum before ``scale`` and ``bias`` (None when they
+    leave it unchanged)."""
 
     total: torch.Tensor
     components: dict[str, torch.Tensor]
     failures: dict[str, int] = field(default_factory=dict)
     failure_examples: list[dict] = field(default_factory=list)
+    unscaled: torch.Tensor | None = None
 
 
 class CompositeReward:
-    """A weighted sum of named reward components with per-sample failure isolation.
+    """A weighted sum of named reward components with per-sample failure isolation, then shifted and scaled:
+    ``reward = (sum_c weight_c * value_c + bias) * scale``, AReaL's ``(reward + reward_bias) * reward_scaling``. With
+    advantages scaled by the group's std the scale cancels out; without (Dr. GRPO) it sets the gradient's size.
 
     Args:
         components: the reward functions with their names and weights.
         fallback: reward given to a sample whose component failed.
+        scale, bias: applied to the weighted sum.
     """
 
-    def __init__(self, components: Sequence[RewardComponent], *, fallback: float = 0.0):
+    def __init__(self, components: Sequence[RewardComponent], *, fallback: float = 0.0, scale: float = 1.0,
+                 bias: float = 0.0):
         if not components:
             raise ValueError("a reward needs at least one component")
         self.components = list(components)
         self.fallback = fallback
+        self.scale = scale
+        self.bias = bias
         self._abandoned: dict[str, list[threading.Thread]] = {}  # per component: timed-out calls still running
 
     def __getstate__(self) -> dict:
@@ -168,7 +177,15 @@ class CompositeReward:
                             errors[0])
             values[comp.name] = vals
             total += comp.weight * vals
-        return RewardResult(total=total, components=values, failures=failures, failure_examples=examples)
+        if not self.rescales:
+            return RewardResult(total=total, components=values, failures=failures, failure_examples=examples)
+        return RewardResult(total=(total + self.bias) * self.scale, components=values, failures=failures,
+                            failure_examples=examples, unscaled=total)
+
+    @property
+    def rescales(self) -> bool:
+        """Whether ``scale`` and ``bias`` change the weighted sum (then it is kept too, as ``unscaled``)."""
+        return self.scale != 1.0 or self.bias != 0.0
 
     def _evaluate(self, comp: RewardComponent, responses, references, extra) -> tuple[torch.Tensor, int, list[dict]]:
         """Call the component on the batch; on failure, retry sample by sample to isolate the bad ones.

@@ -9,6 +9,8 @@ final numeric answer equals the reference, else 0.0. Departures from that setup:
   evaluating model text: no ``eval``, no sympy, no LaTeX parsing beyond ``\\frac{a}{b}``.
 * A shaped :func:`format_reward` is added so a very small policy (135M parameters)
   has a signal to climb before it ever gets an answer right.
+* With the ``tags`` template, an optional :func:`thinking_reward` scores the ``<think>`` section
+  (``reward.thinking_weight``): empty or shorter than ``reward.min_thinking_tokens`` scores 0.
 
 Every reward is a plain function ``(responses, references) -> list[float]`` so it can
 be tested and composed without a model.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import fractions
 import re
+from typing import Callable
 
 __all__ = [
     "correctness_reward",
@@ -322,3 +325,48 @@ def format_reward(
             f"unknown format template {template!r}; expected one of {sorted(_FORMAT_SCORERS)}"
         ) from None
     return [score(response) for response in responses]
+
+
+_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def thinking_reward(
+    responses: list[str],
+    references: list[str],
+    *,
+    count_tokens: Callable[[str], int],
+    min_tokens: int,
+) -> list[float]:
+    """Reward for reasoning inside ``<think>...</think>`` (the ``tags`` template), as the format/thinking/answer
+    scoring of reasoning recipes does: 1.0 when the response has exactly one ``<think>`` section holding at least
+    ``min_tokens`` tokens of text (surrounding whitespace stripped), else 0.0. An empty or too-short section, a
+    missing or unclosed one, or several, score 0: the think section cannot be skipped, padded out in pieces or
+    left open.
+
+    Args:
+        responses: Model responses, ``[N]``.
+        references: unused, taken so every reward has the same signature.
+        count_tokens: the policy tokenizer's count of a text's tokens (without special tokens).
+        min_tokens: the fewest tokens a think section needs to score.
+
+    Returns:
+        ``[N]`` rewards in ``{0.0, 1.0}``.
+    """
+    _check_lengths(responses, references)
+    rewards = []
+    for response in responses:
+        sections = _THINK_RE.findall(response)
+        ok = (len(sections) == 1 and response.count("<think>") == 1 and sections[0].strip() != ""
+              and count_tokens(sections[0].strip()) >= min_tokens)
+        rewards.append(1.0 if ok else 0.0)
+    return rewards
+
+
+class TokenCounter:
+    """``len(tokenizer.encode(text))`` without special tokens; a picklable callable for :func:`thinking_reward`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))

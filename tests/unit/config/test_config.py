@@ -123,6 +123,8 @@ def test_prompt_plus_answer_exactly_at_max_model_len_is_fine():
         ("gspo", "token_mean", ("gspo", "token_mean")),
         ("gspo_token", None, ("gspo_token", "seq_mean_token_mean")),
         ("cispo", None, ("cispo", "token_mean")),
+        ("sapo", None, ("sapo", "seq_mean_token_mean")),  # SAPO's and TRL's mean over answers
+        ("gmpo", None, ("gmpo", "seq_mean_token_mean")),
     ],
 )
 def test_resolve_loss_type(loss_type, aggregation, expected):
@@ -132,7 +134,7 @@ def test_resolve_loss_type(loss_type, aggregation, expected):
 def test_unknown_loss_type_lists_the_valid_ones():
     with pytest.raises(ConfigError) as info:
         resolve_loss_type("ppo", None)
-    for name in ("grpo", "gspo", "gspo_token", "cispo", "dapo", "bnpo", "dr_grpo"):
+    for name in ("grpo", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "dapo", "bnpo", "dr_grpo"):
         assert name in str(info.value)
 
 
@@ -143,11 +145,45 @@ def test_unknown_loss_type_lists_the_valid_ones():
     ["policy.entropy_coef=0.001", "policy.advantage_eps=1e-4"],
     ["policy.loss_type=dapo", "policy.overlong_buffer=32", "policy.overlong_penalty=0.5", "policy.overlong_filter=true"],
     ["sampling.max_new_tokens=128", "policy.overlong_buffer=127", "policy.overlong_penalty=0"],  # the widest buffer
+    ["policy.loss_type=sapo", "policy.sapo_temperature_pos=1.0", "policy.sapo_temperature_neg=1.05"],
+    ["policy.loss_type=gmpo", "policy.gmpo_clip_eps=0.4"],
+    ["policy.engine_correction=token_band_mask", "policy.engine_correction_min=0.5", "policy.engine_correction_max=5.0"],
+    ["policy.engine_correction=sequence_band_mask", "policy.engine_correction_min=0.99",
+     "policy.engine_correction_max=1.01"],
 ])
 def test_new_policy_settings_compose_and_validate(overrides):
     cfg = _compose(overrides)
     validate(cfg)
     assert cfg.policy.aggregation is None  # the YAML leaves it to the loss type
+
+
+@pytest.mark.parametrize("mode", ["token_band_mask", "sequence_band_mask"])
+@pytest.mark.parametrize("bounds", [[], ["policy.engine_correction_min=0.5"], ["policy.engine_correction_max=5.0"]])
+def test_band_mode_without_both_bounds_is_a_one_line_error(mode, bounds):
+    with pytest.raises(ConfigError) as info:
+        validate(_compose([f"policy.engine_correction={mode}", *bounds]))
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"policy.engine_correction={mode}" in message
+    assert "policy.engine_correction_min and policy.engine_correction_max" in message and "0.5 and 5.0" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["policy.engine_correction_max=5.0"], "bounds only token_band_mask"),  # token_truncate's bound is tis_cap
+        (["policy.engine_correction=token_band_mask", "policy.engine_correction_min=0.5",
+          "policy.engine_correction_max=0.9"], r"policy\.engine_correction_max=0\.9 must be"),
+        (["policy.engine_correction=sequence_band_mask", "policy.engine_correction_min=0.5",
+          "policy.engine_correction_max=5.0", "policy.tis_cap=null"], "band modes do not use its value"),
+        (["policy.sapo_temperature_pos=0"], r"policy\.sapo_temperature_pos"),
+        (["policy.sapo_temperature_neg=-1"], r"policy\.sapo_temperature_neg"),
+        (["policy.gmpo_clip_eps=0"], r"policy\.gmpo_clip_eps"),
+    ],
+)
+def test_new_objective_settings_are_checked(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(_compose(overrides))
 
 
 def test_overlong_settings_default_off():

@@ -140,7 +140,7 @@ CASES = [
         {"letter": "#", "let_frequency": 3, "let_relation": "at least"},
         "#a #b #c",
         True,
-        "non-letters are counted as given: 3 '#'",
+        "departs from the reference (a random letter): the symbol asked for is counted, 3 '#'",
     ),
     _case(
         "keywords:letter_frequency",

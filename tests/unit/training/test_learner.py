@@ -281,12 +281,15 @@ def test_entropy_bonus_trains_the_model(tiny_model, share_prompt):
     ("gspo", "seq_mean_token_mean", "sequence_mask"),
     ("gspo_token", "token_mean", "token_mask"),
     ("cispo", "token_mean", "sequence_truncate"),
+    ("sapo", "seq_mean_token_mean", "token_band_mask"),
+    ("gmpo", "seq_mean_token_mean", "sequence_band_mask"),
 ])
 def test_accumulated_gradient_equals_full_batch_for_new_objectives(tiny_model, loss_type, aggregation,
                                                                    engine_correction):
     # Sequence ratios, sequence weights and the entropy bonus are all per row, so micro-batching stays exact.
     settings = LossSettings(loss_type=loss_type, aggregation=aggregation, engine_correction=engine_correction,
-                            engine_correction_min=0.5, tis_cap=2.0, kl_coef=0.05, entropy_coef=0.01)
+                            engine_correction_min=0.5, tis_cap=2.0, kl_coef=0.05, entropy_coef=0.01,
+                            engine_correction_max=2.0)  # the band modes' upper bound; the others use tis_cap
     batch = _accum_batch(tiny_model)
     grads, metrics = [], []
     for budget in (10_000, 20):

@@ -6,7 +6,8 @@ same 25 instruction types, the same strict and loose scoring, and NLTK's
 English Punkt model loaded from an installed wheel instead of downloaded.
 Each module's docstring lists the reference quirks it keeps and the few places
 it departs (no random fallbacks for missing kwargs, seeded `langdetect`,
-invalid regex kwargs matched literally).
+invalid regex kwargs matched literally, and letter_frequency counting the "#"
+or "!" a prompt asks for where the reference counts a random letter).
 
 Usage::
 

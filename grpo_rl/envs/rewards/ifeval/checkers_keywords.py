@@ -14,10 +14,20 @@ Reference quirks kept on purpose:
 * keywords:forbidden_words, by contrast, only matches whole words
   (`\bword\b`, case-insensitive): forbidding "cat" does not forbid "cats".
 * keywords:letter_frequency counts one character of the lower-cased response,
-  anywhere (inside words, or as punctuation: the data asks for "#" and "!").
+  anywhere (inside words, or next to punctuation).
 
-Departures: missing or empty keyword lists and letters raise `ValueError`
-(the reference would draw random ones); see `patterns.py` for invalid regexes.
+Departures:
+
+* keywords:letter_frequency counts the character the prompt names even when it
+  is not an ASCII letter. Two of the 541 prompts ask for one: at least 4 "#"
+  (hashtags, key 1122) and at least 6 "!" (key 1129). The reference replaces any
+  `letter` outside a-z with `random.choice(string.ascii_letters)` when it builds
+  the checker, so it scores those two instructions on a random letter the prompt
+  never mentions, and differently from one run to the next; this reward counts
+  the "#" or "!" the prompt asks for. Everywhere else the two agree (see
+  docs/custom_tasks.md, "The IFEval reward and the reference").
+* Missing or empty keyword lists and letters raise `ValueError` (the reference
+  would draw random ones); see `patterns.py` for invalid regexes.
 """
 
 from __future__ import annotations
