@@ -236,9 +236,11 @@ class Trainer:
 
     def train(self) -> RunResult:
         """Run to ``train.steps`` (or the time limit, or Ctrl-C: the last completed step is checkpointed)."""
+        from grpo_rl.quiet import quiet_start
         from grpo_rl.run.lifecycle import check_output_dir
         from grpo_rl.run.model_objects import copy_trained_weights, write_model_objects
 
+        quiet_start()  # before the models are written (transformers' progress bars)
         cfg = self.cfg
         check_output_dir(self.run_dir)  # before the folder is made for the prompts or the models
         write_model_objects(cfg, self.run_dir, self.models)

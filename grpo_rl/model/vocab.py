@@ -10,6 +10,15 @@ has a gradient only when asked for (an entropy bonus), then ``d H / d z_k = -p_k
 same pass. Chunking saves memory, not time (``benchmarks/kernels.py lm-head``). Under autocast the matmuls run in
 the autocast dtype and the rest in fp32, as ``head(hidden).float()`` does.
 
+Every chunk's ``[c, V]`` intermediates are written into scratch buffers allocated once per call
+(:class:`_LogitScratch`), and the ``[V, H]`` weight gradient accumulates in place (``addmm_``, or ``add_`` of the
+compute-dtype product): a fresh 64 MiB tensor per step of the loop costs its page faults every time, and the
+weight gradient's per-chunk cast and sum were three passes over ``V x H``. The forward keeps the exponentials of
+its ``logsumexp`` for the entropy (``H = logZ - sum_k e_k z_k / sum_k e_k``, ``e = exp(z - max z)``) instead of a
+second ``exp`` pass. Same values: the log-prob and the gradients as before bit for bit in bf16, the entropy to
+rounding (closer to a float64 reference than ``logZ - sum_k p_k z_k`` on peaked distributions, where both cancel);
+measured faster in ``benchmarks/learner_levers.py`` (benchmarks/README.md, levers table).
+
 **Sampling truncation.** With ``top_k > 0`` or ``top_p < 1`` the engine reports log-probs of the truncated
 distribution (vLLM's ``processed_logprobs``, transformers' processed scores: tempered, then top-k, then top-p, the
 kept tokens renormalised by their mass ``Z``). Scored untruncated, each sampled token's learner/engine ratio would
@@ -51,10 +60,47 @@ def _compute_dtype(device_type: str, fallback: torch.dtype) -> torch.dtype:
     return fallback
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``[c, V]`` fp32 tempered logits of one chunk; ``hidden`` and ``weight`` already in the compute dtype."""
-    z = (hidden @ weight.t()).float()
-    return z / temperature if temperature != 1.0 else z
+class _LogitScratch:
+    """Scratch for the ``[chunk, V]`` intermediates of one call, reused by every chunk (fresh pages per chunk cost
+    more than the passes that fill them), and for the compute-dtype ``[V, H]`` weight-gradient product."""
+
+    def __init__(self, rows: int, vocab: int, dtype: torch.dtype, device: torch.device, extra: int = 1):
+        self.logits = torch.empty(rows, vocab, dtype=dtype, device=device)  # [c, V] the matmul's output
+        self.logits_fp32 = torch.empty(rows, vocab, device=device) if dtype != torch.float32 else None  # [c, V]
+        self.work = [torch.empty(rows, vocab, device=device) for _ in range(extra)]  # [c, V] fp32 each
+        self.weight_grad: torch.Tensor | None = None  # [V, H] compute dtype, made on first use
+
+    def chunk_logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``[c, V]`` fp32 tempered logits of one chunk; ``hidden`` and ``weight`` already in the compute dtype."""
+        c = hidden.shape[0]
+        z = torch.mm(hidden, weight.t(), out=self.logits[:c])
+        if self.logits_fp32 is not None:
+            z = self.logits_fp32[:c].copy_(z)
+        return z.div_(temperature) if temperature != 1.0 else z
+
+    def grad_in_compute_dtype(self, gz: torch.Tensor) -> torch.Tensor:
+        """``gz`` (``[c, V]`` fp32) in the compute dtype, written over the compute-dtype logits (used by then)."""
+        if self.logits_fp32 is None:
+            return gz
+        return self.logits[: gz.shape[0]].copy_(gz)
+
+    def accumulate_weight_grad(self, grad_weight: torch.Tensor, gz: torch.Tensor, h: torch.Tensor,
+                               first: bool) -> None:
+        """``grad_weight [V, H] (fp32) (+)= gz.t() @ h``, in place; the product rounded to the compute dtype first,
+        as ``(gz.t() @ h).float()`` is."""
+        if gz.dtype == torch.float32:
+            if first:
+                torch.mm(gz.t(), h, out=grad_weight)
+            else:
+                grad_weight.addmm_(gz.t(), h)
+            return
+        if self.weight_grad is None:
+            self.weight_grad = torch.empty(grad_weight.shape, dtype=gz.dtype, device=gz.device)
+        product = torch.mm(gz.t(), h, out=self.weight_grad)  # [V, H]
+        if first:
+            grad_weight.copy_(product)
+        else:
+            grad_weight.add_(product)
 
 
 def _logit_grad(p: torch.Tensor, z: torch.Tensor, g: torch.Tensor, grad_entropy: torch.Tensor | None,
@@ -88,18 +134,25 @@ class ChunkedTokenLogprob(torch.autograd.Function):
                 entropy_grad: bool = False):
         dtype = _compute_dtype(hidden.device.type, hidden.dtype)
         w = weight.to(dtype)
-        logprob = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        n = hidden.shape[0]
+        logprob = hidden.new_empty(n, dtype=torch.float32)
         logz = torch.empty_like(logprob)
         entropy = torch.empty_like(logprob) if with_entropy else None
+        scratch = _LogitScratch(min(chunk, n), weight.shape[0], dtype, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, hidden.shape[0], chunk):
-                z = _chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
-                lz = torch.logsumexp(z, dim=-1)  # [c]
-                logz[s : s + chunk] = lz
-                logprob[s : s + chunk] = z.gather(-1, targets[s : s + chunk].unsqueeze(-1)).squeeze(-1) - lz
+            for s in range(0, n, chunk):
+                z = scratch.chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
+                c = z.shape[0]
+                # torch.logsumexp's own steps, keeping its exponentials for the entropy.
+                m = z.amax(-1, keepdim=True)  # [c, 1]
+                m.masked_fill_(m.abs() == float("inf"), 0.0)
+                e = torch.sub(z, m, out=scratch.work[0][:c]).exp_()  # [c, V]
+                sum_e = e.sum(-1)  # [c]
+                lz = sum_e.log().add_(m.squeeze(-1))  # [c]
+                logz[s : s + c] = lz
+                logprob[s : s + c] = z.gather(-1, targets[s : s + c].unsqueeze(-1)).squeeze(-1) - lz
                 if entropy is not None:
-                    p = (z - lz.unsqueeze(-1)).exp_()
-                    entropy[s : s + chunk] = lz - (p * z).sum(-1)
+                    entropy[s : s + c] = lz - e.mul_(z).sum(-1) / sum_e
         ctx.save_for_backward(hidden, weight, targets, logz)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         ctx.entropy_grad = entropy is not None and entropy_grad
@@ -112,21 +165,26 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         hidden, weight, targets, logz = ctx.saved_tensors
         dtype, chunk, temperature = ctx.dtype, ctx.chunk, ctx.temperature
         w = weight.to(dtype)
+        n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:  # written whole by the first chunk; zeros when there is none
+            grad_weight = (torch.empty if n else torch.zeros)(weight.shape, dtype=torch.float32, device=weight.device)
+        scratch = _LogitScratch(min(chunk, n), weight.shape[0], dtype, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, hidden.shape[0], chunk):
+            for s in range(0, n, chunk):
                 h = hidden[s : s + chunk].to(dtype)  # [c, H]
-                z = _chunk_logits(h, w, temperature)  # [c, V]
-                g = grad_logprob[s : s + chunk].float()  # [c]
+                z = scratch.chunk_logits(h, w, temperature)  # [c, V]
+                c = z.shape[0]
+                g = grad_logprob[s : s + c].float()  # [c]
                 # d logprob / d z = onehot(y) - softmax(z); then through z = logits / temperature.
-                p = (z - logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]
-                ge = grad_entropy[s : s + chunk] if ctx.entropy_grad else None
-                gz = _logit_grad(p, z, g, ge, targets[s : s + chunk], temperature).to(dtype)
+                p = torch.sub(z, logz[s : s + c].unsqueeze(-1), out=scratch.work[0][:c]).exp_()  # [c, V]
+                ge = grad_entropy[s : s + c] if ctx.entropy_grad else None
+                gz = scratch.grad_in_compute_dtype(_logit_grad(p, z, g, ge, targets[s : s + c], temperature))
                 if grad_hidden is not None:
-                    grad_hidden[s : s + chunk] = (gz @ w).to(hidden.dtype)
+                    grad_hidden[s : s + c] = (gz @ w).to(hidden.dtype)
                 if grad_weight is not None:
-                    grad_weight += (gz.t() @ h).float()  # [V, H]
+                    scratch.accumulate_weight_grad(grad_weight, gz, h, first=s == 0)  # [V, H]
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None
@@ -236,9 +294,10 @@ class TruncatedTokenLogprob(torch.autograd.Function):
         logz, threshold = torch.empty_like(logprob), torch.empty_like(logprob)
         outside = torch.empty(n, dtype=torch.bool, device=hidden.device)
         entropy = torch.empty_like(logprob) if with_entropy else None
+        scratch = _LogitScratch(min(chunk, n), weight.shape[0], dtype, hidden.device, extra=0)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
-                z = _chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
+                z = scratch.chunk_logits(hidden[s : s + chunk].to(dtype), w, temperature)  # [c, V]
                 y = targets[s : s + chunk]
                 kept, thr, out = _kept_logits(z, y, top_p, top_k)  # [c, V], [c], [c]
                 lz = torch.logsumexp(kept, dim=-1)  # [c]
@@ -260,21 +319,24 @@ class TruncatedTokenLogprob(torch.autograd.Function):
         hidden, weight, targets, logz, threshold = ctx.saved_tensors
         dtype, chunk, temperature = ctx.dtype, ctx.chunk, ctx.temperature
         w = weight.to(dtype)
+        n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        scratch = _LogitScratch(min(chunk, n), weight.shape[0], dtype, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, hidden.shape[0], chunk):
+            for s in range(0, n, chunk):
                 h = hidden[s : s + chunk].to(dtype)  # [c, H]
-                z = _chunk_logits(h, w, temperature)  # [c, V]
-                g = grad_logprob[s : s + chunk].float()  # [c]
-                p = z.masked_fill(z < threshold[s : s + chunk].unsqueeze(-1), float("-inf"))
-                p = p.sub_(logz[s : s + chunk].unsqueeze(-1)).exp_()  # [c, V]: softmax over the kept set, 0 elsewhere
-                ge = grad_entropy[s : s + chunk] if ctx.entropy_grad else None
-                gz = _logit_grad(p, z, g, ge, targets[s : s + chunk], temperature).to(dtype)  # 0 off the kept set
+                z = scratch.chunk_logits(h, w, temperature)  # [c, V]
+                c = z.shape[0]
+                g = grad_logprob[s : s + c].float()  # [c]
+                p = scratch.work[0][:c].copy_(z).masked_fill_(z < threshold[s : s + c].unsqueeze(-1), float("-inf"))
+                p = p.sub_(logz[s : s + c].unsqueeze(-1)).exp_()  # [c, V]: softmax over the kept set, 0 elsewhere
+                ge = grad_entropy[s : s + c] if ctx.entropy_grad else None
+                gz = scratch.grad_in_compute_dtype(_logit_grad(p, z, g, ge, targets[s : s + c], temperature))
                 if grad_hidden is not None:
-                    grad_hidden[s : s + chunk] = (gz @ w).to(hidden.dtype)
+                    grad_hidden[s : s + c] = (gz @ w).to(hidden.dtype)
                 if grad_weight is not None:
-                    grad_weight += (gz.t() @ h).float()  # [V, H]
+                    scratch.accumulate_weight_grad(grad_weight, gz, h, first=False)  # [V, H]
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None, None, None

@@ -34,12 +34,14 @@ _OWN_LINE = re.compile(r"^\[[^\]]+\]\[grpo_rl\.")
 def start_up_noise(proc: subprocess.CompletedProcess) -> list[str]:
     """What a run printed before its first step besides its own log lines (the banner and its indented lines, the
     data lines, Ray's start) and torch's one note on NUMA binding (from vLLM's CPU worker, in C++, past Python's
-    logging); all of stderr counts, so a short run's warnings after the first step count too."""
+    logging); all of stderr counts, so a short run's warnings after the first step count too. Notes about the machine
+    rather than the run (Ray's warning that the disk is nearly full) are not noise."""
     out = proc.stdout.splitlines()
     first = next((i for i, line in enumerate(out) if re.search(r"\]\[grpo_rl\.run\.lifecycle\].* step 1/", line)),
                  len(out))
     noise = [line for line in out[:first] if line.strip() and not _OWN_LINE.match(line) and not line.startswith("  ")]
-    return noise + [line for line in proc.stderr.splitlines() if line.strip() and "NUMA binding" not in line]
+    noise += [line for line in proc.stderr.splitlines() if line.strip() and "NUMA binding" not in line]
+    return [line for line in noise if "file_system_monitor" not in line]
 
 
 def tiny_overrides(model_dir: Path, out_dir: Path, steps: int = 2) -> list[str]:
