@@ -20,6 +20,9 @@ SHARED_STEP_METRICS = ("reward_mean", "reward_failures", "kl_ref", "clip_fractio
 
 def script_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, **extra)
+    # Set in this process by an in-process vLLM engine of an earlier test (its CPU worker's identity); a script's own
+    # vLLM would warn about it as an unknown variable.
+    env.pop("VLLM_DIST_IDENT", None)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", VLLM_LOGGING_LEVEL="WARNING",
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     shared = ROOT.parent / "shared" / "data"
