@@ -101,6 +101,20 @@ def quiet_start() -> None:
     """Call once at the start of a script (after logging is configured): filters, progress bars, banners."""
     if verbose():
         return
+    quiet_logging()
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars for sub-second jobs
+    except ImportError:
+        pass
+
+
+def quiet_logging() -> None:
+    """The filters of :func:`quiet_start` alone, which import nothing: an actor's module calls it before its own
+    imports (transformers, and with it torchao where installed, print on import)."""
+    if verbose():
+        return
     filter_handlers()
     # A logger's own filter drops its records before any handler sees them, even Python's last-resort handler (a
     # Ray worker's torchao notices); a handler's filter also covers the records of the loggers below it.
@@ -111,9 +125,3 @@ def quiet_start() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")  # the run's banner already says where wandb writes
     # A served engine's client: one INFO line per HTTP request (dozens a step); failures are raised, not logged.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars for sub-second jobs
-    except ImportError:
-        pass

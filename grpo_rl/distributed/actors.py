@@ -18,14 +18,18 @@ import threading
 import time
 from typing import Iterator
 
-import torch
+from grpo_rl.quiet import quiet_logging, quiet_start
+
+# An actor's process imports this module first: drop the known notices of the imports below before they print.
+quiet_logging()
+
+import torch  # noqa: E402
 
 from grpo_rl.distributed.buffer import RolloutBuffer
 from grpo_rl.rollout.evaluation import make_evaluator
 from grpo_rl.rollout.collector import make_collector
 from grpo_rl.engines.build import make_engine
 from grpo_rl.training.build import make_ref_scorer
-from grpo_rl.quiet import quiet_start
 from grpo_rl.placement.context import ActorSpec
 from grpo_rl.weights.sync import unpack_weights
 

@@ -17,7 +17,12 @@ from __future__ import annotations
 import logging
 import os
 
-import torch
+from grpo_rl.quiet import quiet_logging, quiet_start
+
+# A learner rank's process imports this module first: drop the known notices of the imports below before they print.
+quiet_logging()
+
+import torch  # noqa: E402
 
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
 from grpo_rl.placement.ray import free_port
@@ -26,7 +31,6 @@ from grpo_rl.distributed.healing import died_how, record_pids
 from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.training.build import make_local_learner
 from grpo_rl.training.build import seed_everything
-from grpo_rl.quiet import quiet_start
 from grpo_rl.placement.context import ActorSpec, RunContext
 from grpo_rl.weights.sync import WeightPacket, call_failed, pack_weights
 

@@ -32,10 +32,8 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
 
     if ray.is_initialized():
         return False
-    # Every worker process drops the known start-up noise before it imports anything of the run (an actor's
-    # module pulls in transformers, and with it torchao where installed, before the actor's constructor runs).
-    common = dict(include_dashboard=ray_cfg.include_dashboard, log_to_driver=True, configure_logging=False,
-                  runtime_env={"worker_process_setup_hook": "grpo_rl.quiet.quiet_start"})
+    common = dict(include_dashboard=ray_cfg.include_dashboard, log_to_driver=True,
+                  configure_logging=False)
     if ray_cfg.address:
         ray.init(address=ray_cfg.address, **common)
         log.info("joined Ray cluster at %s: %s", ray_cfg.address, ray.cluster_resources())
