@@ -137,8 +137,9 @@ def copy_trained_weights(final_model: Path, model) -> bool:
     for file in files:
         state.update(load_file(str(file)))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    loaded = {t.data_ptr() for name, t in model.state_dict().items() if name in state}
-    untied = [name for name in missing if model.state_dict()[name].data_ptr() not in loaded]
+    own = model.state_dict()
+    loaded = {t.data_ptr() for name, t in own.items() if name in state}
+    untied = [name for name in missing if own[name].data_ptr() not in loaded]  # a tied weight shares a loaded one
     if unexpected or untied:
         raise RuntimeError(f"{final_model} does not fit the model passed as model= (missing {untied[:3]}, unexpected "
                            f"{unexpected[:3]})")
@@ -181,7 +182,11 @@ def _take_lora_settings(cfg, model) -> None:
 
 
 def _is_peft(obj) -> bool:
-    return obj is not None and hasattr(obj, "peft_config") and hasattr(obj, "get_base_model")
+    if obj is None or isinstance(obj, (str, Path)):
+        return False
+    from grpo_rl.model.lora import is_lora  # imports torch, which an object passed in has loaded already
+
+    return is_lora(obj)
 
 
 def _saved_with(obj) -> Path | None:

@@ -21,8 +21,8 @@ def exact(responses, references):
 
 
 def test_scale_and_bias_apply_to_the_weighted_sum():
-    reward = CompositeReward([RewardComponent("exact", exact, 2.0), RewardComponent("len", lambda r, _: [len(x) for x in r], 0.5)],
-                             scale=3.0, bias=-1.0)
+    length = RewardComponent("len", lambda responses, _: [len(r) for r in responses], 0.5)
+    reward = CompositeReward([RewardComponent("exact", exact, 2.0), length], scale=3.0, bias=-1.0)
     out = reward(["4", "no"], ["4", "4"])
     # weighted sums: 2*1 + 0.5*1 = 2.5 and 2*0 + 0.5*2 = 1.0; then (sum - 1) * 3
     torch.testing.assert_close(out.unscaled, torch.tensor([2.5, 1.0]))
