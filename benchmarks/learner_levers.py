@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/learner_levers.py vocab      # LM-head log-prob + entropy, fwd + bwd: before vs now
     .venv/bin/python benchmarks/learner_levers.py step       # packed SmolLM2 policy fwd + bwd and reference fwd
     .venv/bin/python benchmarks/learner_levers.py attention  # packed attention: dense-mask SDPA vs flex_attention
+    .venv/bin/python benchmarks/learner_levers.py weights    # bf16 autocast over fp32 weights vs bf16 weights
     .venv/bin/python benchmarks/learner_levers.py all --repeats 5
 
 The workload is ``benchmarks/trl_compare.py``'s: 4 GSM8K prompts (the ``hash`` template, SmolLM2's chat template)
@@ -15,7 +16,12 @@ nothing; the equality of the kept levers is tested in ``tests/unit``.
 Baselines: ``vocab`` and ``step`` run the LM head as it was before its scratch buffers
 (:class:`PerChunkTokenLogprob` below, a copy of that form) against :class:`grpo_rl.model.vocab.ChunkedTokenLogprob`.
 ``attention`` compiles ``flex_attention`` with a ``BlockMask`` of the shared-prompt layout; the CPU has no flex
-backward, so it times the forward (the reference pass) and reports whether a backward runs.
+backward, so it times the forward (the reference pass) and reports whether a backward runs. ``weights`` runs the
+packed policy forward + backward and the reference forward under bf16 autocast over fp32 weights (what
+``train_model.precision=bfloat16`` does) against the same passes over a bf16 copy of the model without autocast,
+charging the bf16 arm what fp32 master copies would add to a step: the gradients cast into fp32 and the updated
+masters rounded back into the bf16 weights (the optimizer's own arithmetic is the same on both sides). It reports
+how far the bf16-weight log-probs fall from the autocast ones.
 """
 from __future__ import annotations
 
@@ -264,19 +270,59 @@ def attention(repeats: int) -> list[dict]:
     return out
 
 
+def weights(repeats: int) -> list[dict]:
+    """bf16 autocast over fp32 weights vs bf16 weights with fp32 master copies, policy fwd + bwd and reference fwd."""
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.model.logprobs import sequence_logprobs
+
+    path, batch, _ = _batch()
+    model = load_causal_lm(path, torch.device("cpu"))
+    low = load_causal_lm(path, torch.device("cpu")).to(torch.bfloat16)
+    masters = [p.detach().float() for p in low.parameters()]
+
+    def policy_autocast():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            res = sequence_logprobs(model, batch, with_entropy=True, share_prompt=True)
+        res.logprobs.sum().backward()
+        return res.logprobs.detach()
+
+    def policy_bf16():
+        low.zero_grad(set_to_none=True)
+        res = sequence_logprobs(low, batch, with_entropy=True, share_prompt=True)
+        res.logprobs.sum().backward()
+        with torch.no_grad():
+            for p, m in zip(low.parameters(), masters):
+                m.grad = p.grad.float()  # the fp32 optimizer's input
+                p.copy_(m)  # its output rounded back into the bf16 weights
+        return res.logprobs.detach()
+
+    def reference(m, ac):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+            return sequence_logprobs(m, batch, share_prompt=True).logprobs
+
+    diff = float((policy_autocast() - policy_bf16()).abs().max())
+    out = [row("packed policy fwd+bwd", alternate({"bf16 autocast": policy_autocast, "bf16 weights": policy_bf16},
+                                                  repeats), {"max_abs_logprob_diff": diff})]
+    print(f"  max |autocast - bf16 weights| log-prob: {diff:.3e}")
+    out.append(row("packed reference fwd", alternate({"bf16 autocast": lambda: reference(model, True),
+                                                      "bf16 weights": lambda: reference(low, False)}, repeats)))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("vocab", "step", "attention", "all"))
+    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "all"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     set_threads(args.threads)
-    todo = ("vocab", "step", "attention") if args.what == "all" else (args.what,)
+    todo = ("vocab", "step", "attention", "weights") if args.what == "all" else (args.what,)
     report = {"conditions_before": conditions(), "repeats": args.repeats}
     print(f"conditions: {report['conditions_before']}")
     print("| what | A median | B median | A / B |\n|---|---|---|---|")
     for what in todo:
-        report[what] = {"vocab": vocab, "step": step, "attention": attention}[what](args.repeats)
+        report[what] = {"vocab": vocab, "step": step, "attention": attention, "weights": weights}[what](args.repeats)
     report["conditions_after"] = conditions()
     print(f"conditions after: {report['conditions_after']}")
     RESULTS.mkdir(exist_ok=True)

@@ -1,9 +1,11 @@
-"""Our synchronous GRPO step against TRL's ``GRPOTrainer`` over group size, answer length and model size.
+"""Our synchronous GRPO step against TRL's ``GRPOTrainer`` and against its floor, over group size, answer length,
+prompts per step and model size.
 
     bash benchmarks/setup_trl_env.sh                      # once: TRL's own venv in benchmarks/.venv-trl
     .venv/bin/python benchmarks/scaling.py --dry-run      # the plan and its estimated time, runs nothing
     .venv/bin/python benchmarks/scaling.py                # the 7 points, 1 warm-up + 1 timed step per arm
     .venv/bin/python benchmarks/scaling.py --axes model --models 135m,360m --steps 2
+    .venv/bin/python benchmarks/scaling.py --axes group,length,prompts --sides ours   # ours and its floor only
     .venv/bin/python benchmarks/scaling.py --plot-only benchmarks/results/scaling-TIME.json --png FIGURE.png
     .venv/bin/python benchmarks/scaling.py --smoke --sides ours,trl   # plumbing only: a tiny model, one point
 
@@ -11,10 +13,11 @@ The grid, one factor at a time around a shared base point (the 135M shape, group
 
 * group size 4, 8, 16 (135M shape, 64 tokens);
 * answer length 64, 128, 256 tokens (135M shape, group size 4);
+* prompts per step 1, 2, 4 (135M shape, group size 4, 64 tokens; ``--prompts-per-step`` is the other points');
 * model size: random-weight models with the shapes of SmolLM2-135M and SmolLM2-360M, and a ~1B model
   (group size 4, 64 tokens).
 
-The base point is shared, so the full grid is 7 points. ``--axes`` picks axes, ``--models`` the model-size
+The base point is shared, so the full grid is 9 points (``--axes`` defaults to the first three axes' 7). ``--axes`` picks axes, ``--models`` the model-size
 axis's models (the other two axes always run at the 135M shape).
 
 Workload: trl_compare.py's at equal precision, ``ours:fp32`` against ``trl:fp32`` (fp32 weights, activations
@@ -59,12 +62,13 @@ point are not balanced out here: the load average is printed before every point 
 
 Printed: the CPU and load average at the start and per point; per axis a table of ours and TRL's s/step, the
 ratio TRL / ours, peak RSS of each worker, completion tokens per step, and ours' step against its matmul bound
-(flops.py, with the matmul rate measured here for each model's shapes); the phases of every point; and where
+(flops.py, with the matmul rate measured here for each model's shapes) and its floor (the bound with decoding
+charged at the rate of one decoding step at the point's prompts x G rows, as trl_compare.py does); the phases of every point; and where
 the ratio shrinks along an axis, which phases grew on each side (the "why" to write up). Written:
 ``benchmarks/results/scaling-<time>.json`` (machine, command, models, matmul rates, every point with trl_compare's
 per-arm summaries; rewritten after every point, so a run cut short keeps its finished points) and
 ``benchmarks/results/scaling-<time>.png`` (matplotlib: one column per axis, s/step of both sides on a log scale
-above, the ratio below). ``--plot-only JSON`` redraws the figure (and reprints the tables) from a JSON file.
+above with ours' floor dotted, the ratio below). ``--plot-only JSON`` redraws the figure (and reprints the tables) from a JSON file.
 Never asserts a time.
 
 Time: estimated from the step times of benchmarks/README.md (135M, 4 prompts x 4 answers x 64 tokens, 2 threads,
@@ -119,10 +123,13 @@ SHAPES = {
                  intermediate_size=128),
 }
 DEFAULT_LARGE_LAYERS = SHAPES["1b"]["num_hidden_layers"]
-AXES = ("group", "length", "model")
-AXIS_VALUES = {"group": (4, 8, 16), "length": (64, 128, 256)}
+AXES = ("group", "length", "model", "prompts")
+DEFAULT_AXES = ("group", "length", "model")
+AXIS_VALUES = {"group": (4, 8, 16), "length": (64, 128, 256), "prompts": (1, 2, 4)}
 BASE = dict(model="135m", group=4, length=64)
-AXIS_TITLE = {"group": "group size", "length": "answer length (tokens)", "model": "model size (parameters)"}
+AXIS_TITLE = {"group": "group size", "length": "answer length (tokens)", "model": "model size (parameters)",
+              "prompts": "prompts per step"}
+AXIS_KEY = {"group": "group_size", "length": "answer_tokens", "model": "params", "prompts": "prompts_per_step"}
 
 # benchmarks/README.md, machine B, 2 threads, 135M, 4 prompts x 4 answers x 64 tokens, fp32 (rounded)
 REF_SECONDS = {"ours": 20.0, "trl": 60.0}
@@ -159,36 +166,41 @@ class Point:
     model: str
     group: int
     length: int
+    prompts: int
     axes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        return f"{self.model} G={self.group} L={self.length}"
+        return f"{self.model} G={self.group} L={self.length} P={self.prompts}"
 
     @property
     def slug(self) -> str:
-        return f"{self.model}-G{self.group}-L{self.length}"
+        return f"{self.model}-G{self.group}-L{self.length}-P{self.prompts}"
 
 
 def plan(axes: list[str], models: list[str], base: dict) -> list[Point]:
     """The distinct points of the selected axes, the shared base point once, each knowing its axes."""
     points: dict[tuple, Point] = {}
 
-    def add(axis: str, model: str, group: int, length: int) -> None:
-        p = points.setdefault((model, group, length), Point(model, group, length))
+    def add(axis: str, model: str, group: int, length: int, prompts: int) -> None:
+        p = points.setdefault((model, group, length, prompts), Point(model, group, length, prompts))
         if axis not in p.axes:
             p.axes.append(axis)
 
+    m, g, n, k = base["model"], base["group"], base["length"], base["prompts"]
     for axis in axes:
         if axis == "group":
-            for g in AXIS_VALUES["group"]:
-                add(axis, base["model"], g, base["length"])
+            for x in AXIS_VALUES["group"]:
+                add(axis, m, x, n, k)
         elif axis == "length":
-            for n in AXIS_VALUES["length"]:
-                add(axis, base["model"], base["group"], n)
+            for x in AXIS_VALUES["length"]:
+                add(axis, m, g, x, k)
+        elif axis == "prompts":
+            for x in AXIS_VALUES["prompts"]:
+                add(axis, m, g, n, x)
         else:
-            for m in models:
-                add(axis, m, base["group"], base["length"])
+            for x in models:
+                add(axis, x, g, n, k)
     return list(points.values())
 
 
@@ -216,10 +228,10 @@ def estimate_s_per_step(cfg: dict, prompts: int, group: int, length: int) -> dic
             / fn(ref_cfg, r["prompts"], r["group"], r["length"]) for side, fn in (("ours", ours), ("trl", trl))}
 
 
-def estimate(points: list[Point], cfgs: dict, prompts: int, steps: int, sides: list[str]) -> tuple[list[dict], float]:
+def estimate(points: list[Point], cfgs: dict, steps: int, sides: list[str]) -> tuple[list[dict], float]:
     rows, total = [], 0.0
     for p in points:
-        per = estimate_s_per_step(cfgs[p.model], prompts, p.group, p.length)
+        per = estimate_s_per_step(cfgs[p.model], p.prompts, p.group, p.length)
         gb = 4 * param_count(cfgs[p.model]) / 1e9
         row = {"point": p.name}
         for side in sides:
@@ -298,11 +310,11 @@ def kv_cache_gb(cfg: dict, prompts: int, group: int, length: int) -> float:
     return max(0.25, round(1.1 * tokens * per_token / 2**30 + 0.005, 2))
 
 
-def ours_arm(model_dir: Path, cfg: dict, prompts: int, p: Point) -> Arm:
+def ours_arm(model_dir: Path, cfg: dict, p: Point) -> Arm:
     base = parse_arm("ours:fp32")  # trl_compare's preset: fp32 everywhere, shared-prompt packing
-    extra = [f"model.name={model_dir}", f"env.prompts_per_step={prompts}", f"env.group_size={p.group}",
+    extra = [f"model.name={model_dir}", f"env.prompts_per_step={p.prompts}", f"env.group_size={p.group}",
              f"sampling.max_new_tokens={p.length}", f"inference_model.max_model_len={MAX_PROMPT_TOKENS + p.length}",
-             f"inference_model.kv_cache_gb={kv_cache_gb(cfg, prompts, p.group, p.length)}"]
+             f"inference_model.kv_cache_gb={kv_cache_gb(cfg, p.prompts, p.group, p.length)}"]
     merged = dict(o.split("=", 1) for o in base.overrides + extra)  # later wins
     return Arm("ours", "fp32", [f"{k}={v}" for k, v in merged.items()])
 
@@ -318,10 +330,10 @@ def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_p
     point_dir = log_dir / p.slug
     point_dir.mkdir(parents=True, exist_ok=True)
     trl_args = ["--group-size", str(p.group), "--max-new-tokens", str(p.length),
-                "--prompts-per-step", str(args.prompts_per_step)]
-    arms = {"ours": ours_arm(model_dir, cfg, args.prompts_per_step, p), "trl": parse_arm("trl:fp32")}
+                "--prompts-per-step", str(p.prompts)]
+    arms = {"ours": ours_arm(model_dir, cfg, p), "trl": parse_arm("trl:fp32")}
     out = {"point": p.name, "model": p.model, "params": cfg["params"], "group_size": p.group,
-           "answer_tokens": p.length, "prompts_per_step": args.prompts_per_step, "axes": p.axes,
+           "answer_tokens": p.length, "prompts_per_step": p.prompts, "axes": p.axes,
            "load_before": os.getloadavg(), "rounds": {}, "errors": {}}
     for side in args.sides:  # one worker alive at a time: ours, then TRL
         arm = arms[side]
@@ -353,8 +365,7 @@ def _f(x, spec: str, width: int) -> str:
 
 def axis_points(result: dict, axis: str) -> list[dict]:
     pts = [p for p in result["points"] if axis in p["axes"]]
-    key = {"group": "group_size", "length": "answer_tokens", "model": "params"}[axis]
-    return sorted(pts, key=lambda p: p[key])
+    return sorted(pts, key=lambda p: p[AXIS_KEY[axis]])
 
 
 def print_tables(result: dict) -> None:
@@ -364,14 +375,16 @@ def print_tables(result: dict) -> None:
             continue
         print(f"\n{AXIS_TITLE[axis]}")
         print(f"{'point':24s} {'params':>7s} {'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} "
-              f"{'ours RSS':>8s} {'TRL RSS':>7s} {'tok/step ours':>13s} {'TRL':>5s} {'ours x bound':>12s}")
+              f"{'ours RSS':>8s} {'TRL RSS':>7s} {'tok/step ours':>13s} {'TRL':>5s} {'ours x bound':>12s} "
+              f"{'floor s':>7s} {'ours x floor':>12s}")
         for p in pts:
             print(f"{p['point']:24s} {fmt_params(p['params']):>7s} {_f(_get(p, 'ours', 's_per_step'), '.2f', 11)} "
                   f"{_f(_get(p, 'trl', 's_per_step'), '.2f', 10)} {_f(p.get('ratio'), '.2f', 8)} "
                   f"{_f(_get(p, 'ours', 'peak_rss_gib'), '.2f', 8)} {_f(_get(p, 'trl', 'peak_rss_gib'), '.2f', 7)} "
                   f"{_f(_get(p, 'ours', 'completion_tokens_per_step'), '.0f', 13)} "
                   f"{_f(_get(p, 'trl', 'completion_tokens_per_step'), '.0f', 5)} "
-                  f"{_f(_get(p, 'ours', 'over_bound'), '.2f', 12)}")
+                  f"{_f(_get(p, 'ours', 'over_bound'), '.2f', 12)} {_f(_get(p, 'ours', 'floor_total_s'), '.2f', 7)} "
+                  f"{_f(_get(p, 'ours', 'over_floor'), '.2f', 12)}")
         for note in trend_notes(pts):
             print("  " + note)
     print("\nphases, s/step (ours: generation reference training weight-sync | TRL: generation reference training)")
@@ -413,15 +426,16 @@ def plot(result: dict, png: Path) -> None:
     axes_present = [a for a in AXES if axis_points(result, a)]
     fig, grid = plt.subplots(2, max(1, len(axes_present)), figsize=(4.6 * max(1, len(axes_present)), 6.4),
                              squeeze=False, sharex="col", gridspec_kw={"height_ratios": [2, 1]})
-    xkey = {"group": "group_size", "length": "answer_tokens", "model": "params"}
     for col, axis in enumerate(axes_present):
         pts = axis_points(result, axis)
-        xs = [p[xkey[axis]] for p in pts]
+        xs = [p[AXIS_KEY[axis]] for p in pts]
         top, bottom = grid[0][col], grid[1][col]
-        for side, label, style in (("ours", "ours (fp32)", "o-"), ("trl", "TRL (fp32)", "s--")):
-            got = [(x, _get(p, side, "s_per_step")) for x, p in zip(xs, pts) if _get(p, side, "s_per_step")]
+        for side, key, label, style in (("ours", "s_per_step", "ours (fp32)", "o-"),
+                                        ("ours", "floor_total_s", "ours' floor", "o:"),
+                                        ("trl", "s_per_step", "TRL (fp32)", "s--")):
+            got = [(x, _get(p, side, key)) for x, p in zip(xs, pts) if _get(p, side, key)]
             if got:
-                top.plot(*zip(*got), style, label=label)
+                top.plot(*zip(*got), style, label=label, color="tab:blue" if side == "ours" else "tab:orange")
         ratio = [(x, p["ratio"]) for x, p in zip(xs, pts) if p.get("ratio")]
         if ratio:
             bottom.plot(*zip(*ratio), "d-", color="tab:green")
@@ -447,8 +461,8 @@ def plot(result: dict, png: Path) -> None:
             top.legend(fontsize=8)
     m = result["machine"]
     fig.suptitle(f"GRPO step, ours vs TRL {result.get('trl_version') or ''}, both fp32, random-weight "
-                 f"SmolLM2-shaped models; {result['prompts_per_step']} prompts/step, 135M / G=4 / 64 tokens unless "
-                 f"varied\n{result.get('cpu_flags') or m['cpu']}, {m['cores']} cores, {result['threads']} "
+                 f"SmolLM2-shaped models; 135M / G=4 / 64 tokens / {result['prompts_per_step']} prompts per step "
+                 f"unless varied\n{result.get('cpu_flags') or m['cpu']}, {m['cores']} cores, {result['threads']} "
                  f"thread(s), {result['warmup']} warm-up + {result['steps']} timed step(s) per arm", fontsize=9)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -461,11 +475,11 @@ def plot(result: dict, png: Path) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--axes", default=",".join(AXES), help="subset of group,length,model")
+    parser.add_argument("--axes", default=",".join(DEFAULT_AXES), help="subset of group,length,model,prompts")
     parser.add_argument("--models", default="135m,360m,1b", help="the model-size axis: subset of 135m,360m,1b")
     parser.add_argument("--large-layers", type=int, default=DEFAULT_LARGE_LAYERS,
                         help="layers of the 1b model (67.1M parameters each; 10: 0.77B, see the docstring)")
-    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--prompts-per-step", type=int, default=2, help="of every point off the prompts axis")
     parser.add_argument("--steps", type=int, default=1, help="timed optimizer steps per arm and point")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (vLLM's first step is slower)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every worker (1 on a busy machine)")
@@ -507,17 +521,19 @@ def main() -> None:
         print(f"\nwrote {png}")
         return
 
-    base = dict(BASE, model="tiny", length=16) if args.smoke else BASE
+    base = dict(BASE, prompts=args.prompts_per_step)
+    base = dict(base, model="tiny", length=16) if args.smoke else base
     points = plan(args.axes, args.models, base)
     if args.smoke:
-        points = [Point(base["model"], base["group"], base["length"], list(args.axes))]
+        points = [Point(base["model"], base["group"], base["length"], base["prompts"], list(args.axes))]
     names = sorted({p.model for p in points}, key=lambda n: param_count(shape_config(n)))
     cfgs = {n: shape_config(n) for n in names}
     for n in names:
         print(f"model {n}: {fmt_params(param_count(cfgs[n]))} parameters ({param_count(cfgs[n]):,}), "
               f"{ {k: v for k, v in cfgs[n].items() if k != 'vocab_size'} }")
-    rows, total = estimate(points, cfgs, args.prompts_per_step, args.warmup + args.steps, args.sides)
-    print(f"\n{len(points)} points, {args.prompts_per_step} prompts/step, {args.warmup} warm-up + {args.steps} "
+    rows, total = estimate(points, cfgs, args.warmup + args.steps, args.sides)
+    print(f"\n{len(points)} points, {args.prompts_per_step} prompts/step unless varied, {args.warmup} warm-up + "
+          f"{args.steps} "
           "timed step(s) per arm; estimated s/step (README's 135M step times at 2 threads, scaled by FLOPs):")
     for r in rows:
         ratio = f"  TRL / ours {r['trl'] / r['ours']:.2f}" if "ours" in r and "trl" in r else ""
@@ -531,7 +547,7 @@ def main() -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from flops import matmul_rates
+    from flops import best_rates
     from grpo_rl.model.precision import cpu_flags
     from trl_compare import prepare_prompts
 
@@ -545,8 +561,10 @@ def main() -> None:
     host = machine()
     print(f"\nCPU: {cpu_flags()}, {host['cores']} cores; {load_line()}", flush=True)
 
-    prompts_path = log_dir / "prompts.json"
-    prepare_prompts(args.warmup + args.steps, prompts_path, prompts_per_step=args.prompts_per_step)
+    prompts_paths = {}
+    for k in sorted({p.prompts for p in points}):
+        prompts_paths[k] = log_dir / f"prompts-{k}.json"
+        prepare_prompts(args.warmup + args.steps, prompts_paths[k], prompts_per_step=k)
     # a non-default depth of the 1b model gets a folder of its own, so the cached default is kept
     folders = {n: n if n != "1b" or args.large_layers == DEFAULT_LARGE_LAYERS else f"1b-{args.large_layers}l"
                for n in names}
@@ -561,18 +579,21 @@ def main() -> None:
     }
     for i, p in enumerate(points):
         model_dir, cfg = models[p.model]
-        if p.model not in result["matmul_rates"]:
-            result["matmul_rates"][p.model] = matmul_rates(cfg, args.threads)
-        rates = result["matmul_rates"][p.model]
+        rows_key = f"{p.model} x{p.prompts * p.group}"  # one decoding step's rows: prompts x G
+        if rows_key not in result["matmul_rates"]:
+            result["matmul_rates"][rows_key] = best_rates(cfg, args.threads, decode_rows=p.prompts * p.group)
+        rates = result["matmul_rates"][rows_key]
         print(f"\n[{i + 1}/{len(points)}] {p.name} ({fmt_params(cfg['params'])} parameters, axes "
               f"{','.join(p.axes)}); {load_line()}; fp32 matmul {rates['fp32'] / 1e9:.0f} GFLOP/s", flush=True)
-        point = run_point(p, args, model_dir, cfg, rates, prompts_path, log_dir)
+        point = run_point(p, args, model_dir, cfg, rates, prompts_paths[p.prompts], log_dir)
         result["points"].append(point)
         trl_version = trl_version or (_get(point, "trl", "worker") or {}).get("trl")
         result["trl_version"] = trl_version
-        if point.get("ratio"):
-            print(f"  -> ours {point['ours']['s_per_step']:.2f} s/step, TRL {point['trl']['s_per_step']:.2f} s/step, "
-                  f"TRL / ours {point['ratio']:.2f}", flush=True)
+        if point.get("ours"):
+            o = point["ours"]
+            print(f"  -> ours {o['s_per_step']:.2f} s/step, floor {o['floor_total_s']:.2f} s ({o['over_floor']:.2f}x)"
+                  + (f", TRL {point['trl']['s_per_step']:.2f} s/step, TRL / ours {point['ratio']:.2f}"
+                     if point.get("ratio") else ""), flush=True)
         json_path.write_text(json.dumps(result, indent=1))
 
     result["wall_s"] = time.perf_counter() - t_start
