@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/learner_levers.py step       # packed SmolLM2 policy fwd + bwd and reference fwd
     .venv/bin/python benchmarks/learner_levers.py attention  # packed attention: dense-mask SDPA vs flex_attention
     .venv/bin/python benchmarks/learner_levers.py weights    # bf16 autocast over fp32 weights vs bf16 weights
+    .venv/bin/python benchmarks/learner_levers.py profile    # where one Learner.train_step's time goes, by op
     .venv/bin/python benchmarks/learner_levers.py all --repeats 5
 
 The workload is ``benchmarks/trl_compare.py``'s: 4 GSM8K prompts (the ``hash`` template, SmolLM2's chat template)
@@ -21,7 +22,9 @@ packed policy forward + backward and the reference forward under bf16 autocast o
 ``train_model.precision=bfloat16`` does) against the same passes over a bf16 copy of the model without autocast,
 charging the bf16 arm what fp32 master copies would add to a step: the gradients cast into fp32 and the updated
 masters rounded back into the bf16 weights (the optimizer's own arithmetic is the same on both sides). It reports
-how far the bf16-weight log-probs fall from the autocast ones.
+how far the bf16-weight log-probs fall from the autocast ones. ``profile`` runs the learner's whole
+``train_step`` on the micro-batch (loss, backward, gradient clipping, fused AdamW; bf16 autocast and fp32), three
+times to warm up and once under ``torch.profiler``, and prints the ops by their own CPU time.
 """
 from __future__ import annotations
 
@@ -310,9 +313,46 @@ def weights(repeats: int) -> list[dict]:
     return out
 
 
+def profile(repeats: int) -> list[dict]:
+    """One ``Learner.train_step`` on the workload's micro-batch, by op (``repeats`` is unused)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from grpo_rl.algo.loss import LossSettings
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.training.learner import Learner
+
+    path, batch, _ = _batch()
+    g = torch.Generator().manual_seed(1)
+    n, a = batch["response_ids"].shape
+    batch["advantage"] = torch.randn(n, generator=g)
+    batch["behavior_logprobs"] = -5 * torch.rand(n, a, generator=g)
+    batch["ref_logprobs"] = -5 * torch.rand(n, a, generator=g)
+    out = []
+    for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
+        model = load_causal_lm(path, torch.device("cpu"), "float32", trainable=True)
+        learner = Learner(model, torch.device("cpu"), LossSettings(kl_coef=0.04), lr=1e-6, bf16_autocast=bf16,
+                          share_prompt=True)
+        warm = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            learner.train_step(batch.clone())
+            warm.append(time.perf_counter() - t0)
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            learner.train_step(batch.clone())
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events) / 1e6
+        top = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in events[:12]]
+        print(f"| train_step, {name} | warm-up calls {', '.join(f'{x:.2f}' for x in warm)} s | profiled {total:.2f} s |")
+        for t in top:
+            print(f"  {t['op'][:60]:60s} {t['self_s']:7.3f} s {100 * t['self_s'] / total:5.1f}%  {t['calls']} calls")
+        out.append({"what": f"train_step, {name}", "warm_up_s": warm, "profiled_self_s": total, "top_ops": top})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "all"))
+    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "profile", "all"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -322,7 +362,8 @@ def main() -> None:
     print(f"conditions: {report['conditions_before']}")
     print("| what | A median | B median | A / B |\n|---|---|---|---|")
     for what in todo:
-        report[what] = {"vocab": vocab, "step": step, "attention": attention, "weights": weights}[what](args.repeats)
+        report[what] = {"vocab": vocab, "step": step, "attention": attention, "weights": weights,
+                        "profile": profile}[what](args.repeats)
     report["conditions_after"] = conditions()
     print(f"conditions after: {report['conditions_after']}")
     RESULTS.mkdir(exist_ok=True)

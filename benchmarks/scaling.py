@@ -436,14 +436,18 @@ def plot(result: dict, png: Path) -> None:
             got = [(x, _get(p, side, key)) for x, p in zip(xs, pts) if _get(p, side, key)]
             if got:
                 top.plot(*zip(*got), style, label=label, color="tab:blue" if side == "ours" else "tab:orange")
-        ratio = [(x, p["ratio"]) for x, p in zip(xs, pts) if p.get("ratio")]
-        if ratio:
-            bottom.plot(*zip(*ratio), "d-", color="tab:green")
-            for x, r in ratio:
-                bottom.annotate(f"{r:.2f}", (x, r), textcoords="offset points", xytext=(0, 5), ha="center",
-                                fontsize=8)
-            hi = max(r for _, r in ratio)
-            bottom.set_ylim(0, hi * 1.25 if hi > 0 else 1)
+        hi = 0.0
+        for values, label, style, color in (
+                ([(x, p["ratio"]) for x, p in zip(xs, pts) if p.get("ratio")], "TRL / ours", "d-", "tab:green"),
+                ([(x, _get(p, "ours", "over_floor")) for x, p in zip(xs, pts) if _get(p, "ours", "over_floor")],
+                 "ours / floor", "o:", "tab:blue")):
+            if values:
+                bottom.plot(*zip(*values), style, color=color, label=label)
+                for x, r in values:
+                    bottom.annotate(f"{r:.2f}", (x, r), textcoords="offset points", xytext=(0, 5), ha="center",
+                                    fontsize=8)
+                hi = max([hi] + [r for _, r in values])
+        bottom.set_ylim(0, hi * 1.25 if hi > 0 else 1)
         top.set_yscale("log")
         top.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -457,10 +461,13 @@ def plot(result: dict, png: Path) -> None:
         bottom.minorticks_off()
         if col == 0:
             top.set_ylabel("seconds per step (log)")
-            bottom.set_ylabel("TRL / ours")
+            bottom.set_ylabel("ratio")
             top.legend(fontsize=8)
+            bottom.legend(fontsize=8, loc="lower right")
     m = result["machine"]
-    fig.suptitle(f"GRPO step, ours vs TRL {result.get('trl_version') or ''}, both fp32, random-weight "
+    against = f"ours vs TRL {result.get('trl_version') or ''}, both" if "trl" in result.get("sides", ["trl"]) \
+        else "ours against its floor,"
+    fig.suptitle(f"GRPO step, {against} fp32, random-weight "
                  f"SmolLM2-shaped models; 135M / G=4 / 64 tokens / {result['prompts_per_step']} prompts per step "
                  f"unless varied\n{result.get('cpu_flags') or m['cpu']}, {m['cores']} cores, {result['threads']} "
                  f"thread(s), {result['warmup']} warm-up + {result['steps']} timed step(s) per arm", fontsize=9)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.integration.helpers import ROOT, read_metrics, script_env, tiny_overrides
+from tests.integration.helpers import NOT_VLLM, ROOT, read_metrics, script_env, tiny_overrides
 
 pytestmark = [pytest.mark.integration]
 
@@ -55,7 +55,7 @@ def test_reward_objects_reach_both_loops(mode, tiny_model_dir, tmp_path):
                          rewards={"near": (make_reward(20), 1.0)}, overrides=sys.argv[2:], mode=sys.argv[1]).train()
         print("RESULT", json.dumps({"steps": result.steps, "final": result.final_reward}))
     """
-    proc = run_python(code, mode, *tiny_overrides(tiny_model_dir, out, steps=2), "eval.every=0")
+    proc = run_python(code, mode, *tiny_overrides(tiny_model_dir, out, steps=2), "eval.every=0", NOT_VLLM)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     assert [r["step"] for r in rows] == [1, 2]

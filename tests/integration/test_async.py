@@ -224,7 +224,7 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     run_dir, tag, steps = tmp_path / "killed", f"grpo-test-{uuid.uuid4().hex}", 7
     # a learner slower than the collector (2 updates per batch) keeps the buffer full; nothing is too stale to train on
     settings = {"train.checkpoint_frequency": 1, "train.updates_per_batch": 2, "pipeline.max_staleness": 100,
-                "pipeline.buffer_capacity": 2}
+                "pipeline.buffer_capacity": 2, "inference_model.engine": "transformers"}  # not about the engine
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
          *tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": 1000})],
@@ -311,7 +311,8 @@ def test_scripts_with_the_reference_as_a_stage_of_its_own(tiny_model_dir, tmp_pa
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)  # fails on every other call, in each process
     proc = run_script(script, tiny_overrides(tiny_model_dir, run_dir, **{
         "train.steps": 3, "policy.kl_coef": 0.05, "ref_model.num_devices": 2, "pipeline.max_staleness": 3,
-        "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]"}))
+        "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]",
+        "inference_model.engine": "transformers"}))  # the stage is the subject, not the engine
     assert "reference    2 Ray actors" in proc.stdout + proc.stderr  # the placement table
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]

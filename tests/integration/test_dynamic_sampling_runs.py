@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.integration.helpers import read_metrics, run_script, tiny_overrides
+from tests.integration.helpers import NOT_VLLM, read_metrics, run_script, tiny_overrides
 from tests.unit.helpers import write_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -27,7 +27,7 @@ def task(tmp_path, name: str) -> list[str]:
                                                     for i in range(40)])
     (tmp_path / "rewards.py").write_text(REWARDS)
     return ["env.dataset=file", f"env.path={data}", f"reward.path={tmp_path / 'rewards.py'}", f"reward.name={name}",
-            "eval.every=0", "policy.dynamic_sampling=true"]
+            "eval.every=0", "policy.dynamic_sampling=true", NOT_VLLM]
 
 
 def trained(run_dir) -> list[dict]:

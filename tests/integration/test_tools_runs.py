@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import read_metrics, run_script, tiny_overrides
+from tests.integration.helpers import NOT_VLLM, read_metrics, run_script, tiny_overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -15,7 +15,7 @@ TOOL_METRICS = {"turns_mean", "tool_calls_mean", "tool_call_rate", "tool_errors"
 def test_tool_config_runs_in_both_scripts(script, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     proc = run_script(script, "--config-name", "grpo_gsm8k_tools", *tiny_overrides(tiny_model_dir, out, steps=2),
-                      "eval.every=0")
+                      "eval.every=0", NOT_VLLM)  # vLLM's multi-turn runs: test_tool_learning.py
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
