@@ -131,13 +131,6 @@ def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
     assert start_up_noise(proc) == []  # nor anything from the Ray actors (each a process with its own imports)
 
 
-def test_sync_script_on_the_same_tiny_config(tiny_model_dir, tmp_path):
-    run_dir = tmp_path / "sync"
-    run_script("grpo.py", tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": 2}))
-    rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["policy_version"] == 2
-
-
 def _processes_with(tag: str) -> list[str]:
     """Command lines of live processes whose environment carries ``tag`` (the run's Ray and vLLM processes)."""
     found = []
