@@ -49,7 +49,7 @@ def start_up_noise(proc: subprocess.CompletedProcess) -> list[str]:
 
 # For runs whose subject is not the engine: the in-process transformers engine starts at once where vLLM takes
 # about 8 s (per script, and per collector actor of the asynchronous loop). The default engine runs in the scripts'
-# own tests (test_sync_script.py, test_async.py, test_resume.py, test_served_*.py, test_sweep.py and others).
+# own tests (test_sync_script.py, test_async.py, test_resume.py, test_served_*.py, test_tool_learning.py, ...).
 NOT_VLLM = "inference_model.engine=transformers"
 
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from grpo_rl.run.metrics import read_jsonl
-from tests.integration.helpers import FLAKY_REWARD, ROOT, SHARED_STEP_METRICS, read_metrics, script_env, start_up_noise
+from tests.integration.helpers import (FLAKY_REWARD, NOT_VLLM, ROOT, SHARED_STEP_METRICS, read_metrics, script_env,
+                                       start_up_noise)
 from tests.integration.helpers import run_script as _run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -217,10 +218,10 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     run_dir, tag, steps = tmp_path / "killed", f"grpo-test-{uuid.uuid4().hex}", 7
     # a learner slower than the collector (2 updates per batch) keeps the buffer full; nothing is too stale to train on
     settings = {"train.checkpoint_frequency": 1, "train.updates_per_batch": 2, "pipeline.max_staleness": 100,
-                "pipeline.buffer_capacity": 2, "inference_model.engine": "transformers"}  # not about the engine
+                "pipeline.buffer_capacity": 2}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
-         *tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": 1000})],
+         *tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": 1000}), NOT_VLLM],
         cwd=ROOT, env=script_env(GRPO_TEST_RUN_TAG=tag), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     try:
@@ -237,8 +238,8 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
         _kill_processes_with(tag)  # Ray's own processes outlive a SIGKILLed driver
     first = trained_batches(run_dir)
 
-    resumed = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
-        **settings, "train.steps": steps, "resume": "auto"}), timeout=300)
+    resumed = run_script("grpo-async.py", [*tiny_overrides(tiny_model_dir, run_dir, **{
+        **settings, "train.steps": steps, "resume": "auto"}), NOT_VLLM], timeout=300)
     assert "resumed from" in resumed.stdout + resumed.stderr
     records = read_jsonl(run_dir / "trained.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -302,10 +303,9 @@ def test_scripts_with_the_reference_as_a_stage_of_its_own(tiny_model_dir, tmp_pa
     logs its seconds under the synchronous loop's name); the sync loop calls the same stage in line."""
     run_dir = tmp_path / script
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)  # fails on every other call, in each process
-    proc = run_script(script, tiny_overrides(tiny_model_dir, run_dir, **{
+    proc = run_script(script, [*tiny_overrides(tiny_model_dir, run_dir, **{
         "train.steps": 3, "policy.kl_coef": 0.05, "ref_model.num_devices": 2, "pipeline.max_staleness": 3,
-        "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]",
-        "inference_model.engine": "transformers"}))  # the stage is the subject, not the engine
+        "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]"}), NOT_VLLM])
     assert "reference    2 Ray actors" in proc.stdout + proc.stderr  # the placement table
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -12,6 +12,8 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
+from tests.integration.helpers import NOT_VLLM
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,10 +155,10 @@ def test_sync_script_with_two_learner_ranks(tiny_model_dir, tmp_path, sharding):
            "GRPO_DATA_DIR": os.environ.get("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "sota" / "grpo.py"), f"model.name={tiny_model_dir}", f"output_dir={run_dir}",
-         "train_model.num_devices=2", f"train_model.sharding={sharding}", "train.steps=2", "logger.backend=none", "logger.num_examine=0",
-         "env.prompts_per_step=2", "env.group_size=4", "sampling.max_new_tokens=16", "policy.kl_coef=0.0",
-         "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512", "eval.every=0",
-         "inference_model.engine=transformers"],  # the learner group is the subject, not the engine
+         "train_model.num_devices=2", f"train_model.sharding={sharding}", "train.steps=2", "logger.backend=none",
+         "logger.num_examine=0", "env.prompts_per_step=2", "env.group_size=4", "sampling.max_new_tokens=16",
+         "policy.kl_coef=0.0", "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512", "eval.every=0",
+         NOT_VLLM],  # the learner group is the subject, not the engine
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.integration.helpers import NOT_VLLM
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +37,7 @@ def test_two_job_sweep_then_summary_and_plot(tiny_model_dir: Path, tmp_path: Pat
            f"model.name={tiny_model_dir}", "train.steps=2", "sampling.max_new_tokens=8", "env.prompts_per_step=2",
            "env.group_size=2", "inference_model.max_model_len=512", "inference_model.kv_cache_gb=1",
            "env.max_prompt_tokens=300", "eval.every=2", "eval.num_prompts=2", "eval.pass_k=2",
-           "logger.backend=wandb", "logger.csv=true", "logger.tensorboard=true",
-           "inference_model.engine=transformers"]  # the sweep is the subject; vLLM's own runs are the scripts' tests
+           "logger.backend=wandb", "logger.csv=true", "logger.tensorboard=true", NOT_VLLM]
     done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 

@@ -1,7 +1,8 @@
 """The IFEval task and a custom task (prompt file + user reward functions + a reward model) run end to end.
 
 Each test runs ``sota/grpo.py`` as a subprocess on a tiny random model for two steps and checks what the run
-logged: every reward component, the failure count and the failing samples. About 10 s each (the transformers engine, which starts at once).
+logged: every reward component, the failure count and the failing samples. About 10 s each (the transformers
+engine: the tasks are the subject, not the engine).
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import FLAKY_REWARD
+from tests.integration.helpers import FLAKY_REWARD, NOT_VLLM
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_RUN = ["train.steps=2", "logger.backend=none", "sampling.max_new_tokens=16", "env.prompts_per_step=2",
-            "env.group_size=2", "inference_model.engine=transformers"]  # the tasks are the subject, not the engine
+            "env.group_size=2", NOT_VLLM]
 
 # FLAKY_REWARD raises on every other call: the batch call fails, and re-scoring one sample at a time fails on half
 # of them, so some samples of step 1 fall back and are logged, and never all of a step's samples.
