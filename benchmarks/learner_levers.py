@@ -17,7 +17,8 @@ nothing; the equality of the kept levers is tested in ``tests/unit``.
 Baselines: ``vocab`` and ``step`` run the LM head as it was before its scratch buffers
 (:class:`PerChunkTokenLogprob` below, a copy of that form) against :class:`grpo_rl.model.vocab.ChunkedTokenLogprob`.
 ``attention`` compiles ``flex_attention`` with a ``BlockMask`` of the shared-prompt layout; the CPU has no flex
-backward, so it times the forward (the reference pass) and reports whether a backward runs. ``weights`` runs the
+backward, so it times the forward (the reference pass) and reports whether a backward runs; it also times SDPA's
+forward + backward over the dense mask with the flash kernel against the math backend. ``weights`` runs the
 packed policy forward + backward and the reference forward under bf16 autocast over fp32 weights (what
 ``train_model.precision=bfloat16`` does) against the same passes over a bf16 copy of the model without autocast,
 charging the bf16 arm what fp32 master copies would add to a step: the gradients cast into fp32 and the updated
@@ -223,9 +224,26 @@ def step(repeats: int) -> list[dict]:
     return out
 
 
+def _sdpa_step(q, k, v, mask, backend):
+    """SDPA forward + backward over the dense packed mask with one backend (what the policy pass runs per layer)."""
+    from torch.nn.attention import sdpa_kernel
+
+    rep = HEADS // KV_HEADS
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def step():
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                                                   v.repeat_interleave(rep, 1), attn_mask=mask)
+        out.sum().backward()
+
+    return step
+
+
 def attention(repeats: int) -> list[dict]:
     """One layer's packed attention, ``[R, heads, S, 64]``: SDPA with the dense bool mask vs compiled flex."""
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from grpo_rl.model.packing import pack_groups
@@ -270,6 +288,9 @@ def attention(repeats: int) -> list[dict]:
         out.append(row(f"attention fwd [{r}, {HEADS}, {s}, {HEAD_DIM}], {name}", times,
                        {"max_abs_diff": diff, "first_call_s": first, "flex_backward": backward}))
         print(f"  max |sdpa - flex| {diff:.2e}; first (compiling) call {first:.1f} s; flex backward: {backward}")
+        out.append(row(f"attention fwd+bwd [{r}, {HEADS}, {s}, {HEAD_DIM}], {name}, SDPA backends",
+                       alternate({"flash": _sdpa_step(q, k, v, dense, SDPBackend.FLASH_ATTENTION),
+                                  "math": _sdpa_step(q, k, v, dense, SDPBackend.MATH)}, repeats)))
     return out
 
 
