@@ -1,23 +1,34 @@
 """A stand-in for a vLLM server: it answers the routes a served engine uses (generation, the RL weight-update
-routes, the weight version) with made-up tokens, so the client and the runs that use it can be tested without vLLM."""
+routes, the weight version) with made-up tokens, so the client and the runs that use it can be tested without vLLM.
+Like vLLM with the file transport it reads the weights it is sent from the folder it was told at
+``/init_weight_transfer_engine``, and refuses an update before it was told one."""
 from __future__ import annotations
 
 import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 
 class StandIn:
     """A tiny HTTP server that answers the routes a served engine uses, and records what it was sent.
 
     ``takes_updates=False`` acknowledges every weight-update call but never changes its version: a server that
-    dropped the update. ``delay`` makes generation slower than the client's timeout."""
+    dropped the update. ``delay`` makes generation slower than the client's timeout.
+
+    Records: ``calls``, ``(path, JSON body)`` of every request; ``queries``, ``(path, query parameters)`` of every
+    request (``/pause?mode=keep``); ``weights``, the tensors of the last ``/update_weights`` as read from the file
+    (aliases included, by name); ``weight_dir``, the folder it was told."""
 
     def __init__(self, *, takes_updates: bool = True, delay: float = 0.0, key: str = "k",
                  generations: int | None = None):
         self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
         self.generations = generations  # answer this many generation calls, then go away (a server that died)
+        self.queries: list[tuple[str, dict]] = []
+        self.weight_dir: str | None = None
+        self.weights: dict = {}
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,9 +42,10 @@ class StandIn:
                 self._answer()
 
             def _answer(self):
-                path = self.path.split("?")[0]
+                path, query = urlsplit(self.path)[2:4]
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 stand_in.calls.append((path, json.loads(body) if body else None))
+                stand_in.queries.append((path, dict(parse_qsl(query))))
                 if self.headers.get("Authorization") != f"Bearer {stand_in.key}":
                     return self._send(401, {"error": "Unauthorized"})
                 try:
@@ -41,6 +53,8 @@ class StandIn:
                 except ConnectionAbortedError:
                     self.close_connection = True
                     return
+                except RefusedRequest as e:  # vLLM answers a weight update it cannot load with an error
+                    return self._send(400, {"error": str(e)})
                 self._send(200, payload)
 
             def _send(self, code, payload):
@@ -61,6 +75,10 @@ class StandIn:
     def route(self, path: str, body: dict) -> dict:
         if path == "/weight_info":
             return {"weight_version": self.version}
+        if path == "/init_weight_transfer_engine":
+            self.weight_dir = body["init_info"]["directory"]
+        if path == "/update_weights":
+            self.weights = self.read_weights(body["update_info"])
         if path == "/update_weight_version" or (path == "/finish_weight_update" and self.takes_updates):
             self.version = body.get("new_version", body.get("weight_version"))
         if path == "/inference/v1/generate":
@@ -80,6 +98,25 @@ class StandIn:
                                 for k in reversed(range(n))]}  # out of order: the client sorts by index
         return {}
 
+    def read_weights(self, info: dict) -> dict:
+        """The tensors of an ``/update_weights`` call, read from the file it names in the folder this server was
+        told, each alias under its own name too."""
+        from safetensors.torch import load_file
+
+        if self.weight_dir is None:
+            raise RefusedRequest("the weight transfer engine was not initialised (/init_weight_transfer_engine)")
+        file = Path(self.weight_dir) / info["file"]
+        if not file.is_file():
+            raise RefusedRequest(f"no weights file {file}")
+        tensors = load_file(str(file))
+        if len(tensors) != info["num_tensors"]:
+            raise RefusedRequest(f"{file} holds {len(tensors)} tensors, not {info['num_tensors']}")
+        return {**tensors, **{alias: tensors[name] for alias, name in info.get("aliases", {}).items()}}
+
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class RefusedRequest(Exception):
+    """A request the stand-in answers with an error, as vLLM would."""

@@ -55,17 +55,49 @@ def test_oldest_token_version_without_versions_or_tokens():
 
 def test_a_push_is_paused_loaded_versioned_and_read_back(stand_in, tmp_path):
     engine = ServedEngine([stand_in.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path))
-    tied = torch.randn(4, 2)
-    engine.update_weights([("model.embed_tokens.weight", tied), ("lm_head.weight", tied), ("b", torch.ones(3))], 2)
+    tied, bias = torch.randn(4, 2), torch.randn(3)
+    engine.update_weights([("model.embed_tokens.weight", tied), ("lm_head.weight", tied), ("b", bias)], 2)
     paths = [p for p, _ in stand_in.calls]
     push = paths[paths.index("/pause"):]
     assert push == ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update",
                     "/reset_prefix_cache", "/resume", "/weight_info"]
+    # nothing is in flight between two batches: the server finishes what it has before the weights change
+    assert [q for p, q in stand_in.queries if p == "/pause"] == [{"mode": "wait"}]
     update = next(body for p, body in stand_in.calls if p == "/update_weights")["update_info"]
     assert update["num_tensors"] == 2 and update["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert stand_in.weight_dir == str(tmp_path)
+    # what the server read from the file is the learner's tensors, the tied one under both names
+    assert sorted(stand_in.weights) == ["b", "lm_head.weight", "model.embed_tokens.weight"]
+    assert torch.equal(stand_in.weights["model.embed_tokens.weight"], tied)
+    assert torch.equal(stand_in.weights["lm_head.weight"], tied) and torch.equal(stand_in.weights["b"], bias)
     assert not (tmp_path / update["file"]).exists()  # removed once every server loaded it
     assert engine.version == 2 and stand_in.version == "2"
     engine.shutdown()
+
+
+def test_an_inflight_push_keeps_the_requests_and_casts_to_the_servers_dtype(stand_in, tmp_path):
+    engine = ServedEngine([stand_in.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path), inflight=True,
+                          dtype="bfloat16")
+    weight = torch.randn(5, 3)
+    engine.update_weights([("w", weight)], 1)
+    # in flight: requests freeze and go on after /resume, instead of being waited for
+    assert [q for p, q in stand_in.queries if p == "/pause"] == [{"mode": "keep"}]
+    assert stand_in.weights["w"].dtype == torch.bfloat16
+    assert torch.equal(stand_in.weights["w"], weight.to(torch.bfloat16))
+    engine.update_weights([("w", 2 * weight)], 2)  # a second push: the server reads the new file
+    assert [q for p, q in stand_in.queries if p == "/pause"] == [{"mode": "keep"}, {"mode": "keep"}]
+    assert torch.equal(stand_in.weights["w"], (2 * weight).to(torch.bfloat16)) and stand_in.version == "2"
+    engine.shutdown()
+
+
+def test_a_server_not_told_the_weight_folder_refuses_the_update(tmp_path):
+    """The stand-in reads the file it is sent, as vLLM does: an update before /init_weight_transfer_engine fails."""
+    from tests.engine_stand_in import RefusedRequest
+
+    server = StandIn()
+    with pytest.raises(RefusedRequest, match="not initialised"):
+        server.read_weights({"file": "weights_v1.safetensors", "num_tensors": 1})
+    server.close()
 
 
 def test_a_server_that_dropped_the_update_is_named():

@@ -83,6 +83,98 @@ class FakeFleet:
         return [s.url for s in self.servers]
 
 
+class StandInFleet:
+    """A fleet of stand-in vLLM servers (tests/engine_stand_in.py): a lost server is "started again" as a fresh
+    stand-in, which holds no weights and no weight folder, as a new vLLM process would."""
+
+    def __init__(self, size: int, key: str):
+        from tests.engine_stand_in import StandIn
+
+        self.key, self.started = key, []
+        self._new = lambda: StandIn(key=key)
+        self.servers = [self._start() for _ in range(size)]
+
+    def _start(self):
+        server = self._new()
+        self.started.append(server)
+        return server
+
+    def healthy(self, index: int) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.servers[index].url}/weight_info", headers={"Authorization": f"Bearer {self.key}"},
+                             timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def replace(self, index: int) -> str:
+        self.servers[index] = self._start()
+        return self.servers[index].url
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def close(self) -> None:
+        for server in self.started:
+            server.close()
+
+
+class GeneratingCollector:
+    """Collects with the engine for real (two prompts: one per server)."""
+
+    def __init__(self, engine):
+        self.env, self.engine = CountingEnv(), engine
+
+    def collect(self, index: int, version: int):
+        from grpo_rl.engines.base import SamplingSpec
+
+        self.env.reset()
+        return self.engine.generate([[10], [20]], 1, SamplingSpec(max_new_tokens=2, seed=index)), CollectStats()
+
+
+def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_weights(tmp_path):
+    """The synchronous loop's healer over a real served engine and in-place weight sync: server 1 is lost after two
+    pushes; the collection that finds it gone is made again on a new server, which holds the newest push (its
+    version and its tensors, read from the weight folder it was told anew), and the surviving server still does."""
+    from grpo_rl.engines.served import ServedEngine
+    from grpo_rl.weights.sync import InPlaceWeightSync
+
+    fleet = StandInFleet(2, key="run-key")
+    engine = ServedEngine(fleet.urls, key="run-key", pad_id=0, timeout=10, weight_dir=str(tmp_path / "weights"))
+    sync = InPlaceWeightSync(engine)
+    run = SimpleNamespace(engine_urls=tuple(fleet.urls))
+    restarts = Restarts(1, tmp_path)
+    source = InProcessRollouts(GeneratingCollector(engine), heal=served_healer(run, fleet, engine, sync, restarts))
+    try:
+        (tmp_path / "weights").mkdir()
+        first = {"w": torch.randn(4, 3), "b": torch.randn(3)}
+        newest = {"w": torch.randn(4, 3), "b": torch.randn(3)}
+        sync.push(list(first.items()), 1)
+        source.next_batch(1)
+        sync.push(list(newest.items()), 2)
+        lost = fleet.servers[1]
+        lost.close()
+
+        rollout = source.next_batch(2)
+
+        new = fleet.servers[1]
+        assert new is not lost and run.engine_urls == (fleet.servers[0].url, new.url)
+        assert restarts.metrics()["restarts/engine"] == 1
+        for server in fleet.servers:  # the new server and the one that survived: the newest push, version 2
+            assert server.version == "2" and sorted(server.weights) == ["b", "w"]
+            assert all(torch.equal(server.weights[k], v) for k, v in newest.items())
+        assert new.weight_dir == str(tmp_path / "weights")
+        # the batch was made again, from the same stream position, with the new server's answer among it
+        assert rollout.batch["batch_index"].tolist() == [1, 1] and source.position.next_index == 2
+        assert [p for p, _ in new.calls].count("/inference/v1/generate") == 1
+        assert engine.version == 2
+    finally:
+        engine.shutdown()
+        fleet.close()
+
+
 def test_served_healer_restarts_only_the_lost_servers_pushes_again_and_keeps_its_budget(tmp_path):
     calls = []
     engine = SimpleNamespace(replace_server=lambda i, url: calls.append(("replace", i, url)))
