@@ -186,6 +186,59 @@ def test_values_and_gradients_match_the_masked_log_softmax(temperature, top_p, t
     torch.testing.assert_close(gw, weight.grad, atol=1e-4, rtol=1e-4)
 
 
+BF16_UNIT_ROUNDOFF = 2.0 ** -8  # bf16 keeps 8 significant bits: round to nearest is within 2^-8 relative
+FP32_SUM = 2.0 ** -20  # a bound on an fp32 sum's relative error over up to 16 terms (16 x 2^-24), of sum |terms|
+
+
+def test_bf16_autocast_backward_is_within_bf16_rounding_of_the_exact_gradient():
+    """Under bf16 autocast the truncated head's backward runs its matmuls in bf16: the log-prob and both gradients
+    are within the error bf16 rounding allows of the float64 masked log-softmax of the same bf16-rounded inputs.
+
+    The bound follows the arithmetic, every bf16 matmul accumulating in fp32 and rounding its output once (AVX2,
+    avx512_bf16 and AMX alike): each logit is off by at most ``u |z|`` (``u = 2^-8``) plus the fp32 sum's error
+    (``2^-20 sum_j |h_j w_j|`` for 16 terms), so a log-prob by twice the row's largest such error ``d``, each
+    probability by a relative ``2 d``; the logit gradient ``g (onehot - p) / T`` is then rounded to bf16 (``u``),
+    and each gradient matmul rounds its output once more. The kept set is top-k's, and the test checks that no
+    logit lies near its edge, so rounding cannot move a token across it."""
+    u, temperature, top_k = BF16_UNIT_ROUNDOFF, 0.7, 5
+    hidden, weight, g = _inputs(t=12, h=16, v=64, seed=20, scale=0.5)
+    hb, wb = hidden.detach().bfloat16().double(), weight.detach().bfloat16().double()  # what autocast multiplies
+    z = hb @ wb.t() / temperature  # [T, V] exact logits of the rounded inputs
+    z_err = u * z.abs() + FP32_SUM * (hb.abs() @ wb.abs().t()) / temperature  # [T, V] bound on a bf16 logit's error
+    d = z_err.max(-1).values  # [T]
+    top = z.topk(top_k + 1, dim=-1).values  # [T, k + 1]
+    assert bool((top[:, top_k - 1] - top[:, top_k] > 2 * d).all()), "a logit near the top-k edge: pick another seed"
+    targets = _sample_inside(z.float(), 1.0, top_k, g)
+    upstream = torch.randn(hidden.shape[0], generator=g)  # [T]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, _, outside = TruncatedTokenLogprob.apply(hidden, weight, targets, temperature, False, 5, False, 1.0,
+                                                     top_k)
+    (lp * upstream).sum().backward()  # 12 tokens in chunks of 5: a short last chunk
+
+    keep = z >= top[:, top_k - 1 : top_k]  # [T, V]
+    hb_, wb_ = hb.clone().requires_grad_(), wb.clone().requires_grad_()
+    ref = (hb_ @ wb_.t() / temperature).masked_fill(~keep, float("-inf")).log_softmax(-1)  # [T, V]
+    ref_lp = ref.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [T]
+    (ref_lp * upstream.double()).sum().backward()
+    p = ref.detach().exp()  # [T, V], 0 off the kept set
+    gz = upstream.double().unsqueeze(-1) * (torch.nn.functional.one_hot(targets, 64).double() - p) / temperature
+    gz_err = (upstream.double().abs().unsqueeze(-1) * p * 2 * d.unsqueeze(-1) / temperature  # [T, V]
+              + u * gz.abs() + 2.0 ** -20 * upstream.double().abs().unsqueeze(-1))
+    lp_tol = 2 * d
+    gh_tol = gz_err @ wb.abs() + u * (gz @ wb).abs() + FP32_SUM * (gz.abs() @ wb.abs())  # [T, H]
+    # [V, H]: one rounded product per chunk (of 5, 5 and 2 tokens), summed in fp32
+    gw_tol = gz_err.t() @ hb.abs() + sum(u * (gz[s : s + 5].t() @ hb[s : s + 5]).abs() for s in (0, 5, 10)) + FP32_SUM * (
+        gz.abs().t() @ hb.abs())
+
+    assert lp.dtype == hidden.grad.dtype == weight.grad.dtype == torch.float32 and not outside.any()
+    for got, want, tol in ((lp.detach(), ref_lp.detach(), lp_tol), (hidden.grad, hb_.grad, gh_tol),
+                           (weight.grad, wb_.grad, gw_tol)):
+        error = (got.double() - want).abs()
+        assert bool((error <= 2 * tol).all()), f"{float((error / tol).max()):.2f} times the bf16 bound"
+        assert float((tol / want.abs().clamp_min(1e-3)).median()) < 0.2  # far below the values: a wrong one fails
+
+
 def test_plain_head_path_matches_the_chunked_path():
     hidden, weight, g = _inputs(scale=0.3)
     with torch.no_grad():
