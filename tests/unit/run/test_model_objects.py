@@ -20,6 +20,20 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """``got`` holds exactly ``want``: the same names, and equal values under each."""
+    assert sorted(got) == sorted(want), (sorted(set(got) - set(want)), sorted(set(want) - set(got)))
+    unequal = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not unequal, unequal
+
+
+def saved_form(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` as ``save_pretrained`` writes it: the tiny model's LM head is tied to its embedding and is left
+    out (it is loaded back from the embedding)."""
+    assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+    return {k: v for k, v in state.items() if k != "lm_head.weight"}
+
+
 def test_a_plain_model_is_written_once_and_named(tiny_model, tokenizer, tmp_path):
     cfg = compose_config()
     write_model_objects(cfg, tmp_path, ModelObjects(model=tiny_model, tokenizer=tokenizer, ref_model=tiny_model))
@@ -27,13 +41,13 @@ def test_a_plain_model_is_written_once_and_named(tiny_model, tokenizer, tmp_path
     assert cfg.model.name == str(folder) and cfg.ref_model.path is None  # the policy as its own reference: default
     assert (folder / "tokenizer.json").is_file()
     saved = weights(folder)
-    assert all(torch.equal(saved[k], v) for k, v in tiny_model.state_dict().items() if k in saved)
+    assert_same_tensors(saved, saved_form(tiny_model.state_dict()))
 
     with torch.no_grad():  # the caller's object trained meanwhile; a resumed run keeps the folder of its start
         next(tiny_model.parameters()).add_(1.0)
     cfg.resume = "auto"
     write_model_objects(cfg, tmp_path, ModelObjects(model=tiny_model, tokenizer=tokenizer))
-    assert all(torch.equal(weights(folder)[k], v) for k, v in saved.items())
+    assert_same_tensors(weights(folder), saved)
 
 
 def test_a_lora_model_is_written_merged_with_its_adapter_shape(tiny_model, tokenizer, tmp_path):
@@ -49,7 +63,7 @@ def test_a_lora_model_is_written_merged_with_its_adapter_shape(tiny_model, token
         True, 4, 8.0, 0.05, ["q_proj", "v_proj"])
     saved = weights(tmp_path / "initial_model")
     merged = merged_state_dict(model)
-    assert all(torch.equal(saved[k], merged[k]) for k in saved)
+    assert_same_tensors(saved, saved_form(merged))
     base = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     assert not torch.equal(saved["model.layers.0.self_attn.q_proj.weight"], base)  # the adapter is folded in
     assert all(torch.equal(model.state_dict()[k], v) for k, v in adapters.items())  # the object is unchanged
