@@ -126,8 +126,10 @@ class InferenceModelConfig(RoleDevices):
     """How weights reach a server: file (a safetensors file in a folder both sides see, /dev/shm by default) |
     nccl (vLLM's NCCL engine, GPU to GPU) | auto (nccl where the learner and the server have GPUs, else file)."""
     weight_dir: Optional[str] = None
-    """weight_transfer=file: the folder the learner writes weights to and the servers read them from (a shared
-    mount for servers on other machines); null: a private folder in /dev/shm, removed at the end."""
+    """weight_transfer=file: a folder the servers also see (a shared mount for servers on other machines, which then
+    run as the same user), in which each engine makes a private folder (mode 0700, removed at the end) for the
+    weight files. It and the folders above it must belong to you or root and be writable by no one else, unless
+    sticky like /tmp; the run refuses it otherwise. null: the private folder is made in /dev/shm."""
     share_weights: bool = False
     """engine=transformers in sota/grpo.py: generate with the learner's own model instead of a copy (no engine
     weights, no weight push; the ``lowmem`` preset). The roles then take turns on one device."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 
@@ -32,6 +33,7 @@ from grpo_rl.distributed.buffer import TakeResult
 from grpo_rl.distributed.healing import Restarts, died_how, record_pids
 from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker
 from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
+from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.errors import RoleFailed
 from grpo_rl.rollout.source import Rollout, StreamPosition
 from grpo_rl.placement.context import RunContext
@@ -305,9 +307,7 @@ class AsyncRollouts:
         if urls:
             spec = dataclasses.replace(spec, engine_urls=urls)
         p = self.run.cfg.pipeline
-        # SPREAD: across the nodes of a cluster, so that a lost node takes as few collectors as it can
-        options = self.run.placement.collector.ray_options(max_concurrency=4, scheduling_strategy="SPREAD")
-        return ray.remote(CollectorWorker).options(**options).remote(
+        return ray.remote(CollectorWorker).options(**collector_options(self.run)).remote(
             spec, self.buffer, num_replicas=self.num_replicas, poll_seconds=p.poll_seconds, timeout=p.timeout_seconds)
 
     def _engine_server(self, replica: int) -> tuple[str, ...] | None:
@@ -460,6 +460,15 @@ def step_rates(prev: dict[str, float], now: dict[str, float], seconds: float) ->
         "buffer_max_fill": now["buffer/max_fill"],
         "dropped_samples_total": now["buffer/dropped_samples"],
     }
+
+
+def collector_options(run: RunContext) -> dict:
+    """Ray options of a collector actor. Where its engine is a server, it alone of the run's actors gets the engine
+    key: a runtime_env is stored in Ray's GCS, and learners and reference replicas never talk to a server."""
+    key = os.environ.get(KEY_ENV) if run.placement.served else None
+    # SPREAD: across the nodes of a cluster, so that a lost node takes as few collectors as it can
+    return run.placement.collector.ray_options(max_concurrency=4, scheduling_strategy="SPREAD",
+                                               env={KEY_ENV: key} if key else None)
 
 
 def staleness_metrics(result: TakeResult) -> dict[str, float]:

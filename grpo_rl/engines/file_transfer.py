@@ -1,17 +1,23 @@
 """The worker side of the ``grpo_rl_file`` weight transport, imported by vLLM inside a server (see
-:mod:`grpo_rl.engines.vllm_plugin`): load the safetensors file the trainer names into the model."""
+:mod:`grpo_rl.engines.vllm_plugin`): load the safetensors file the trainer names into the model.
+
+The file is read once, without following a symlink, and loaded from those bytes only if their SHA-256 is the one
+the trainer sent (:func:`~grpo_rl.engines.weight_folder.read_weight_file`): a file swapped or changed in the folder
+after the trainer wrote it is refused, never loaded."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from safetensors.torch import load_file
+from safetensors.torch import load
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+from grpo_rl.engines.weight_folder import read_weight_file
 
 
 @dataclass
@@ -23,7 +29,10 @@ class FileInitInfo(WeightTransferInitInfo):
 @dataclass
 class FileUpdateInfo(WeightTransferUpdateInfo):
     file: str
+    """The file's name in the weight folder (random, never a path)."""
     num_tensors: int
+    sha256: str
+    """The hex SHA-256 of the file as the trainer wrote it; a file whose bytes differ is refused."""
     aliases: dict[str, str] = field(default_factory=dict)
     """``{alias: name}``: tied tensors cross once and are loaded under every name (vLLM's reload must see
     ``lm_head.weight`` as well as ``embed_tokens.weight``)."""
@@ -52,12 +61,12 @@ class SharedFileWeightTransfer(WeightTransferEngine[FileInitInfo, FileUpdateInfo
     def receive_weights(self, update_info: FileUpdateInfo) -> None:
         if self.directory is None:
             raise RuntimeError("update_weights came before init_weight_transfer_engine")
-        path = (self.directory / update_info.file).resolve()
-        if path.parent != self.directory:
-            raise ValueError(f"weight file {update_info.file!r} is not in the weight folder")
-        weights = load_file(str(path))
+        data = read_weight_file(self.directory, update_info.file, update_info.sha256)
+        weights = load(data)
+        del data  # the tensors hold their own copy
         if len(weights) != update_info.num_tensors:
-            raise ValueError(f"{path} holds {len(weights)} tensors; the trainer wrote {update_info.num_tensors}")
+            raise ValueError(f"weight file {update_info.file} holds {len(weights)} tensors; the trainer wrote "
+                             f"{update_info.num_tensors}")
         named = list(weights.items()) + [(alias, weights[name]) for alias, name in update_info.aliases.items()]
         self.model.load_weights(named)
 

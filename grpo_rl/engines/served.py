@@ -24,10 +24,8 @@ in-process one, with the same batch layout and the same sampling:
 """
 from __future__ import annotations
 
+import hashlib
 import logging
-import os
-import shutil
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +35,7 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts, split_aliases
+from grpo_rl.engines.weight_folder import RunFolder, check_weight_dir, default_parent
 from grpo_rl.errors import RoleFailed
 
 log = logging.getLogger(__name__)
@@ -96,8 +95,9 @@ class ServedEngine:
         timeout: seconds any request may take.
         inflight: push with ``/pause?mode=keep``, under requests in flight (``pipeline.inflight_updates``).
         transport: ``file`` (a shared folder, the CPU transport) or ``nccl`` (vLLM's NCCL engine, GPUs).
-        weight_dir: the folder of the file transport, which the servers must see (default: a private folder in
-            ``/dev/shm``).
+        weight_dir: a folder the servers also see, in which the file transport makes a private folder of its own
+            (default: ``/dev/shm``); refused with a :class:`~grpo_rl.errors.ConfigError` if another user can write to
+            it (:func:`~grpo_rl.engines.weight_folder.check_weight_dir`).
         version: the version of the weights the servers hold now; they are stamped with it.
     """
 
@@ -110,8 +110,12 @@ class ServedEngine:
         self.pad_id, self.dtype = pad_id, getattr(torch, dtype)
         self.inflight, self.transport = inflight, transport
         self.version = version
-        self._own_dir = weight_dir is None
-        self._weight_dir = Path(weight_dir) if weight_dir else None
+        # the file transport's folder: a private one made at the first push, in a parent checked before any server
+        # is contacted (a shared weight_dir must not let another user swap the files)
+        self._weight_parent: Path | None = None
+        if transport == "file":
+            self._weight_parent = check_weight_dir(weight_dir) if weight_dir else default_parent()
+        self._weight_folder: RunFolder | None = None
         self._file_ready = False  # the servers were told the weight folder
         self._nccl = None
         self._push_lock = threading.Lock()
@@ -186,29 +190,34 @@ class ServedEngine:
             self.version = version
 
     def _push_file(self, unique: dict[str, torch.Tensor], aliases: dict[str, str], version: int) -> None:
-        from safetensors.torch import save_file
+        """One safetensors file in the run's folder (:mod:`~grpo_rl.engines.weight_folder`), named with its SHA-256
+        in the update, loaded by every server, then removed."""
+        from safetensors.torch import save
 
         folder = self._folder()
         tensors = {k: v.detach().to("cpu", self.dtype).contiguous() for k, v in unique.items()}
-        name = f"weights_v{version}.safetensors"
-        save_file(tensors, str(folder / f".{name}.tmp"))
-        os.replace(folder / f".{name}.tmp", folder / name)
-        info = {"file": name, "num_tensors": len(tensors), "aliases": aliases}
+        data = save(tensors)
+        name = folder.write(data, stem=f"weights_v{version}")
+        info = {"file": name, "num_tensors": len(tensors), "aliases": aliases,
+                "sha256": hashlib.sha256(data).hexdigest()}
+        del tensors, data  # the in-memory copy need not outlive the write while the servers load
         try:
             self._each(lambda s: self._paused(s, lambda: s.post("/update_weights", json={"update_info": info}),
                                               version))
         finally:
-            (folder / name).unlink(missing_ok=True)
+            folder.remove(name)
 
-    def _folder(self) -> Path:
-        if self._weight_dir is None:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            self._weight_dir = Path(tempfile.mkdtemp(prefix="grpo_rl_weights_", dir=base))  # mode 0700
+    def _folder(self) -> RunFolder:
+        """The run's weight folder, made (and stale ones swept) at the first push; servers that were not told it
+        yet are told now."""
+        if self._weight_folder is None:
+            assert self._weight_parent is not None, "the file transport's folder is set in __init__"
+            self._weight_folder = RunFolder(self._weight_parent)
         if not self._file_ready:
-            self._each(lambda s: s.post("/init_weight_transfer_engine",
-                                        json={"init_info": {"directory": str(self._weight_dir)}}))
+            directory = str(self._weight_folder.path)
+            self._each(lambda s: s.post("/init_weight_transfer_engine", json={"init_info": {"directory": directory}}))
             self._file_ready = True
-        return self._weight_dir
+        return self._weight_folder
 
     def _push_nccl(self, unique: dict[str, torch.Tensor], aliases: dict[str, str], version: int) -> None:
         if len(self.servers) != 1:  # preflight refuses the config (check_engine)
@@ -254,8 +263,9 @@ class ServedEngine:
             pool.shutdown(wait=False, cancel_futures=True)
         for server in getattr(self, "servers", []):
             server.close()
-        if self._own_dir and self._weight_dir is not None:
-            shutil.rmtree(self._weight_dir, ignore_errors=True)
+        folder, self._weight_folder = getattr(self, "_weight_folder", None), None
+        if folder is not None:
+            folder.close()
 
 
 def _nccl_sender(server: ServerClient, tensors: dict[str, torch.Tensor]):

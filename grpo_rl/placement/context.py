@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -47,10 +47,12 @@ from grpo_rl.config.schema import needs_reference_model, uses_reference
 from grpo_rl.placement.devices import DeviceAllocation, available_cpus
 from grpo_rl.model.precision import Precision, resolve_precision
 
-# Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings.
+# Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings. No secret
+# belongs here: a runtime_env is stored in Ray's GCS; the engine key goes only to the actors that need it
+# (``ray_options(env=...)``).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "GRPO_DATA_DIR", "GRPO_CACHE_DIR",
                  "TORCHINDUCTOR_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "PYTHONPATH", "GRPO_VERBOSE",
-                 "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "GRPO_RL_ENGINE_KEY", *OPENMP_DEFAULTS, *ONEDNN_DEFAULTS)
+                 "GOMP_SPINCOUNT", "KMP_BLOCKTIME", *OPENMP_DEFAULTS, *ONEDNN_DEFAULTS)
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,12 @@ class RolePlacement:
     def count(self) -> int:
         return len(self.devices)
 
-    def ray_options(self, **extra: Any) -> dict[str, Any]:
+    def ray_options(self, *, env: Mapping[str, str] | None = None, **extra: Any) -> dict[str, Any]:
         """``ray.remote(cls).options(...)`` for one of this role's actors: its share of one GPU on a GPU machine
-        (Ray then exposes it as ``cuda:0``), else ``threads`` CPUs; ``OMP_NUM_THREADS`` is set before torch is imported."""
-        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        (Ray then exposes it as ``cuda:0``), else ``threads`` CPUs; ``OMP_NUM_THREADS`` is set before torch is imported.
+        ``env``: variables for this actor only, on top of :data:`FORWARDED_ENV` (the engine key of a collector that
+        drives a server)."""
+        env = {**{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}, **(env or {})}
         env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
                    TOKENIZERS_PARALLELISM="false", VLLM_ENABLE_V1_MULTIPROCESSING="0", RAY_DEDUP_LOGS="0")
         resources: dict[str, Any] = {"num_cpus": self.threads}

@@ -131,10 +131,26 @@ def _make_tmp(parent: Path, name: str) -> Path:
     """A fresh hidden folder in ``parent`` (same file system, so the final rename is atomic), named after its
     writer (pid and host) so that :func:`remove_stale_tmp` can tell a live save from debris."""
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-{name}-{os.getpid()}@{_host()}-"))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would make checkpoints private to this user
+    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would make checkpoints private to this user
     return tmp
+
+
+def _process_umask() -> int:
+    """This process's umask, read without changing it (the ``Umask:`` line of ``/proc/self/status``, Linux 4.7+).
+    Without that line it is set and put back, once, at import; to 0o077 meanwhile, so that a file another thread
+    creates in that instant is only more private, never writable by others as under ``umask(0)``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+
+_UMASK = _process_umask()  # once: the umask is process-wide, and the run's threads create files
 
 
 def _publish(tmp: Path, final: Path) -> None:
