@@ -101,14 +101,17 @@ class StandIn:
     def read_weights(self, info: dict) -> dict:
         """The tensors of an ``/update_weights`` call, read from the file it names in the folder this server was
         told, each alias under its own name too."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load
+
+        from grpo_rl.engines.weight_folder import read_weight_file
 
         if self.weight_dir is None:
             raise RefusedRequest("the weight transfer engine was not initialised (/init_weight_transfer_engine)")
         file = Path(self.weight_dir) / info["file"]
-        if not file.is_file():
-            raise RefusedRequest(f"no weights file {file}")
-        tensors = load_file(str(file))
+        try:  # as the server's transport: no symlink, a regular file, the trainer's SHA-256
+            tensors = load(read_weight_file(Path(self.weight_dir), info["file"], info["sha256"]))
+        except (OSError, ValueError) as e:
+            raise RefusedRequest(str(e)) from e
         if len(tensors) != info["num_tensors"]:
             raise RefusedRequest(f"{file} holds {len(tensors)} tensors, not {info['num_tensors']}")
         return {**tensors, **{alias: tensors[name] for alias, name in info.get("aliases", {}).items()}}
