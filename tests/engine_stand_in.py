@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from grpo_rl.engines.vllm_plugin import MODEL_PATH, PROOF_PATH, key_proof
+
 
 class StandIn:
     """A tiny HTTP server that answers the routes a served engine uses, and records what it was sent.
@@ -23,10 +25,12 @@ class StandIn:
     (aliases included, by name); ``weight_dir``, the folder it was told."""
 
     def __init__(self, *, takes_updates: bool = True, delay: float = 0.0, key: str = "k",
-                 generations: int | None = None):
+                 generations: int | None = None, model: dict | None = None):
         self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
         self.generations = generations  # answer this many generation calls, then go away (a server that died)
         self.queries: list[tuple[str, dict]] = []
+        self.keyed: list[tuple[str, bool]] = []  # (path, whether the request carried a key), in order
+        self.model = dict(model or {})  # what /grpo_rl/model reports
         self.weight_dir: str | None = None
         self.weights: dict = {}
         stand_in = self
@@ -46,6 +50,9 @@ class StandIn:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 stand_in.calls.append((path, json.loads(body) if body else None))
                 stand_in.queries.append((path, dict(parse_qsl(query))))
+                stand_in.keyed.append((path, self.headers.get("Authorization") is not None))
+                if path == PROOF_PATH:  # as RequireKey: answered without the key
+                    return self._send(200, {"proof": key_proof(stand_in.key, dict(parse_qsl(query))["nonce"])})
                 if self.headers.get("Authorization") != f"Bearer {stand_in.key}":
                     return self._send(401, {"error": "Unauthorized"})
                 try:
@@ -75,6 +82,8 @@ class StandIn:
     def route(self, path: str, body: dict) -> dict:
         if path == "/weight_info":
             return {"weight_version": self.version}
+        if path == MODEL_PATH:
+            return self.model
         if path == "/init_weight_transfer_engine":
             self.weight_dir = body["init_info"]["directory"]
         if path == "/update_weights":

@@ -7,10 +7,12 @@ which also reads which keys the command line gave).
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 from collections.abc import Sequence
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from grpo_rl.config.schema import (AGGREGATIONS, COMPILE_MODES, ENGINE_CORRECTIONS, IFEVAL_COMPONENTS, LOSS_TYPES,
                                    OPTIMIZERS, parse_compile_mode)
@@ -263,6 +265,22 @@ def _validate_pipeline(cfg: Any) -> None:
             f"max_staleness or lower push_every")
 
 
+def is_loopback(url: str) -> bool:
+    """``url`` names a Unix socket or a loopback address (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    return url.startswith("unix:") or is_loopback_host(urlsplit(url).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _validate_servers(cfg: Any) -> None:
     """``inference_model.urls`` and the served engine's settings."""
     im = cfg.inference_model
@@ -273,10 +291,25 @@ def _validate_servers(cfg: Any) -> None:
         if im.engine != "vllm_server":
             raise ConfigError(f"inference_model.urls={list(im.urls)} names servers, but inference_model.engine="
                               f"{im.engine}; set inference_model.engine=vllm_server")
-        bad = [u for u in im.urls if not str(u).startswith(("http://", "https://"))]
+        bad = [u for u in im.urls if not str(u).startswith(("http://", "https://", "unix:/"))]
         if bad:
             raise ConfigError(f"inference_model.urls: {bad[0]!r} is not a server address; write it as "
-                              "http://HOST:PORT")
+                              "https://HOST:PORT, http://127.0.0.1:PORT or unix:/PATH")
+        cleartext = [u for u in im.urls if str(u).startswith("http://") and not is_loopback(str(u))]
+        if cleartext and not im.allow_unencrypted_network:
+            raise ConfigError(f"inference_model.urls: {cleartext[0]} is another machine over plain http, which "
+                              "would send the key and the weights in cleartext: serve it with TLS and write "
+                              "https:// (docs/pipeline.md, 'Security'), reach it through an SSH tunnel on "
+                              "http://127.0.0.1, or set inference_model.allow_unencrypted_network=true on a network "
+                              "you trust")
+    if bool(im.ssl_certfile) != bool(im.ssl_keyfile):
+        raise ConfigError("inference_model.ssl_certfile and inference_model.ssl_keyfile go together: give both, or "
+                          "neither")
+    if not is_loopback_host(im.server_host) and not im.ssl_certfile and not im.allow_unencrypted_network:
+        raise ConfigError(f"inference_model.server_host={im.server_host}: the run's servers would take the key and "
+                          "the weights in cleartext on the network; give inference_model.ssl_certfile and "
+                          "ssl_keyfile, keep server_host=127.0.0.1, or set "
+                          "inference_model.allow_unencrypted_network=true on a network you trust")
     if cfg.pipeline.inflight_updates and im.engine != "vllm_server" and not cfg.simulate.enabled:
         raise ConfigError("pipeline.inflight_updates=true updates weights under answers in flight, which needs "
                           "vLLM servers: set inference_model.engine=vllm_server")

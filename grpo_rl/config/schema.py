@@ -112,11 +112,23 @@ class InferenceModelConfig(RoleDevices):
     server, out of the learner's process."""
     urls: Optional[list[str]] = None
     """engine=vllm_server: servers you started yourself (``python -m grpo_rl.cli.serve``), e.g.
-    ``[http://10.0.0.5:8000]``; the run sends them the key in ``GRPO_RL_ENGINE_KEY``. null: the run starts one server
-    per inference device, on loopback, with a key of its own."""
+    ``[https://10.0.0.5:8000]`` or ``[http://127.0.0.1:8000]``; the run sends them the key in ``GRPO_RL_ENGINE_KEY``
+    once each proved it holds it. null: the run starts one server per inference device, with a key of its own."""
     server_host: str = "127.0.0.1"
-    """The address the run's own servers bind to. Loopback unless other machines must reach them; every path of a
-    server needs the run's key either way."""
+    """Where the run's own servers listen. Loopback (the default): each on a Unix socket in a private folder, which
+    no other local user can reach. Another address (other machines must reach them): TCP there, with TLS
+    (``ssl_certfile``, ``ssl_keyfile``) unless ``allow_unencrypted_network``. Every path needs the run's key."""
+    ssl_certfile: Optional[str] = None
+    """TLS certificate (PEM) of the run's own servers on a non-loopback ``server_host`` (with ``ssl_keyfile``)."""
+    ssl_keyfile: Optional[str] = None
+    """TLS private key (PEM) that goes with ``ssl_certfile``."""
+    ssl_ca_certs: Optional[str] = None
+    """A CA bundle (PEM) that verifies ``https`` servers' certificates, e.g. a self-signed ``ssl_certfile``
+    (null: the system's CAs)."""
+    allow_unencrypted_network: bool = False
+    """Allow ``http://`` to a server on another machine (``urls``) or a non-loopback ``server_host`` without TLS: the
+    key and the weights then cross the network in cleartext. Only on a network you trust; prefer TLS or an SSH
+    tunnel (docs/pipeline.md, "Security")."""
     server_start_timeout_s: float = 600.0
     """Seconds a server the run starts may take to answer /health (vLLM takes 30 to 60 s on a CPU)."""
     request_timeout_s: float = 600.0

@@ -8,6 +8,7 @@ import os
 import torch
 
 from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
+from grpo_rl.engines.server_client import model_identity
 from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.placement.context import RunContext
 
@@ -65,7 +66,8 @@ def make_served_engine(run: RunContext):
     return ServedEngine(urls, key=os.environ.get(KEY_ENV), pad_id=run.tokenizer.pad_token_id or 0,
                         dtype=run.precision.inference.dtype, timeout=cfg.request_timeout_s,
                         inflight=run.mode == "async" and run.cfg.pipeline.inflight_updates,
-                        transport=weight_transfer(run), weight_dir=cfg.weight_dir)
+                        transport=weight_transfer(run), weight_dir=cfg.weight_dir, ca_certs=cfg.ssl_ca_certs,
+                        model=model_identity(run.model_path))
 
 
 def start_servers(run: RunContext) -> ServerFleet | None:
@@ -91,7 +93,9 @@ def start_servers(run: RunContext) -> ServerFleet | None:
     specs = [ServerSpec(run.model_path, device, threads=threads,
                         cores=tuple(cores[i * threads:(i + 1) * threads]) if own_cores else (), vllm_args=args)
              for i, device in enumerate(devices)]
-    fleet = ServerFleet(specs, run.run_dir, host=cfg.server_host, start_timeout=cfg.server_start_timeout_s)
+    tls = (cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile else None
+    fleet = ServerFleet(specs, run.run_dir, host=cfg.server_host, start_timeout=cfg.server_start_timeout_s, tls=tls,
+                        ca_certs=cfg.ssl_ca_certs)
     os.environ[KEY_ENV] = fleet.key
     run.engine_urls = tuple(fleet.urls)
     log.info("engine servers:\n%s", fleet.describe())

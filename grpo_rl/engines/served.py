@@ -35,53 +35,11 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts, split_aliases
+from grpo_rl.engines.server_client import ServerClient
 from grpo_rl.engines.weight_folder import RunFolder, check_weight_dir, default_parent
 from grpo_rl.errors import RoleFailed
 
 log = logging.getLogger(__name__)
-
-
-class ServerClient:
-    """One server's HTTP client: every call has a timeout, every failure names the server."""
-
-    def __init__(self, url: str, key: str | None, timeout: float):
-        import httpx
-
-        self.url = url.rstrip("/")
-        self.key, self.timeout = key, timeout
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout,
-                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
-
-    def call(self, method: str, path: str, **kwargs) -> dict:
-        import httpx
-
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TimeoutException as e:
-            raise RoleFailed(f"engine server {self.url} did not answer {path} within "
-                             f"inference_model.request_timeout_s={self.timeout:g}") from e
-        except httpx.HTTPError as e:
-            raise RoleFailed(f"engine server {self.url} is not reachable ({path}: {type(e).__name__}: {e})") from e
-        if response.status_code == 401:
-            raise RoleFailed(f"engine server {self.url} refused the key (401): give the run the key the server was "
-                             f"started with (GRPO_RL_ENGINE_KEY)")
-        if response.status_code >= 400:
-            raise RoleFailed(f"engine server {self.url} failed {path}: HTTP {response.status_code}: "
-                             f"{response.text[:300]}")
-        return response.json() if response.content else {}
-
-    def post(self, path: str, **kwargs) -> dict:
-        return self.call("POST", path, **kwargs)
-
-    def get(self, path: str, **kwargs) -> dict:
-        return self.call("GET", path, **kwargs)
-
-    def weight_version(self) -> str:
-        return str(self.get("/weight_info").get("weight_version"))
-
-    def close(self) -> None:
-        self._http.close()
 
 
 class ServedEngine:
@@ -99,14 +57,19 @@ class ServedEngine:
             (default: ``/dev/shm``); refused with a :class:`~grpo_rl.errors.ConfigError` if another user can write to
             it (:func:`~grpo_rl.engines.weight_folder.check_weight_dir`).
         version: the version of the weights the servers hold now; they are stamped with it.
+        ca_certs: a CA bundle that verifies ``https`` servers' certificates (None: the system's).
+        model: what the servers must hold (:func:`~grpo_rl.engines.server_client.model_identity`), checked before
+            anything is sent to them (None: not checked).
     """
 
     def __init__(self, urls: Sequence[str], *, key: str | None, pad_id: int, dtype: str = "float32",
                  timeout: float = 600.0, inflight: bool = False, transport: str = "file",
-                 weight_dir: str | None = None, version: int = 0):
+                 weight_dir: str | None = None, version: int = 0, ca_certs: str | None = None,
+                 model: dict | None = None):
         if not urls:
             raise ValueError("a served engine needs at least one server URL")
-        self.servers = [ServerClient(u, key, timeout) for u in urls]
+        self.servers = [ServerClient(u, key, timeout, ca_certs) for u in urls]
+        self.model = model
         self.pad_id, self.dtype = pad_id, getattr(torch, dtype)
         self.inflight, self.transport = inflight, transport
         self.version = version
@@ -120,7 +83,14 @@ class ServedEngine:
         self._nccl = None
         self._push_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="served-engine")
+        self._each(self._check)
         self._each(lambda s: s.post("/update_weight_version", json={"new_version": str(version)}))
+
+    def _check(self, server: ServerClient) -> None:
+        """The server holds the key (proved without sending it) and, where known, the run's model."""
+        server.verify()
+        if self.model:
+            server.check_model(self.model)
 
     def replace_server(self, index: int, url: str) -> None:
         """Server ``index`` was started again at ``url``: talk to that one from now on (it is told the weight folder
@@ -129,7 +99,9 @@ class ServedEngine:
             raise RoleFailed("an engine server was lost and inference_model.weight_transfer=nccl cannot reach a new "
                              "one (its group is fixed at start): use weight_transfer=file to have it replaced")
         old = self.servers[index]
-        self.servers[index] = ServerClient(url, old.key, old.timeout)
+        new = ServerClient(url, old.key, old.timeout, old.ca_certs)
+        self._check(new)
+        self.servers[index] = new
         old.close()
         self._file_ready = False
 

@@ -6,9 +6,14 @@ run needs to vLLM's own command line and then becomes that server), started:
 * **on its own device**: a GPU server sees only its GPU (``CUDA_VISIBLE_DEVICES``), so nothing it does can land
   on the learner's; a CPU server's OpenMP threads are bound to cores of its own
   (``VLLM_CPU_OMP_THREADS_BIND``) when several servers share the machine;
-* **on loopback, with a key**: it binds to ``inference_model.server_host`` (``127.0.0.1`` unless the user asks
-  otherwise) on a free port, and answers only requests that carry the run's key, a fresh random one per run
-  (:class:`~grpo_rl.engines.vllm_plugin.RequireKey`);
+* **on a private socket, with a key**: by default on a Unix socket (vLLM's ``--uds``) in a folder of mode 0700 that
+  the run makes, so no other local user can connect to it, bind it first or listen in, and nothing listens on a
+  TCP port. Only where ``inference_model.server_host`` names another address (for collectors on other machines)
+  does it listen on TCP there, with TLS (``inference_model.ssl_certfile``/``ssl_keyfile``) unless the user allowed
+  cleartext (``inference_model.allow_unencrypted_network``). Either way it answers only requests that carry the
+  run's key, a fresh random one per run (:class:`~grpo_rl.engines.vllm_plugin.RequireKey`), and the run sends the
+  key only after the server proved it holds it (:meth:`~grpo_rl.engines.server_client.ServerClient.verify`): a
+  process that took a TCP port first learns nothing;
 * **tied to the run**: it runs in a session of its own (a Ctrl-C in the terminal reaches the driver, which stops
   it), led by a small watcher (:func:`grpo_rl.cli.serve.serve_for_parent`) that stops every process of the session
   once the driver is gone, even killed by SIGKILL, when none of the driver's own cleanup runs; the kernel also
@@ -26,16 +31,20 @@ import ctypes
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from grpo_rl.config.checks import is_loopback_host
+from grpo_rl.engines.server_client import ServerClient
 from grpo_rl.engines.vllm_plugin import KEY_ENV, PARENT_ENV
 from grpo_rl.errors import RoleFailed
 
@@ -108,14 +117,22 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class ServerProcess:
-    """One vLLM server started by this run."""
+    """One vLLM server started by this run, on the Unix socket ``socket_path``, or on ``host`` and a free port.
 
-    def __init__(self, spec: ServerSpec, *, host: str, key: str, log_path: Path):
-        self.spec, self.host, self.log_path = spec, host, log_path
-        self.port = free_port(host)
-        self.url = f"http://{host}:{self.port}"
-        cmd = [sys.executable, "-m", "grpo_rl.cli.serve", "--model", spec.model_path, "--host", host,
-               "--port", str(self.port), *spec.vllm_args]
+    ``tls``: vLLM's ``--ssl-certfile``/``--ssl-keyfile`` pair for a TCP server (its URL is then ``https``)."""
+
+    def __init__(self, spec: ServerSpec, *, key: str, log_path: Path, socket_path: Path | None = None,
+                 host: str = "127.0.0.1", tls: tuple[str, str] | None = None):
+        self.spec, self.log_path = spec, log_path
+        if socket_path is not None:
+            self.url = f"unix:{socket_path}"
+            where = ["--uds", str(socket_path)]
+        else:  # a port another process may take first: the key still goes only to a server that proves it
+            port = free_port(host)
+            self.url = f"{'https' if tls else 'http'}://{host}:{port}"
+            where = ["--host", host, "--port", str(port)]
+            where += ["--ssl-certfile", tls[0], "--ssl-keyfile", tls[1]] if tls else []
+        cmd = [sys.executable, "-m", "grpo_rl.cli.serve", "--model", spec.model_path, *where, *spec.vllm_args]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
@@ -151,77 +168,90 @@ class ServerFleet:
     Args:
         specs: one per server.
         run_dir: where the servers' logs go.
-        host: the address they bind to.
+        host: the address they listen on: loopback (the default) puts each on a Unix socket in a private folder.
         start_timeout: seconds until every server must answer ``/health``.
+        tls: ``(certfile, keyfile)`` for servers on another address; ``ca_certs`` verifies them.
     """
 
     def __init__(self, specs: list[ServerSpec], run_dir: Path, *, host: str = "127.0.0.1",
-                 start_timeout: float = 600.0):
+                 start_timeout: float = 600.0, tls: tuple[str, str] | None = None, ca_certs: str | None = None):
         self.key = secrets.token_urlsafe(32)
         self.run_dir, self.host, self.start_timeout = Path(run_dir), host, start_timeout
+        self.tls, self.ca_certs = tls, ca_certs
+        self.socket_dir = private_socket_dir() if is_loopback_host(host) else None
         self.servers: list[ServerProcess] = []
+        self._clients: list[ServerClient] = []
         try:
             for i, spec in enumerate(specs):
-                self.servers.append(ServerProcess(spec, host=host, key=self.key,
-                                                  log_path=Path(run_dir) / f"engine_server_{i}.log"))
+                self.servers.append(self._start(i, spec, Path(run_dir) / f"engine_server_{i}.log"))
             self._wait_healthy(start_timeout)
         except BaseException:
             self.close()
             raise
 
+    def _start(self, index: int, spec: ServerSpec, log_path: Path) -> ServerProcess:
+        socket_path = None
+        if self.socket_dir is not None:
+            socket_path = self.socket_dir / f"{index}.{secrets.token_hex(4)}.sock"
+        server = ServerProcess(spec, key=self.key, log_path=log_path, socket_path=socket_path, host=self.host,
+                               tls=self.tls)
+        client = ServerClient(server.url, self.key, timeout=10.0, ca_certs=self.ca_certs)
+        if index < len(self._clients):
+            self._clients[index].close()
+            self._clients[index] = client
+        else:
+            self._clients.append(client)
+        return server
+
     @property
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    def _wait_healthy(self, timeout: float, servers: list[ServerProcess] | None = None) -> None:
-        import httpx
-
+    def _wait_healthy(self, timeout: float, indices: list[int] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        waiting = list(self.servers if servers is None else servers)
-        headers = {"Authorization": f"Bearer {self.key}"}
+        waiting = list(range(len(self.servers)) if indices is None else indices)
         while waiting:
-            for server in list(waiting):
+            for index in list(waiting):
+                server = self.servers[index]
                 code = server.exited()
                 if code is not None:
                     raise RoleFailed(f"engine server {server.url} exited with code {code} while starting; "
                                      f"its log: {server.log_path}")
-                try:
-                    if httpx.get(server.url + "/health", headers=headers, timeout=5).status_code == 200:
-                        waiting.remove(server)
-                        log.info("engine server %s is up (pid %d, %s, log %s)", server.url, server.process.pid,
-                                 server.spec.device, server.log_path)
-                except httpx.HTTPError:
-                    pass
+                if self._answers(index):
+                    waiting.remove(index)
+                    log.info("engine server %s is up (pid %d, %s, log %s)", server.url, server.process.pid,
+                             server.spec.device, server.log_path)
             if waiting and time.monotonic() > deadline:
-                raise RoleFailed(f"engine server {waiting[0].url} did not become healthy within "
-                                 f"inference_model.server_start_timeout_s={timeout:g}; its log: {waiting[0].log_path}")
+                server = self.servers[waiting[0]]
+                raise RoleFailed(f"engine server {server.url} did not become healthy within "
+                                 f"inference_model.server_start_timeout_s={timeout:g}; its log: {server.log_path}")
             if waiting:
                 time.sleep(1.0)
 
-    def healthy(self, index: int, timeout: float = 10.0) -> bool:
-        """Server ``index`` is running and answers ``/health`` within ``timeout`` seconds."""
-        import httpx
-
-        server = self.servers[index]
-        if server.exited() is not None:
+    def _answers(self, index: int) -> bool:
+        """Server ``index`` proved it holds the key (nothing sent before that) and answers ``/health``."""
+        client = self._clients[index]
+        if not client.proves_key():
             return False
         try:
-            return httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {self.key}"},
-                             timeout=timeout).status_code == 200
-        except httpx.HTTPError:
+            client.get("/health")
+            return True
+        except RoleFailed:
             return False
 
+    def healthy(self, index: int) -> bool:
+        """Server ``index`` is running and answers ``/health`` (within 10 s)."""
+        return self.servers[index].exited() is None and self._answers(index)
+
     def replace(self, index: int) -> str:
-        """Stop server ``index`` (what is left of it) and start another on the same device and a fresh port; its
-        address, once it answers ``/health`` (within ``inference_model.server_start_timeout_s``)."""
+        """Stop server ``index`` (what is left of it) and start another on the same device; its address, once it
+        answers ``/health`` (within ``inference_model.server_start_timeout_s``)."""
         old = self.servers[index]
         old.stop(grace_seconds=5.0)
         restarts = len(list(self.run_dir.glob(f"engine_server_{index}.*.log")))
-        new = ServerProcess(old.spec, host=self.host, key=self.key,
-                            log_path=self.run_dir / f"engine_server_{index}.{restarts + 1}.log")
-        self.servers[index] = new
-        self._wait_healthy(self.start_timeout, [new])
-        return new.url
+        self.servers[index] = self._start(index, old.spec, self.run_dir / f"engine_server_{index}.{restarts + 1}.log")
+        self._wait_healthy(self.start_timeout, [index])
+        return self.servers[index].url
 
     def check_alive(self) -> None:
         """Raise :class:`RoleFailed` naming the first server that exited."""
@@ -237,4 +267,29 @@ class ServerFleet:
     def close(self) -> None:
         for server in self.servers:
             server.stop()
-        self.servers = []
+        for client in self._clients:
+            client.close()
+        self.servers, self._clients = [], []
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+SOCKET_DIR_PREFIX = "grpo_rl_servers_"
+
+
+def private_socket_dir() -> Path:
+    """A fresh folder of mode 0700 for the run's server sockets (short: a socket path has at most 107 bytes).
+    Folders that runs now gone left behind (a SIGKILLed driver runs no cleanup) are removed first."""
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob(f"{SOCKET_DIR_PREFIX}*_*"):
+        pid = stale.name[len(SOCKET_DIR_PREFIX):].split("_", 1)[0]
+        try:
+            st = stale.lstat()
+            if not pid.isdigit() or st.st_uid != os.getuid() or not stale.is_dir() or stale.is_symlink():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # alive and someone else's, or gone from under us
+            continue
+    return Path(tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}_", dir=base))

@@ -19,7 +19,8 @@ from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.errors import ConfigError
 from grpo_rl.model.loading import missing_tokenizer
 from grpo_rl.model.optim import check_optimizer
-from grpo_rl.engines.vllm_plugin import KEY_ENV
+from grpo_rl.engines.vllm_plugin import KEY_ENV, MIN_KEY_LENGTH
+from grpo_rl.engines.weight_folder import check_weight_dir
 from grpo_rl.placement.context import RolePrecisions, engine_is_served
 from grpo_rl.placement.devices import DeviceAllocation
 from grpo_rl.training.build import check_learner_dtype
@@ -44,6 +45,26 @@ def validate(cfg, rewards: Sequence[RewardFunction] = (), *, mode: str = "sync")
         missing = missing_tokenizer(Path(cfg.reward.model_path).expanduser())
         if missing is not None:
             raise ConfigError(f"reward.model_path={cfg.reward.model_path}: the folder {missing}")
+
+
+def check_given_servers(cfg, model_path: str) -> None:
+    """``inference_model.urls``: each server answers, proves it holds the run's key (the key is not sent before
+    that) and holds the run's model (architecture and sizes), before anything is sent to it. Raises
+    :class:`ConfigError` naming the URL."""
+    from grpo_rl.engines.server_client import ServerClient, model_identity
+    from grpo_rl.errors import RoleFailed
+
+    im, expected = cfg.inference_model, model_identity(model_path)
+    for url in im.urls or ():
+        client = ServerClient(str(url), os.environ[KEY_ENV], timeout=min(30.0, im.request_timeout_s),
+                              ca_certs=im.ssl_ca_certs)
+        try:
+            client.verify()
+            client.check_model(expected)
+        except RoleFailed as e:
+            raise ConfigError(f"inference_model.urls: {e}") from None
+        finally:
+            client.close()
 
 
 def check_reference_folder(path: str, model_path: str) -> None:
@@ -124,6 +145,16 @@ def check_engine(cfg, devices, mode: str = "sync") -> None:
     if im.urls and not os.environ.get(KEY_ENV):
         raise ConfigError(f"inference_model.urls: the servers require a key; set {KEY_ENV} to the key they were "
                           "started with (python -m grpo_rl.cli.serve reads the same variable)")
+    if im.urls and len(os.environ[KEY_ENV]) < MIN_KEY_LENGTH:
+        raise ConfigError(f"{KEY_ENV} has {len(os.environ[KEY_ENV])} characters; the servers' key needs at least "
+                          f"{MIN_KEY_LENGTH}: make one with python -c \"import secrets; print(secrets.token_urlsafe(32))\" "
+                          "and start the servers with it")
+    for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+        path = getattr(im, name)
+        if path and not Path(path).expanduser().is_file():
+            raise ConfigError(f"inference_model.{name}={path}: no such file; give a PEM file")
+    if im.weight_dir and engine_is_served(cfg, devices, mode) and not cfg.ray.address:
+        check_weight_dir(im.weight_dir)  # collectors of a joined cluster check the folder on their own machines
     if im.weight_transfer == "nccl" and mode == "async":
         raise ConfigError("inference_model.weight_transfer=nccl sends from the learner's process (sota/grpo.py); in "
                           "sota/grpo-async.py the collectors relay the weights to their servers: use "

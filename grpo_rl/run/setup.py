@@ -21,7 +21,7 @@ from grpo_rl.model.precision import cpu_flags
 from grpo_rl.placement.context import RunContext, plan_placement, resolve_run_precision
 from grpo_rl.placement.devices import allocate_devices, available_cpus
 from grpo_rl.run.lifecycle import check_run_folder
-from grpo_rl.run.preflight import check_reference_folder, check_roles, validate
+from grpo_rl.run.preflight import check_given_servers, check_reference_folder, check_roles, validate
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     if cfg.ref_model.path and needs_reference_model(cfg):
         check_reference_folder(cfg.ref_model.path, model_path)
     tokenizer = load_tokenizer(model_path)
+    if cfg.inference_model.urls and cfg.inference_model.engine == "vllm_server":
+        check_given_servers(cfg, model_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
                      precision=precision, placement=placement, mode=mode, started=started,

@@ -4,8 +4,11 @@ keeps, token by token, the log-prob and version of the weights that sampled it."
 from __future__ import annotations
 
 import copy
+import ipaddress
+import os
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -93,8 +96,8 @@ def test_two_pushes_land_and_are_read_back(engine, fleet, tiny_model):
     for version in (1, 2):
         model = perturbed(tiny_model, seed=version)
         engine.update_weights(model.state_dict().items(), version)
-        assert httpx.get(fleet.urls[0] + "/weight_info", headers={"Authorization": f"Bearer {fleet.key}"},
-                         timeout=10).json()["weight_version"] == str(version)
+        with _client(fleet, Authorization=f"Bearer {fleet.key}") as client:
+            assert client.get("/weight_info").json()["weight_version"] == str(version)
     batch = engine.generate([prompt], 2, SamplingSpec(max_new_tokens=32, seed=1))
     for j in range(2):
         ids, behavior, versions = answers(batch, j)
@@ -102,22 +105,90 @@ def test_two_pushes_land_and_are_read_back(engine, fleet, tiny_model):
         torch.testing.assert_close(behavior, learner_logprobs(model, prompt, ids), rtol=0, atol=1e-4)
 
 
+def _client(fleet, **headers) -> httpx.Client:
+    """A raw client of the fleet's one server, on its Unix socket."""
+    path = fleet.urls[0].removeprefix("unix:")
+    return httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://localhost", headers=headers,
+                        timeout=30, trust_env=False)
+
+
 def test_every_path_needs_the_key(fleet):
-    url = fleet.urls[0]
+    """Every route the server's app has (from its own OpenAPI listing), the mounts outside that listing and a
+    websocket upgrade: refused without the key and with a wrong one, before the app sees the request."""
+    keyed, bare, wrong = _client(fleet, Authorization=f"Bearer {fleet.key}"), _client(fleet), _client(
+        fleet, Authorization="Bearer not-the-key")
+    listed = keyed.get("/openapi.json").json()["paths"]
+    routes = [(method.upper(), path.replace("{", "").replace("}", "")) for path, methods in listed.items()
+              for method in methods]
+    routes += [("GET", p) for p in ("/metrics", "/docs", "/openapi.json", "/ping", "/redoc", "/no-such-route")]
+    routes += [("POST", "/invocations"), ("GET", "/grpo_rl/model")]
+    assert len(routes) > 40 and ("POST", "/update_weights") in routes and ("POST", "/collective_rpc") in routes
+    for method, path in routes:
+        for client in (bare, wrong):
+            response = client.request(method, path, json={})
+            assert response.status_code == 401 and response.json() == {"error": "Unauthorized"}, (method, path)
+    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    assert bare.get("/v1/realtime", headers=upgrade).status_code in (401, 403)  # closed before the app
     generate = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}
-    calls = [("POST", "/inference/v1/generate", generate), ("POST", "/update_weights", {"update_info": {}}),
-             ("POST", "/pause", None), ("POST", "/collective_rpc", {"method": "check_health"}),
-             ("GET", "/health", None), ("GET", "/weight_info", None)]
-    for method, path, body in calls:
-        assert httpx.request(method, url + path, json=body, timeout=30).status_code == 401, path
-        wrong = {"Authorization": "Bearer not-the-key"}
-        assert httpx.request(method, url + path, json=body, headers=wrong, timeout=30).status_code == 401, path
-    key = {"Authorization": f"Bearer {fleet.key}"}
-    assert httpx.post(url + "/inference/v1/generate", json=generate, headers=key, timeout=30).status_code == 200
-    assert httpx.post(url + "/pause", headers=key, timeout=30).status_code == 200
-    assert httpx.post(url + "/resume", headers=key, timeout=30).status_code == 200
-    assert httpx.post(url + "/collective_rpc", json={"method": "check_health"}, headers=key,
-                      timeout=30).status_code == 200
+    assert keyed.post("/inference/v1/generate", json=generate).status_code == 200
+    assert keyed.post("/pause").status_code == 200 and keyed.post("/resume").status_code == 200
+    assert keyed.post("/collective_rpc", json={"method": "check_health"}).status_code == 200
+    for client in (keyed, bare, wrong):
+        client.close()
+
+
+def test_the_server_proves_its_key_names_its_model_and_listens_on_no_port(fleet, tiny_model_dir):
+    import os
+    import stat
+
+    from grpo_rl.engines.server_client import ServerClient, model_identity
+    from grpo_rl.errors import RoleFailed
+
+    client = ServerClient(fleet.urls[0], fleet.key, timeout=30)
+    client.verify()
+    expected = model_identity(str(tiny_model_dir))
+    assert client.get("/grpo_rl/model") == expected and expected["hidden_size"] == 64
+    with pytest.raises(RoleFailed, match="holds another model than the run's \\(hidden_size 64 there, 128"):
+        client.check_model({**expected, "hidden_size": 128})
+    client.close()
+    impostor = ServerClient(fleet.urls[0], "x" * 43, timeout=30)
+    with pytest.raises(RoleFailed, match="was started with another key"):
+        impostor.get("/health")
+    folder = fleet.socket_dir.stat()
+    assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid()
+    pid = fleet.servers[0].process.pid
+    assert listeners_of_session(pid) == [], "a server of the run listens beyond loopback"
+
+
+def _address(hex_address: str) -> ipaddress._BaseAddress:
+    """An address of /proc/net/{tcp,udp}[6]: 32-bit words in the machine's (little-endian) byte order."""
+    raw = bytes.fromhex(hex_address)
+    return ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+
+
+def listeners_of_session(sid: int) -> list[str]:
+    """Sockets of session ``sid``'s processes that listen (TCP) or are bound (UDP) beyond loopback."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) != sid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+            continue
+    found = []
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            listening = fields[3] == "0A" if table.startswith("tcp") else fields[3] == "07"
+            address = _address(fields[1].split(":")[0])
+            if listening and fields[9] in inodes and not address.is_loopback:
+                found.append(f"{table} {address}:{int(fields[1].split(':')[1], 16)}")
+    return found
 
 
 def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob(engine, tiny_model):

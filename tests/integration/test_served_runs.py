@@ -20,6 +20,7 @@ from tests.integration.helpers import ROOT, run_script, script_env, tiny_overrid
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SERVED = ["inference_model.engine=vllm_server"]
+RUN_KEY = "a-key-of-thirty-two-characters-at-least"
 
 
 def first_answers(run_dir: Path) -> list[str]:
@@ -30,7 +31,7 @@ def first_answers(run_dir: Path) -> list[str]:
 
 def server_sessions(log: str) -> list[int]:
     """The process ids of the run's servers (each leads a session of its own), from the start-up log."""
-    return [int(pid) for pid in re.findall(r"engine server http://127\.0\.0\.1:\d+ is up \(pid (\d+)", log)]
+    return [int(pid) for pid in re.findall(r"engine server unix:\S+ is up \(pid (\d+)", log)]
 
 
 def alive_in_session(sid: int) -> list[str]:
@@ -154,12 +155,12 @@ def test_a_server_that_dies_mid_run_is_named_and_the_last_step_is_kept(tiny_mode
     line, keeps step 2 as a checkpoint and exits with 1, without hanging."""
     from tests.engine_stand_in import StandIn
 
-    server = StandIn(key="run-key", generations=4)  # 2 prompts per step: it dies at step 3
+    server = StandIn(key=RUN_KEY, generations=4)  # 2 prompts per step: it dies at step 3
     run_dir = tmp_path / "orphaned"
     try:
         proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, run_dir, steps=10), *SERVED,
                           f"inference_model.urls=[{server.url}]", "inference_model.request_timeout_s=30",
-                          "eval.every=0", env=script_env(GRPO_RL_ENGINE_KEY="run-key"), timeout=300)
+                          "eval.every=0", env=script_env(GRPO_RL_ENGINE_KEY=RUN_KEY), timeout=300)
     finally:
         server.close()
     last = (proc.stderr.strip().splitlines() or [""])[-1]

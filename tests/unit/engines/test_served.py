@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,12 +66,12 @@ def test_a_push_is_paused_loaded_versioned_and_read_back(stand_in, tmp_path):
     assert [q for p, q in stand_in.queries if p == "/pause"] == [{"mode": "wait"}]
     update = next(body for p, body in stand_in.calls if p == "/update_weights")["update_info"]
     assert update["num_tensors"] == 2 and update["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
-    assert stand_in.weight_dir == str(tmp_path)
+    assert Path(stand_in.weight_dir).parent == tmp_path  # the engine's private folder inside weight_dir
     # what the server read from the file is the learner's tensors, the tied one under both names
     assert sorted(stand_in.weights) == ["b", "lm_head.weight", "model.embed_tokens.weight"]
     assert torch.equal(stand_in.weights["model.embed_tokens.weight"], tied)
     assert torch.equal(stand_in.weights["lm_head.weight"], tied) and torch.equal(stand_in.weights["b"], bias)
-    assert not (tmp_path / update["file"]).exists()  # removed once every server loaded it
+    assert not (Path(stand_in.weight_dir) / update["file"]).exists()  # removed once every server loaded it
     assert engine.version == 2 and stand_in.version == "2"
     engine.shutdown()
 
@@ -117,8 +118,11 @@ def test_failures_name_the_server_in_one_line():
                                          r"inference_model.request_timeout_s=0.5"):
         engine.generate([[1]], 1, SamplingSpec(max_new_tokens=2))
     slow.close()
-    with pytest.raises(RoleFailed, match="refused the key"):
-        ServedEngine([StandIn(key="other").url], key="k", pad_id=0, timeout=5)
+    other = StandIn(key="other")
+    with pytest.raises(RoleFailed, match=rf"engine server {other.url} was started with another key than the run's"):
+        ServedEngine([other.url], key="k", pad_id=0, timeout=5)
+    assert other.keyed and not any(keyed for _, keyed in other.keyed)  # the key was never sent to it
+    other.close()
     gone = StandIn()
     gone.close()
     with pytest.raises(RoleFailed, match=rf"engine server {gone.url} is not reachable"):
@@ -220,6 +224,9 @@ def test_served_engine_settings_are_checked_before_anything_starts(monkeypatch):
     with pytest.raises(ConfigError, match=f"set {KEY_ENV}"):
         check_engine(_cfg(**served), _devices("cpu", "cpu"))
     monkeypatch.setenv(KEY_ENV, "k")
+    with pytest.raises(ConfigError, match=f"{KEY_ENV} has 1 characters; the servers' key needs at least 32"):
+        check_engine(_cfg(**served), _devices("cpu", "cpu"))
+    monkeypatch.setenv(KEY_ENV, "k" * 32)
     check_engine(_cfg(**served), _devices("cpu", "cpu"))
     with pytest.raises(ConfigError, match="weight_transfer=nccl sends weights GPU to GPU"):
         check_engine(_cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cpu", "cpu"))
@@ -244,7 +251,7 @@ def test_nccl_joins_the_learner_and_one_server_only(monkeypatch):
     assert weight_transfer(run(("cuda:1", "cuda:2"))) == "file"  # one NCCL group per learner and server
     assert weight_transfer(run(("cuda:1",), mode="async")) == "file"  # the collectors relay from the object store
     assert weight_transfer(run(("cuda:0",))) == "file"  # a shared GPU
-    monkeypatch.setenv(KEY_ENV, "k")
+    monkeypatch.setenv(KEY_ENV, "k" * 32)
     two = {"inference_model.engine": "vllm_server", "inference_model.weight_transfer": "nccl",
            "inference_model.urls": "[http://a:1,http://b:2]"}
     with pytest.raises(ConfigError, match="joins the learner and one server"):

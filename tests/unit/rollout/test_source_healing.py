@@ -2,6 +2,7 @@
 made again, on a server started again with the newest weights, from the same stream position."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -142,13 +143,13 @@ def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_wei
     from grpo_rl.weights.sync import InPlaceWeightSync
 
     fleet = StandInFleet(2, key="run-key")
+    (tmp_path / "weights").mkdir()
     engine = ServedEngine(fleet.urls, key="run-key", pad_id=0, timeout=10, weight_dir=str(tmp_path / "weights"))
     sync = InPlaceWeightSync(engine)
     run = SimpleNamespace(engine_urls=tuple(fleet.urls))
     restarts = Restarts(1, tmp_path)
     source = InProcessRollouts(GeneratingCollector(engine), heal=served_healer(run, fleet, engine, sync, restarts))
     try:
-        (tmp_path / "weights").mkdir()
         first = {"w": torch.randn(4, 3), "b": torch.randn(3)}
         newest = {"w": torch.randn(4, 3), "b": torch.randn(3)}
         sync.push(list(first.items()), 1)
@@ -165,7 +166,7 @@ def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_wei
         for server in fleet.servers:  # the new server and the one that survived: the newest push, version 2
             assert server.version == "2" and sorted(server.weights) == ["b", "w"]
             assert all(torch.equal(server.weights[k], v) for k, v in newest.items())
-        assert new.weight_dir == str(tmp_path / "weights")
+        assert new.weight_dir == fleet.servers[0].weight_dir and Path(new.weight_dir).parent == tmp_path / "weights"
         # the batch was made again, from the same stream position, with the new server's answer among it
         assert rollout.batch["batch_index"].tolist() == [1, 1] and source.position.next_index == 2
         assert [p for p, _ in new.calls].count("/inference/v1/generate") == 1
