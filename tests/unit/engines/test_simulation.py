@@ -2,8 +2,6 @@
 settings that choose roles and placements."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -12,15 +10,43 @@ from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.run.preflight import validate
 from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines import simulated
 from grpo_rl.engines.simulated import SimulatedEngine
 from grpo_rl.training.simulated import SimulatedLearner, SimulatedRefScorer
 
 
-def test_simulated_engine_returns_the_engine_layout_after_its_time():
+class FakeClock:
+    """The ``time`` of grpo_rl.engines.simulated (whose sleep the training stand-ins use too): ``sleep`` records
+    what it was asked and moves the clock on at once; ``midway``, if given, runs halfway through the first sleep
+    (a push that lands while a batch is generated)."""
+
+    def __init__(self, midway=None):
+        self.now, self.slept, self.midway = 100.0, [], midway
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        midway, self.midway = self.midway, None
+        if midway is not None:
+            self.now += seconds / 2
+            midway()
+            seconds /= 2
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    clock = FakeClock()
+    monkeypatch.setattr(simulated, "time", clock)
+    return clock
+
+
+def test_simulated_engine_returns_the_engine_layout_after_its_time(clock):
     engine = SimulatedEngine(vocab_size=50, seconds=0.05, jitter=0.0, answer_tokens=6, pad_id=0)
-    t0 = time.perf_counter()
     batch = engine.generate([[1, 2, 3], [4]], 3, SamplingSpec(max_new_tokens=4, seed=7))
-    assert time.perf_counter() - t0 >= 0.05
+    assert clock.slept == [0.05]  # one batch, its generation time
     assert batch.batch_size == torch.Size([6])
     assert batch["response_ids"].shape == (6, 4)  # min(answer_tokens, max_new_tokens)
     assert batch["group_id"].tolist() == [0, 0, 0, 1, 1, 1]
@@ -29,7 +55,7 @@ def test_simulated_engine_returns_the_engine_layout_after_its_time():
     assert torch.equal(again["response_ids"], batch["response_ids"])  # seeded like a real engine
 
 
-def test_stand_ins_take_their_share_of_a_batch():
+def test_stand_ins_take_their_share_of_a_batch(clock):
     from tensordict import TensorDict
 
     def batch(rows):
@@ -38,12 +64,12 @@ def test_stand_ins_take_their_share_of_a_batch():
 
     learner = SimulatedLearner(torch.nn.Linear(2, 2), torch.device("cpu"), seconds=0.2, jitter=0.0, batch_rows=8,
                                epochs=2)
-    t0 = time.perf_counter()
-    learner.train_step(batch(2))  # a quarter of the batch: 0.05 s per optimizer step, 2 epochs
-    took = time.perf_counter() - t0
-    assert 0.1 <= took < 0.2 and learner.version == 2
+    metrics = learner.train_step(batch(2))  # a quarter of the batch: 0.05 s per optimizer step, 2 epochs
+    assert clock.slept == pytest.approx([0.05, 0.05]) and learner.version == 2
+    assert metrics["simulated_training_seconds"] == pytest.approx(0.1)
     ref = SimulatedRefScorer(seconds=0.2, jitter=0.0, batch_rows=8)
-    scored = ref.score(batch(4))
+    scored = ref.score(batch(4))  # half the batch: half the reference's time
+    assert clock.slept[2:] == pytest.approx([0.1])
     assert torch.equal(scored["ref_logprobs"], scored["behavior_logprobs"])
 
 
@@ -73,23 +99,16 @@ def test_fsdp_needs_two_training_devices(tiny_model_dir, tmp_path):
         make_run(_cfg(**{"model.name": str(tiny_model_dir), "train_model.sharding": "fsdp"}), tmp_path)
 
 
-def test_the_simulated_engine_stamps_tokens_sampled_after_an_inflight_push():
-    import threading
-    import time
+def test_the_simulated_engine_stamps_tokens_sampled_after_an_inflight_push(clock):
+    import random
 
-    from grpo_rl.engines.base import SamplingSpec
-    from grpo_rl.engines.simulated import SimulatedEngine
     from grpo_rl.rollout.collector import oldest_token_version
 
     engine = SimulatedEngine(vocab_size=100, seconds=0.6, jitter=0.0, answer_tokens=40, pad_id=0, long_tail=1.0)
-    out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("b", engine.generate([[1], [2]], 4,
-                                                                                   SamplingSpec(max_new_tokens=40))))
-    thread.start()
-    time.sleep(0.3)
-    engine.update_weights([], version=5)
-    thread.join()
-    batch = out["b"]
+    engine.rng = random.Random(0)  # the answers' lengths
+    clock.midway = lambda: engine.update_weights([], version=5)  # the push lands halfway through the batch
+    batch = engine.generate([[1], [2]], 4, SamplingSpec(max_new_tokens=40))
+    assert clock.slept == [0.6]
     lengths = batch["response_mask"].sum(-1)
     assert lengths.max() == 40 and lengths.min() < 40  # a long tail: the longest answer sets the batch's time
     versions = batch["behavior_version"][batch["response_mask"].bool()]

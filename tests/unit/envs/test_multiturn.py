@@ -3,8 +3,6 @@ token exactness: every model token the learner trains on is an id the engine sam
 in the context the engine sampled it from."""
 from __future__ import annotations
 
-import time
-
 import torch
 from omegaconf import OmegaConf
 
@@ -139,14 +137,14 @@ def test_a_hung_user_tool_is_a_failed_tool_and_the_episode_goes_on(tokenizer, tm
     prompts = [tokenizer.encode("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")]
     lookup = '<tool_call>{"name": "lookup", "arguments": {"word": "ratio"}}</tool_call>'
     engine = ScriptedEngine(tokenizer, [lookup, "It did not answer. #### 1"])
-    started = time.monotonic()
+    release = tools["lookup"].fn.__globals__["RELEASE"]
     try:
         episodes = run_episodes(engine, prompts, 1, SamplingSpec(max_new_tokens=64), tools=ToolUse(tools),
                                 messages=ToolMessages(tokenizer), decode=decode(tokenizer), max_turns=3,
                                 max_total_tokens=4096)
+        assert not release.is_set()  # the episode ended while the tool still hung: it was abandoned, not waited for
     finally:
-        tools["lookup"].fn.__globals__["RELEASE"].set()
-    assert time.monotonic() - started < 3  # about the limit, not forever
+        release.set()
     [episode] = episodes
     assert episode.turns == 2 and not episode.truncated  # the model read the error and answered
     assert episode.tool_errors == {"timeout": 1}
