@@ -23,8 +23,11 @@ def script_env(**extra: str) -> dict[str, str]:
     # Set in this process by an in-process vLLM engine of an earlier test (its CPU worker's identity); a script's own
     # vLLM would warn about it as an unknown variable.
     env.pop("VLLM_DIST_IDENT", None)
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    # Unset (scripts/env.sh sets it for a shell): the scripts run at the library's own vLLM log level
+    # (grpo_rl/quiet.py), which is what the quiet-start checks (start_up_noise) are about.
+    env.pop("VLLM_LOGGING_LEVEL", None)
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1",
+               TOKENIZERS_PARALLELISM="false")
     shared = ROOT.parent / "shared" / "data"
     if "GRPO_DATA_DIR" not in env and shared.exists():
         env["GRPO_DATA_DIR"] = str(shared)

@@ -132,14 +132,14 @@ def test_a_silent_collector_is_replaced_and_past_max_restarts_the_run_ends_namin
     proc = start("grpo-async.py", simulated(tiny_model_dir, run_dir, 1000, **{
         "pipeline.max_restarts": 1, "policy.kl_coef": 0, "pipeline.timeout_seconds": 20}), GRPO_TEST_RUN_TAG=tag)
     kill_when(proc, run_dir, [(2, "collector", 0, signal.SIGSTOP), (4, "collector", 0)])
-    killed = time.monotonic()
     out = finish(proc)
-    assert time.monotonic() - killed < 20 + 30, "the driver took too long to notice the dead collector"
     (silent,) = read_jsonl(run_dir / "restarts.jsonl")
     assert silent["cause"] == "no answer within pipeline.timeout_seconds=20", silent
     assert proc.returncode == 1, out[-4000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("error: collector replica 0") and "pipeline.max_restarts=1" in last, out[-3000:]
+    # the dead collector was noticed as dead (its actor's death), not by the silence that found the stopped one
+    assert " died (" in last and "no answer within" not in last, last
     logged = [r["step"] for r in read_metrics(run_dir)]
     assert logged == list(range(1, len(logged) + 1)) and len(logged) >= 4
     assert int(load_trainer_state(Checkpointer(run_dir).latest())["step"]) == logged[-1]
