@@ -8,6 +8,9 @@ are summed over ranks (:mod:`grpo_rl.distributed.data_parallel`), so the replica
 parameters, gradients and optimizer state are sharded (:mod:`grpo_rl.distributed.sharding`) and the weights are
 gathered once per push or checkpoint.
 
+The ranks meet at a ``TCPStore`` the driver hosts on the node address Ray gave it (loopback on one machine;
+:mod:`grpo_rl.placement.ray`), and gloo and NCCL connect over the interface each rank reaches it by.
+
 ``model`` is a CPU copy of rank 0's weights in the driver: refreshed by :meth:`LearnerGroup.state_dict`
 (every checkpoint calls it before writing ``model``), and sent to every rank by
 :meth:`LearnerGroup.load_state_dict` (resume loads the checkpoint's weights into it first).
@@ -25,7 +28,7 @@ quiet_logging()
 import torch  # noqa: E402
 
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
-from grpo_rl.placement.ray import free_port
+from grpo_rl.placement.ray import address_towards, host_store, interface_with_address, node_address
 from grpo_rl.distributed.reference_actors import wait_ready
 from grpo_rl.distributed.healing import died_how, record_pids
 from grpo_rl.errors import LearnerLost, RoleFailed
@@ -38,7 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class LearnerRank:
-    """One rank: a :class:`~grpo_rl.training.learner.Learner` on its device, joined to the group's process group."""
+    """One rank: a :class:`~grpo_rl.training.learner.Learner` on its device, joined to the group's process group,
+    which meets at the driver's store ``master_address:master_port``."""
 
     def __init__(self, spec: ActorSpec, *, world_size: int, master_address: str, master_port: int, timeout: float):
         import datetime
@@ -50,9 +54,14 @@ class LearnerRank:
         device, rank = spec.device, spec.index
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL binds each rank to "its" GPU (the only one Ray exposes)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size,
-                                init_method=f"tcp://{master_address}:{master_port}",
-                                timeout=datetime.timedelta(seconds=timeout))
+        # gloo's default group and NCCL listen on the interface named here, else on whatever the host name resolves
+        # to (gloo) or the first non-loopback interface (NCCL); the environment is this rank's process's own
+        interface = interface_with_address(address_towards(master_address))
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = interface
+        limit = datetime.timedelta(seconds=timeout)
+        store = dist.TCPStore(master_address, master_port, None, False, limit)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world_size, timeout=limit)
         seed_everything(run.cfg.seed)  # identical initialisation on every rank (LoRA adapters are random)
         self.sharded = run.cfg.train_model.sharding == "fsdp"
         if self.sharded:
@@ -154,10 +163,11 @@ class LearnerGroup:
         placement = run.placement.learner
         world = placement.count
         self.timeout = run.cfg.pipeline.timeout_seconds
-        address, port = ray.util.get_node_ip_address(), free_port()
+        address = node_address()
+        self.store = host_store(address, self.timeout)  # listening before any rank is told its port
         self.ranks = [
             ray.remote(LearnerRank).options(**placement.ray_options()).remote(
-                run.actor_spec("learner", i), world_size=world, master_address=address, master_port=port,
+                run.actor_spec("learner", i), world_size=world, master_address=address, master_port=self.store.port,
                 timeout=self.timeout)
             for i in range(world)
         ]
@@ -234,3 +244,4 @@ class LearnerGroup:
                 ray.kill(r)
             except Exception as e:  # already gone
                 log.debug("learner rank shutdown: %s", e)
+        self.store = None  # stops listening

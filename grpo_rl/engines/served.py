@@ -242,11 +242,14 @@ class ServedEngine:
 
 def _nccl_sender(server: ServerClient, tensors: dict[str, torch.Tensor]):
     """vLLM's own trainer-side NCCL engine, rank 0 of a group with the server's one worker (GPU runs only)."""
+    import os
+
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
     from grpo_rl.engines.server import free_port
+    from grpo_rl.placement.ray import interface_with_address
 
     class Control:  # vLLM's sync-client protocol, over our keyed client
         def init_weight_transfer_engine(self, init_info):
@@ -273,6 +276,9 @@ def _nccl_sender(server: ServerClient, tensors: dict[str, torch.Tensor]):
 
     host = server.url.split("//", 1)[1].rsplit(":", 1)[0]
     master = "127.0.0.1" if host in ("127.0.0.1", "localhost") else socket_address_towards(host)
+    # vLLM's store listens on ``master`` only, but NCCL's own sockets (bootstrap, proxy) take their interface from
+    # the environment alone, read when NCCL first starts in this process: loopback for a server on this machine
+    os.environ["NCCL_SOCKET_IFNAME"] = interface_with_address(master)
     info = NCCLTrainerInitInfo(master_address=master, master_port=free_port(master), world_size=2)
     return WeightTransferTrainerFactory.trainer_init(info, client=Control(), source=Source(tensors))
 

@@ -1,19 +1,33 @@
-"""Ray start-up, once per run, sized from the run's placement (:mod:`grpo_rl.placement.context`).
+"""Ray start-up, once per run, sized from the run's placement (:mod:`grpo_rl.placement.context`), and the
+addresses the run's own rendezvous (the learner group's process group, the weight broadcast) listen on.
 
 ``ray.address=null`` starts a local instance (stopped again by :func:`stop_ray`); ``ray.address=auto`` or
 ``ray://host:port`` joins a running cluster, which is left running. What each actor asks for (GPUs, CPUs,
 ``OMP_NUM_THREADS``) is its role's :meth:`~grpo_rl.placement.context.RolePlacement.ray_options`.
+
+Nothing listens beyond loopback on one machine. A local instance gets the node address 127.0.0.1, and Ray then
+binds its GCS, raylet, object manager, workers and agents to loopback only; the rendezvous bind the node address
+Ray reports (:func:`node_address`), which is then loopback too. A joined cluster's node address is the interface
+Ray uses between machines, and everything listens there: that network must be trusted. Ray's own servers check
+a token where the cluster has one (``ray get-auth-token --generate``); torch's ``TCPStore``, gloo and NCCL check
+nothing.
 """
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 import os
+import socket
+from datetime import timedelta
 
 import torch
 
 from grpo_rl.placement.devices import available_cpus
 
 log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
 
 
 def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()) -> bool:
@@ -44,7 +58,7 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
     if gpu_ids:  # the Ray processes started now inherit it; this process keeps its own view
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
     try:
-        ray.init(num_cpus=num_cpus, num_gpus=len(gpu_ids), **common)
+        _init_on_loopback(num_cpus=num_cpus, num_gpus=len(gpu_ids), **common)
     finally:
         if gpu_ids:
             if visible is None:
@@ -55,6 +69,41 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
     return True
 
 
+_RAY_LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _init_on_loopback(**init_kwargs) -> None:
+    """``ray.init`` of a local instance whose every server listens on loopback only.
+
+    Ray binds loopback only when its node address is 127.0.0.1, but on Linux ``ray.init`` replaces a loopback
+    ``_node_ip_address`` by the machine's routable address unless Ray's multi-node support is off
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, what Ray does on macOS and Windows). Ray reads that variable into
+    ``ray_constants`` when it is imported, which torchrl's import of Ray has already done here: hence the constant
+    too, while Ray starts. Its processes started now inherit the variable; this process gets both back as they were.
+
+    Raises:
+        RuntimeError: Ray took another address anyway (a Ray version that decides it differently).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    before_env, before_flag = os.environ.get(_RAY_LOCAL_ONLY), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_RAY_LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        ray.init(_node_ip_address=LOOPBACK, **init_kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(_RAY_LOCAL_ONLY, None)
+        else:
+            os.environ[_RAY_LOCAL_ONLY] = before_env
+    found = node_address()
+    if not is_loopback(found):
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray instance took the node address {found}, not loopback: its servers would "
+                           f"listen beyond this machine (ray {ray.__version__}; see grpo_rl/placement/ray.py)")
+
+
 def stop_ray(started: bool) -> None:
     """Shut Ray down if :func:`start_ray` started it (a joined cluster keeps running)."""
     import ray
@@ -63,9 +112,78 @@ def stop_ray(started: bool) -> None:
         ray.shutdown()
 
 
-def free_port() -> int:
-    import socket
+def node_address() -> str:
+    """The address Ray gave this node (Ray must be running): 127.0.0.1 for a local instance, else the interface
+    Ray uses between machines. The run's rendezvous listen there and nowhere else."""
+    import ray
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    return ray.util.get_node_ip_address()
+
+
+def is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def host_store(address: str, timeout: float, *, port: int = 0):
+    """A ``torch.distributed.TCPStore`` server listening on ``address`` only; ``port`` 0 takes a free one (read
+    the store's ``port``).
+
+    torch's store binds every interface whatever host it is given, unless handed a socket already bound
+    (``master_listen_fd``, which it then owns and closes). Binding port 0 here also leaves no moment between
+    choosing a free port and listening on it in which another process could take it.
+    """
+    import torch.distributed as dist
+
+    listener = socket.socket(_family(address), socket.SOCK_STREAM)
+    try:
+        listener.bind((address, port))
+        listener.listen()
+    except OSError:
+        listener.close()
+        raise
+    port, fd = listener.getsockname()[1], listener.detach()
+    try:
+        return dist.TCPStore(address, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+                             master_listen_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):  # unless the store closed it already
+            os.close(fd)
+        raise
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to ``host``: what a member of a group hosted at ``host`` binds
+    (loopback for a loopback host). Sends nothing."""
+    with socket.socket(_family(host), socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
+
+
+def interface_with_address(address: str) -> str:
+    """The name of the network interface holding ``address`` (Linux): what ``GLOO_SOCKET_IFNAME`` and
+    ``NCCL_SOCKET_IFNAME`` take, since gloo's default group and NCCL choose their interface by name only."""
+    import fcntl
+    import struct
+
+    ip = ipaddress.ip_address(address)
+    if ip.version == 6:
+        with open("/proc/net/if_inet6") as table:  # address (hex), index, prefix, scope, flags, name
+            for row in table:
+                fields = row.split()
+                if ipaddress.ip_address(bytes.fromhex(fields[0])) == ip:
+                    return fields[-1]
+    else:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR: the interface's IPv4 address, at bytes 20..24 of the struct ifreq it fills
+                    ifreq = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                except OSError:  # no IPv4 address
+                    continue
+                if socket.inet_ntoa(ifreq[20:24]) == address:
+                    return name
+    raise RuntimeError(f"no network interface of this machine holds {address}, the address its process groups "
+                       "must bind")
+
+
+def _family(address: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET

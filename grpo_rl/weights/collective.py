@@ -14,6 +14,8 @@ Tied weights (``lm_head.weight`` = ``model.embed_tokens.weight``) cross once and
 The group is standalone, as vLLM's ``StatelessProcessGroup`` is: a ``TCPStore`` hosted by rank 0 and a
 ``ProcessGroupGloo`` or ``ProcessGroupNCCL`` built on it directly, never ``init_process_group``. An engine process
 whose in-process vLLM already owns the default process group can therefore join, and that group is left alone.
+Rank 0's store listens on the rendezvous address only, and every member's gloo or NCCL connections use its own
+address on the route to it: loopback when the rendezvous is (one machine), never every interface.
 Every blocking step (joining, each broadcast) ends after ``timeout_seconds`` with :class:`TransportTimeout`, so
 a receiver calls :meth:`WeightBroadcast.receive` when the learner has announced a push, not to idle-wait for one.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Iterable
@@ -38,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_rl.errors import RoleFailed
+from grpo_rl.placement.ray import address_towards, host_store, interface_with_address
 from grpo_rl.weights.sync import split_aliases
 
 DEFAULT_BUCKET_BYTES = 1 << 30
@@ -108,14 +112,22 @@ def plan_layout(named: Iterable[tuple[str, torch.Tensor]],
     return WeightLayout(tuple(buffers), tuple(slots), aliases), tensors
 
 
-def _make_group(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: timedelta):
-    """A process group outside torch.distributed's global state: NCCL for ``cuda``, gloo for ``cpu``."""
+def _make_group(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: timedelta,
+                local_address: str):
+    """A process group outside torch.distributed's global state: NCCL for ``cuda``, gloo for ``cpu``; its own
+    connections listen on ``local_address`` only."""
     if device.type == "cuda":
+        # NCCL takes its interface from the environment alone, when it first starts in this process
+        os.environ["NCCL_SOCKET_IFNAME"] = interface_with_address(local_address)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world_size, options)
     if device.type == "cpu":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        # without a device gloo binds whatever this machine's host name resolves to, or GLOO_SOCKET_IFNAME's
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address)]
+        options._timeout, options._threads = timeout, 2  # 2 threads per device, as torch's own default
+        return dist.ProcessGroupGloo(store, rank, world_size, options)
     raise ValueError(f"weight broadcast: no backend for device {device} (cuda: NCCL, cpu: gloo)")
 
 
@@ -135,16 +147,19 @@ class WeightBroadcast:
 
     @classmethod
     def connect(cls, address: str, port: int, rank: int, world_size: int, device: torch.device | str,
-                timeout_seconds: float, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightBroadcast:
+                timeout_seconds: float, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                store: dist.TCPStore | None = None) -> WeightBroadcast:
         """Join the group; returns once all ``world_size`` members have joined.
 
         Args:
-            address, port: the rendezvous, which rank 0 hosts (a ``TCPStore`` listening on ``port``).
+            address, port: the rendezvous, which rank 0 hosts (a ``TCPStore`` listening on ``address:port`` only).
             rank: 0 for the learner, 1..world_size-1 for the engine processes.
             world_size: 1 + the number of engine processes.
             device: where the buffers live; ``cuda`` uses NCCL, ``cpu`` gloo.
             timeout_seconds: the limit of each blocking step (``pipeline.timeout_seconds``).
             bucket_bytes: the size at which a dtype's flat buffer is split (sender side).
+            store: rank 0's store, already listening (:func:`~grpo_rl.placement.ray.host_store`, whose free port
+                the receivers were given); without it rank 0 hosts one on ``address:port``.
 
         Raises:
             TransportTimeout: a member did not join in time.
@@ -156,10 +171,15 @@ class WeightBroadcast:
         member = cls(None, None, rank=rank, world_size=world_size, device=device, timeout_seconds=timeout_seconds,
                      where=f"{address}:{port}", bucket_bytes=bucket_bytes)
         try:
-            store = dist.TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout)
+            if rank == 0:
+                store = store or host_store(address, timeout_seconds, port=port)
+            else:
+                store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
             member._store = store
-            member._group = _make_group(dist.PrefixStore("grpo_rl/weights", store), rank, world_size, device, timeout)
-        except RuntimeError as e:  # DistNetworkError, DistStoreError and gloo's errors are all RuntimeErrors
+            member._group = _make_group(dist.PrefixStore("grpo_rl/weights", store), rank, world_size, device, timeout,
+                                        address_towards(address))
+            store.barrier("grpo_rl/weights/joined", world_size, timeout)  # NCCL's group connects at its first use
+        except (RuntimeError, OSError) as e:  # DistNetworkError, DistStoreError and gloo's errors are all RuntimeErrors
             raise TransportTimeout(member._describe("joining the group", e)) from e
         return member
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from grpo_rl.weights.collective import WeightBroadcast
-from grpo_rl.placement.ray import free_port
+from grpo_rl.placement.ray import host_store, node_address
 from grpo_rl.errors import RoleFailed
 from grpo_rl.weights.sync import WeightPacket, unpack_weights, wait_for_collectors
 
@@ -30,12 +30,11 @@ class CollectiveWeightSync:
     """
 
     def __init__(self, collectors: Sequence[Any], *, device: torch.device, timeout: float):
-        import ray
-
         self.collectors, self.timeout = list(collectors), timeout
-        address, port, world = ray.util.get_node_ip_address(), free_port(), 1 + len(self.collectors)
-        joins = [c.connect_collective.remote(address, port, world) for c in self.collectors]
-        self.group = WeightBroadcast.connect(address, port, 0, world, device, timeout)
+        address, world = node_address(), 1 + len(self.collectors)  # loopback on one machine
+        store = host_store(address, timeout)  # listening before any collector is told its port
+        joins = [c.connect_collective.remote(address, store.port, world) for c in self.collectors]
+        self.group = WeightBroadcast.connect(address, store.port, 0, world, device, timeout, store=store)
         self._wait(joins, "joining the weight broadcast")
 
     def _wait(self, calls: list, what: str) -> list:
