@@ -104,7 +104,8 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
 
 
 def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
-    """Two engine replicas feed one buffer; every trained sample is within the staleness bound."""
+    """Two engine replicas feed one buffer; every trained sample is within the staleness bound, and none was
+    generated to be thrown away (the buffer admits a batch only while it will be fresh when taken)."""
     run_dir = tmp_path / "async"
     proc = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
         "train.steps": 4, "pipeline.max_staleness": 1, "pipeline.buffer_capacity": 1,
@@ -113,12 +114,17 @@ def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:  # the bound holds for every sample trained on, step by step
-        assert 0 <= r["staleness_max"] <= 1, r
+        # step s takes at policy version s - 1 (one update per batch), from samples of version 0 or later
+        assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= min(1, r["step"] - 1), r
         assert 0 <= r["collector_busy_fraction"] <= 1 and r["reward_failures"] == 0
         for key in ("tis_fraction", "dropped_samples", "learner_wait_seconds", "collector_wait_seconds",
                     "collector_samples_per_second", "learner_samples_per_second", *SHARED_STEP_METRICS):
             assert key in r, key  # the shared names are the synchronous loop's (test_sync_script.py)
     assert rows[-1]["policy_version"] == 4
+    # the collectors are admitted only while their batch will be within the bound: nothing is dropped, and the
+    # buffer's running count agrees with the steps' own
+    assert [r["dropped_samples"] for r in rows] == [0, 0, 0, 0]
+    assert [r["dropped_samples_total"] for r in rows] == [0, 0, 0, 0]
     evals = [r for r in rows if "eval/accuracy" in r]  # held-out evaluation by the first engine replica
     assert [r["step"] for r in evals] == [2, 4] and all(r["eval/policy_version"] == r["step"] for r in evals)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
