@@ -47,6 +47,7 @@ from grpo_rl.config.checks import is_loopback_host
 from grpo_rl.engines.server_client import ServerClient
 from grpo_rl.engines.vllm_plugin import KEY_ENV, PARENT_ENV
 from grpo_rl.errors import RoleFailed
+from grpo_rl.placement.ray import loopback_env
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,13 @@ def engine_args(*, dtype: str, max_model_len: int, seed: int, kv_cache_gb: float
     return tuple(args)
 
 
-def server_env(spec: ServerSpec, key: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of ``spec``'s server process: only its own device visible, its own cores, the run's key."""
+def server_env(spec: ServerSpec, key: str, base: dict[str, str] | None = None, *,
+               local: bool = True) -> dict[str, str]:
+    """The environment of ``spec``'s server process: only its own device visible, its own cores, the run's key,
+    and, for a ``local`` server, its own groups on loopback."""
     env = dict(os.environ if base is None else base)
+    if local:
+        env.update({k: v for k, v in loopback_env().items() if k not in env})
     env[KEY_ENV] = key
     env[PARENT_ENV] = str(os.getpid())  # the server stops when this process is gone (grpo_rl.cli.serve)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # mounts the weight-update routes; RequireKey guards them
@@ -136,7 +141,8 @@ class ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=server_env(spec, key), start_new_session=True,
+                                        env=server_env(spec, key, local=socket_path is not None),
+                                        start_new_session=True,
                                         preexec_fn=_die_with_parent)
 
     def exited(self) -> int | None:

@@ -34,6 +34,7 @@ from tensordict import TensorDict
 
 from grpo_rl import quiet
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.placement.ray import on_loopback
 
 log = logging.getLogger(__name__)
 
@@ -76,23 +77,24 @@ class VLLMEngine:
 
         self.device = device
         self.dtype = getattr(torch, dtype)
-        self.llm = LLM(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            logprobs_mode="processed_logprobs",
-            gpu_memory_utilization=gpu_memory_utilization,
-            # On the CPU an explicit size in bytes: VLLM_CPU_KVCACHE_SPACE only takes whole GiB (>= 1).
-            kv_cache_memory_bytes=int(kv_cache_gb * 2**30) if device.type == "cpu" else None,
-            # Seeded requests and chunked prefill do not mix on the CPU: rewinding the sampler's generator
-            # after a partial prefill needs generator offsets, which CPU generators lack.
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(8192, max_model_len),
-            use_tqdm_on_load=quiet.verbose(),
-        )
+        with on_loopback():  # vLLM's one-rank group listens only on loopback, whatever the host name resolves to
+            self.llm = LLM(
+                model=model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed,
+                enforce_eager=enforce_eager,
+                enable_prefix_caching=enable_prefix_caching,
+                logprobs_mode="processed_logprobs",
+                gpu_memory_utilization=gpu_memory_utilization,
+                # On the CPU an explicit size in bytes: VLLM_CPU_KVCACHE_SPACE only takes whole GiB (>= 1).
+                kv_cache_memory_bytes=int(kv_cache_gb * 2**30) if device.type == "cpu" else None,
+                # Seeded requests and chunked prefill do not mix on the CPU: rewinding the sampler's generator
+                # after a partial prefill needs generator offsets, which CPU generators lack.
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(8192, max_model_len),
+                use_tqdm_on_load=quiet.verbose(),
+            )
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

@@ -23,6 +23,7 @@ from datetime import timedelta
 
 import torch
 
+from grpo_rl.config.checks import is_loopback_host
 from grpo_rl.placement.devices import available_cpus
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def _init_on_loopback(**init_kwargs) -> None:
         else:
             os.environ[_RAY_LOCAL_ONLY] = before_env
     found = node_address()
-    if not is_loopback(found):
+    if not is_loopback_host(found):
         ray.shutdown()
         raise RuntimeError(f"the local Ray instance took the node address {found}, not loopback: its servers would "
                            f"listen beyond this machine (ray {ray.__version__}; see grpo_rl/placement/ray.py)")
@@ -120,8 +121,28 @@ def node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
-def is_loopback(address: str) -> bool:
-    return ipaddress.ip_address(address).is_loopback
+def loopback_env() -> dict[str, str]:
+    """What keeps a process's own one-machine groups on loopback whatever the host name resolves to: vLLM's
+    address for its one-rank group (``VLLM_HOST_IP``), and the interface gloo's and NCCL's default groups take."""
+    lo = interface_with_address(LOOPBACK)
+    return {"VLLM_HOST_IP": LOOPBACK, "GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
+
+
+@contextlib.contextmanager
+def on_loopback():
+    """:func:`loopback_env` in this process while the block runs (where the user set none), then as before:
+    gloo and NCCL read these when a group is made, and later groups choose their own interface."""
+    saved = {k: os.environ.get(k) for k in ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    for key, value in loopback_env().items():
+        os.environ.setdefault(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def host_store(address: str, timeout: float, *, port: int = 0):

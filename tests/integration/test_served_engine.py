@@ -4,7 +4,6 @@ keeps, token by token, the log-prob and version of the weights that sampled it."
 from __future__ import annotations
 
 import copy
-import ipaddress
 import os
 import threading
 import time
@@ -17,6 +16,7 @@ import torch
 from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines.served import ServedEngine
 from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
+from tests.sockets import listening_of
 
 pytestmark = pytest.mark.slow
 
@@ -161,34 +161,16 @@ def test_the_server_proves_its_key_names_its_model_and_listens_on_no_port(fleet,
     assert listeners_of_session(pid) == [], "a server of the run listens beyond loopback"
 
 
-def _address(hex_address: str) -> ipaddress._BaseAddress:
-    """An address of /proc/net/{tcp,udp}[6]: 32-bit words in the machine's (little-endian) byte order."""
-    raw = bytes.fromhex(hex_address)
-    return ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
-
-
 def listeners_of_session(sid: int) -> list[str]:
     """Sockets of session ``sid``'s processes that listen (TCP) or are bound (UDP) beyond loopback."""
-    inodes = set()
+    pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) != sid:
-                continue
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                pids.append(int(pid))
+        except (OSError, IndexError, ValueError):
             continue
-    found = []
-    for table in ("tcp", "tcp6", "udp", "udp6"):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            listening = fields[3] == "0A" if table.startswith("tcp") else fields[3] == "07"
-            address = _address(fields[1].split(":")[0])
-            if listening and fields[9] in inodes and not address.is_loopback:
-                found.append(f"{table} {address}:{int(fields[1].split(':')[1], 16)}")
-    return found
+    return [str(s) for found in listening_of(pids).values() for s in found if not s.loopback]
 
 
 def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob(engine, tiny_model):

@@ -322,3 +322,21 @@ def test_an_unsafe_weight_folder_is_refused_before_anything_starts(tmp_path):
         check_engine(cfg, devices)
     shared.chmod(0o700)
     check_engine(cfg, devices)
+
+
+def test_a_local_servers_and_an_in_process_engines_groups_stay_on_loopback(monkeypatch):
+    """vLLM makes a one-rank gloo group in its process; gloo picks its interface from the host name unless told,
+    which on a machine whose name resolves to a LAN address listens there."""
+    from grpo_rl.engines.server import server_env
+    from grpo_rl.placement.ray import on_loopback
+
+    for name in ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    spec = ServerSpec("m", torch.device("cpu"))
+    local = server_env(spec, KEY, base={})
+    assert (local["VLLM_HOST_IP"], local["GLOO_SOCKET_IFNAME"], local["NCCL_SOCKET_IFNAME"]) == ("127.0.0.1", "lo", "lo")
+    assert "GLOO_SOCKET_IFNAME" not in server_env(spec, KEY, base={}, local=False)  # a server other machines reach
+    assert server_env(spec, KEY, base={"GLOO_SOCKET_IFNAME": "eth9"})["GLOO_SOCKET_IFNAME"] == "eth9"  # the user's
+    with on_loopback():
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and os.environ["VLLM_HOST_IP"] == "127.0.0.1"
+    assert "GLOO_SOCKET_IFNAME" not in os.environ and "VLLM_HOST_IP" not in os.environ
