@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
-def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()) -> bool:
+def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = (), withhold: tuple[str, ...] = ()) -> bool:
     """Start or join Ray as ``ray_cfg`` says; return True if this call started a local instance.
 
     Args:
@@ -42,6 +42,8 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
             (``CUDA_VISIBLE_DEVICES`` while it starts), so Ray never places an actor on a GPU of a role that runs
             in the driver, such as the learner. A joined cluster places actors on GPUs itself: start its node on
             the driver's machine without the learner's GPUs (``ray start --num-gpus``).
+        withhold: environment variables a local instance's processes must not inherit (a secret only some
+            actors are given, in their own ``runtime_env``).
     """
     import ray
 
@@ -55,19 +57,33 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
         return False
     num_cpus = max(ray_cfg.num_cpus or available_cpus(), min_cpus)
     gpu_ids = sorted({d.index for d in actor_gpus if d.type == "cuda"})
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if gpu_ids:  # the Ray processes started now inherit it; this process keeps its own view
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
-    try:
+    # The Ray processes started now inherit this process's environment: only the actors' GPUs, none of the secrets.
+    inherited = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids) if gpu_ids else os.environ.get(
+        "CUDA_VISIBLE_DEVICES"), **{name: None for name in withhold}}
+    with _environment(inherited):
         _init_on_loopback(num_cpus=num_cpus, num_gpus=len(gpu_ids), **common)
-    finally:
-        if gpu_ids:
-            if visible is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = visible
     log.info("started a local Ray instance: %d CPUs, GPUs %s for actors", num_cpus, gpu_ids or "none")
     return True
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]):
+    """``values`` in ``os.environ`` while the block runs (None: unset), then as before."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for key, value in values.items():
+            _set_env(key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            _set_env(key, value)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 _RAY_LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -132,17 +148,8 @@ def loopback_env() -> dict[str, str]:
 def on_loopback():
     """:func:`loopback_env` in this process while the block runs (where the user set none), then as before:
     gloo and NCCL read these when a group is made, and later groups choose their own interface."""
-    saved = {k: os.environ.get(k) for k in ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    for key, value in loopback_env().items():
-        os.environ.setdefault(key, value)
-    try:
+    with _environment({k: os.environ.get(k, v) for k, v in loopback_env().items()}):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def host_store(address: str, timeout: float, *, port: int = 0):

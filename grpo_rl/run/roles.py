@@ -24,6 +24,7 @@ from grpo_rl.distributed.pipeline import AsyncRollouts
 from grpo_rl.distributed.reference_actors import ReferenceActors
 from grpo_rl.errors import RoleFailed
 from grpo_rl.engines.build import make_engine, start_servers
+from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.placement.context import RunContext
 from grpo_rl.placement.ray import start_ray, stop_ray
 from grpo_rl.rollout.collector import make_collector
@@ -42,7 +43,8 @@ def start_roles(run: RunContext, cleanup: contextlib.ExitStack) -> None:
     """Start (or join) Ray if a role runs as actors, sized for them; it is stopped when ``cleanup`` closes."""
     placement = run.placement
     if placement.uses_ray:
-        started = start_ray(run.cfg.ray, min_cpus=placement.ray_cpus, actor_gpus=placement.actor_gpus)
+        started = start_ray(run.cfg.ray, min_cpus=placement.ray_cpus, actor_gpus=placement.actor_gpus,
+                            withhold=(KEY_ENV,))  # only collectors of served engines get it (collector_options)
         cleanup.callback(stop_ray, started)
 
 

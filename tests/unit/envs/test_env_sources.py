@@ -3,7 +3,8 @@ prompts for a step, and the run's length in passes over them (``train.prompt_epo
 from __future__ import annotations
 
 import logging
-import time
+import contextlib
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -164,11 +165,10 @@ def test_an_uncached_hub_dataset_offline_fails_at_once_in_one_line(tokenizer):
     """HF_HUB_OFFLINE is set (as in every test): the local cache is tried, not the network; the data are loaded
     when the environment is built, which the scripts do before any engine or Ray starts."""
     cfg = _file_cfg("env.hub_dataset=grpo-rl-tests/not-cached", "env.hub_config=main")  # validation loads nothing
-    started = time.monotonic()
-    with pytest.raises(DataError) as info:
+    with no_network() as tried, pytest.raises(DataError) as info:
         make_env(cfg, tokenizer)
     message = str(info.value)
-    assert time.monotonic() - started < 15  # the network path retries for about 25 s
+    assert tried == []  # the network path retries for about 25 s: it was never taken
     assert "\n" not in message
     for fragment in ("env.hub_dataset=grpo-rl-tests/not-cached (env.hub_config=main) split 'train'",
                      "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set", "HF_HUB_OFFLINE=0",
@@ -180,7 +180,44 @@ def test_an_unreachable_hub_reads_only_the_cache(tokenizer, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
     monkeypatch.setattr(data, "_hub_unreachable", lambda timeout=3.0: "hub.invalid")
-    started = time.monotonic()
-    with pytest.raises(DataError, match=r"the hub \(hub\.invalid\) is unreachable and the local datasets cache"):
+    with no_network() as tried, pytest.raises(DataError, match=r"the hub \(hub\.invalid\) is unreachable and the "
+                                                               r"local datasets cache"):
         make_env(_file_cfg("env.hub_dataset=grpo-rl-tests/not-cached"), tokenizer)
-    assert time.monotonic() - started < 15
+    assert tried == []
+
+
+@contextlib.contextmanager
+def no_network():
+    """Every name look-up and connection this process tries (but to loopback and Unix sockets) is refused and
+    recorded."""
+    tried: list = []
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def outside(address) -> bool:
+        return isinstance(address, tuple) and not str(address[0]).startswith(("127.", "::1", "localhost"))
+
+    def connect(sock, address):
+        if outside(address):
+            tried.append(address)
+            raise OSError("no network in this test")
+        return real_connect(sock, address)
+
+    def connect_ex(sock, address):
+        if outside(address):
+            tried.append(address)
+            return 111
+        return real_connect_ex(sock, address)
+
+    def getaddrinfo(host, *args, **kwargs):  # a name is looked up before any connection
+        if outside((host,)):
+            tried.append(host)
+            raise socket.gaierror(socket.EAI_NONAME, "no network in this test")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    real_getaddrinfo = socket.getaddrinfo
+    socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = connect, connect_ex, getaddrinfo
+    try:
+        yield tried
+    finally:
+        socket.socket.connect, socket.socket.connect_ex = real_connect, real_connect_ex
+        socket.getaddrinfo = real_getaddrinfo

@@ -148,9 +148,14 @@ def test_local_ray_instance_and_its_rendezvous_listen_on_loopback(monkeypatch):
     monkeypatch.setenv("GRPO_LOOPBACK_TEST", marker)  # Ray's processes inherit it: that is how they are found
     tag = f"GRPO_LOOPBACK_TEST={marker}"
     flag = ray_constants.ENABLE_RAY_CLUSTER
-    started = start_ray(OmegaConf.structured(RayConfig(num_cpus=1)))
+    secret = f"GRPO_WITHHELD={uuid.uuid4().hex}"
+    monkeypatch.setenv("GRPO_WITHHELD", secret.split("=")[1])  # a key only some actors may get
+    started = start_ray(OmegaConf.structured(RayConfig(num_cpus=1)), withhold=("GRPO_WITHHELD",))
     try:
         assert started and node_address() == LOOPBACK
+        assert os.environ["GRPO_WITHHELD"] == secret.split("=")[1]  # this process keeps it
+        ray_pids = [p for p in pids_with_env(tag) if p != os.getpid()]
+        assert ray_pids and not [p for p in ray_pids if p in pids_with_env(secret)]  # Ray's processes never had it
         assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ and ray_constants.ENABLE_RAY_CLUSTER == flag
 
         @ray.remote(num_cpus=0)

@@ -16,9 +16,14 @@ ray_tests = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    from omegaconf import OmegaConf
+
+    from grpo_rl.config.schema import RayConfig
+    from grpo_rl.placement.ray import start_ray, stop_ray
+
+    started = start_ray(OmegaConf.structured(RayConfig(num_cpus=1)))  # on loopback, as a run's
     yield ray
-    ray.shutdown()
+    stop_ray(started)
 
 
 def tied_weights() -> list[tuple[str, torch.Tensor]]:
