@@ -218,3 +218,21 @@ def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob
     assert (behavior[new] - lp_a[new]).abs().max() > 1e-2  # B's tokens were not sampled by A
     w = engine_weights(lp_b[None], behavior[None], torch.ones(1, len(ids)), mode="token_truncate", cap=1e30)
     torch.testing.assert_close(w.raw[0, old], torch.exp(lp_b[old] - lp_a[old]), rtol=1e-3, atol=0)
+
+
+def test_the_key_check_is_the_outermost_layer_of_the_servers_app(monkeypatch, tiny_model_dir):
+    """The app vLLM builds from the serve command's flags: the key middleware comes first, before vLLM's own
+    (Prometheus, CORS, scaling), so no route, mount or middleware sees a request without the key."""
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from grpo_rl.cli.serve import vllm_argv
+    from grpo_rl.engines.vllm_plugin import KEY_ENV, RequireKey
+
+    monkeypatch.setenv(KEY_ENV, "k" * 43)
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(vllm_argv(["--model", str(tiny_model_dir)]))
+    app = build_app(args, supported_tasks=("generate",))
+    layers = [m.cls for m in app.user_middleware]
+    assert layers[0] is RequireKey and len(layers) > 1, layers
