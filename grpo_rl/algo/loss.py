@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from grpo_rl.algo.engine_correction import EngineCorrection, engine_weights, weight_quantiles
-from grpo_rl.algo.objectives import PolicyObjective, policy_term
+from grpo_rl.algo.engine_correction import EngineCorrection, EngineWeights, engine_weights, weight_quantiles
+from grpo_rl.algo.objectives import PolicyObjective, PolicyTerm, policy_term
 
 if TYPE_CHECKING:  # the config package needs Hydra; the loss itself needs only torch (benchmarks/trl_objectives.py)
     from grpo_rl.config.schema import PolicyConfig, SamplingConfig
@@ -62,9 +62,8 @@ KLEstimator = Literal["k1", "k2", "k3"]
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The loss's scalars, resolved once from the ``policy`` and ``sampling`` config groups
-    (:meth:`from_config`) and passed as they are: to :func:`grpo_loss`, and to the learner, which takes its
-    log-probs under the distribution the engine sampled from (``temperature``, ``top_p``, ``top_k``).
+    """The loss's scalars, resolved once from ``policy`` and ``sampling``; the learner also reads the sampling
+    fields (``temperature``, ``top_p``, ``top_k``) to take log-probs under the engine's distribution.
 
     Attributes:
         loss_type: the policy term, ``grpo``, ``gspo``, ``gspo_token``, ``cispo``, ``sapo`` or ``gmpo``
@@ -112,8 +111,7 @@ class LossSettings:
 
     @classmethod
     def from_config(cls, policy: PolicyConfig, sampling: SamplingConfig) -> "LossSettings":
-        """The settings ``policy`` and ``sampling`` name (the loss type's alias resolved, the KL penalty moved out
-        of the loss when it is in the reward)."""
+        """The settings ``policy`` and ``sampling`` name, the loss type's alias resolved."""
         from grpo_rl.config.checks import resolve_loss_type
 
         objective, aggregation = resolve_loss_type(policy.loss_type, policy.aggregation)
@@ -122,7 +120,8 @@ class LossSettings:
             cispo_ratio_max=policy.cispo_ratio_max, cispo_ratio_min=policy.cispo_ratio_min,
             sapo_temperature_pos=policy.sapo_temperature_pos, sapo_temperature_neg=policy.sapo_temperature_neg,
             gmpo_clip_eps=policy.gmpo_clip_eps,
-            kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef, kl_estimator=policy.kl_estimator,
+            kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef,  # a KL in the reward is not in the loss too
+            kl_estimator=policy.kl_estimator,
             aggregation=aggregation, max_tokens=sampling.max_new_tokens, tis_cap=policy.tis_cap,
             engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
             engine_correction_max=policy.engine_correction_max,
@@ -133,11 +132,11 @@ class LossSettings:
 
 @dataclass
 class GRPOLossOutput:
-    """Named loss terms (differentiable) and detached diagnostics.
+    """Named loss terms (differentiable) and detached scalar diagnostics.
 
-    ``loss`` is ``loss_policy + loss_kl`` (``+ loss_entropy`` when ``entropy_coef > 0``); every other field is
-    a detached scalar. The engine-weight quantiles are over this call's tokens (or answers, at the sequence
-    level); the learner averages them over micro-batches.
+    ``loss`` is ``loss_policy + loss_kl`` (``+ loss_entropy`` when ``entropy_coef > 0``). The engine-weight
+    quantiles are over this call's tokens (or answers, at the sequence level); the learner averages them over
+    micro-batches.
     """
 
     loss: torch.Tensor
@@ -165,17 +164,9 @@ class GRPOLossOutput:
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from samples of pi.
-
-    Args:
-        logprobs: log pi(a_t), ``[B, T]``.
-        ref_logprobs: log pi_ref(a_t), ``[B, T]``.
-        estimator: ``k1`` = log r, ``k2`` = (log r)^2 / 2, ``k3`` = exp(-log r) - 1 + log r, with
-            ``log r = logprobs - ref_logprobs``.
-
-    Returns:
-        ``[B, T]`` per-token estimates.
-    """
+    """Per-token estimate ``[B, T]`` of KL(pi || pi_ref) from samples of pi, ``logprobs`` and ``ref_logprobs``
+    ``[B, T]``: with ``log r = logprobs - ref_logprobs``, ``k1 = log r``, ``k2 = (log r)^2 / 2``,
+    ``k3 = exp(-log r) - 1 + log r``."""
     log_ratio = logprobs - ref_logprobs  # [B, T]
     if estimator == "k1":
         return log_ratio
@@ -190,15 +181,8 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: K
 
 
 def aggregate(values_BT: torch.Tensor, mask_BT: torch.Tensor, mode: Aggregation, max_tokens: int | None) -> torch.Tensor:
-    """Reduce per-token values to a scalar with one of the standard GRPO aggregations.
-
-    Args:
-        values_BT: per-token values, ``[B, T]``.
-        mask_BT: 1 for response tokens, 0 for padding, ``[B, T]``.
-        mode: see the module docstring.
-        max_tokens: the constant normaliser for ``seq_mean_token_sum_norm`` (usually the maximum
-            response length); ignored otherwise.
-    """
+    """Reduce per-token ``values_BT`` over the response tokens of ``mask_BT`` (``[B, T]``) to a scalar with the
+    ``mode`` of the module docstring; ``max_tokens`` is ``seq_mean_token_sum_norm``'s constant normaliser."""
     mask_BT = mask_BT.to(values_BT.dtype)
     masked = values_BT * mask_BT
     if mode == "token_mean":
@@ -209,7 +193,7 @@ def aggregate(values_BT: torch.Tensor, mask_BT: torch.Tensor, mode: Aggregation,
     if mode == "seq_mean_token_sum_norm":
         if not max_tokens or max_tokens <= 0:
             raise ValueError("aggregation 'seq_mean_token_sum_norm' needs a positive max_tokens")
-        return (masked.sum(-1) / float(max_tokens)).mean()
+        return (masked.sum(-1) / float(max_tokens)).mean()  # a constant, so no length bias (Dr. GRPO)
     raise ValueError(
         f"unknown aggregation {mode!r}; choose 'token_mean', 'seq_mean_token_mean' or 'seq_mean_token_sum_norm'"
     )
@@ -232,23 +216,20 @@ def grpo_loss(
 
     Args:
         logprobs: log-probs of the sampled tokens under the policy being trained, ``[B, T]``.
-        old_logprobs: the same under the policy at the start of this update (detached), ``[B, T]``.
-            When each batch is used for a single optimizer step, pass ``logprobs.detach()``.
+        old_logprobs: the same under the policy at the start of this update (detached), ``[B, T]``;
+            ``logprobs.detach()`` when each batch makes one optimizer step.
         advantages: one advantage per sequence ``[B]`` or per token ``[B, T]``.
         mask: response-token mask, ``[B, T]``.
         ref_logprobs: reference-policy log-probs, ``[B, T]``; required when ``kl_coef > 0``.
         behavior_logprobs: log-probs recorded by the sampling engine, ``[B, T]``; enables the engine importance
             weight ``exp(old - behavior)`` (:mod:`grpo_rl.algo.engine_correction`).
-        settings: the scalars (:class:`LossSettings`; its sampling fields are not used here).
+        settings: the scalars; its sampling fields are not used here.
         entropy: per-token entropy ``[B, T]``; reported as a diagnostic, and with ``entropy_coef > 0`` rewarded,
             in which case it must carry a gradient.
         scale: multiplies the loss terms, e.g. a micro-batch's share of the gradient-accumulation step.
         outside: bool ``[B, T]``, tokens outside the policy's truncated sampling set (their log-probs are
             stand-ins, :mod:`grpo_rl.model.vocab`): weight 0 in the policy and KL terms, the engine weights and the
             ratio diagnostics; still counted in the aggregation's denominators. None: no truncation.
-
-    Returns:
-        :class:`GRPOLossOutput`.
     """
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
@@ -268,7 +249,7 @@ def grpo_loss(
                        sapo_temperature_neg=settings.sapo_temperature_neg, gmpo_clip_eps=settings.gmpo_clip_eps)
     pg_loss_BT = term.loss_BT  # [B, T]
     if outside is not None:
-        pg_loss_BT = pg_loss_BT * keep_f
+        pg_loss_BT = pg_loss_BT * keep_f  # their log-probs are stand-ins
 
     engine = None
     if behavior_logprobs is not None and settings.tis_cap is not None:
@@ -277,8 +258,10 @@ def grpo_loss(
                                 max_weight=settings.engine_correction_max)
         pg_loss_BT = pg_loss_BT * engine.weight_BT
 
+    # mask_f, not keep_f: a token given weight 0 keeps its place in the denominators.
     loss_policy = aggregate(pg_loss_BT, mask_f, settings.aggregation, settings.max_tokens) * scale
 
+    kl_BT = None
     if settings.kl_coef > 0.0:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs (enable the reference model or set kl_coef=0)")
@@ -286,14 +269,8 @@ def grpo_loss(
         if outside is not None:
             kl_BT = kl_BT * keep_f
         loss_kl = settings.kl_coef * aggregate(kl_BT, mask_f, settings.aggregation, settings.max_tokens) * scale
-        kl_ref = (kl_BT.detach() * keep_f).sum() / keep_f.sum().clamp(min=1.0)
     else:
         loss_kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-        if ref_logprobs is not None:
-            kl_BT = kl_estimate(logprobs.detach(), ref_logprobs, settings.kl_estimator)
-            kl_ref = (kl_BT * keep_f).sum() / keep_f.sum().clamp(min=1.0)
-        else:
-            kl_ref = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
 
     loss = loss_policy + loss_kl
     if settings.entropy_coef > 0.0:
@@ -309,48 +286,87 @@ def grpo_loss(
     else:
         loss_entropy = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
 
-    with torch.no_grad():
-        n_tok = mask_f.sum().clamp(min=1.0)
-        n_keep = keep_f.sum().clamp(min=1.0)
-        ratio = term.ratio_BT  # [B, T]
-        clip_fraction = (term.clipped_BT.to(mask_f.dtype) * keep_f).sum() / n_tok
-        log_ratio = logprobs - old_logprobs.detach()  # [B, T]: per token, whatever the objective
-        kl_approx = (((torch.exp(log_ratio) - 1.0) - log_ratio) * keep_f).sum() / n_keep
-        ratio_mean = (ratio * keep_f).sum() / n_keep
-        w = (ratio * engine.weight_BT if engine is not None else ratio) * keep_f
-        ess = w.sum().pow(2) / (w.pow(2).sum().clamp(min=1e-12) * n_keep)
-        zero = torch.zeros((), dtype=mask_f.dtype, device=mask_f.device)
-        tis_fraction = (engine.outside_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
-        masked_fraction = (engine.masked_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
-        truncation_masked = (mask_f - keep_f).sum() / n_tok
-        if behavior_logprobs is not None:
-            # Reported even with the correction off: how far the engine drifts is worth watching either way.
-            raw = engine.raw if engine is not None else torch.exp(old_logprobs - behavior_logprobs)
-            p5, p50, p95 = weight_quantiles(raw, keep_f)
-            kl_engine = (kl_estimate(behavior_logprobs, old_logprobs, "k3") * keep_f).sum() / n_keep
-        else:
-            p5 = p50 = p95 = torch.ones((), dtype=mask_f.dtype, device=mask_f.device)
-            kl_engine = zero
-        ent = (entropy.detach() * mask_f).sum() / n_tok if entropy is not None else None
+    diagnostics = loss_diagnostics(logprobs, old_logprobs, mask_f, keep_f, term, engine, kl_BT=kl_BT,
+                                   ref_logprobs=ref_logprobs, kl_estimator=settings.kl_estimator,
+                                   behavior_logprobs=behavior_logprobs, entropy=entropy)
+    return GRPOLossOutput(loss=loss, loss_policy=loss_policy, loss_kl=loss_kl, loss_entropy=loss_entropy,
+                          **vars(diagnostics))
 
-    return GRPOLossOutput(
-        loss=loss,
-        loss_policy=loss_policy,
-        loss_kl=loss_kl,
-        loss_entropy=loss_entropy,
-        clip_fraction=clip_fraction,
-        kl_approx=kl_approx,
-        kl_ref=kl_ref,
-        ratio_mean=ratio_mean,
-        ess=ess,
-        tis_fraction=tis_fraction,
-        engine_masked_fraction=masked_fraction,
-        engine_weight_p5=p5,
-        engine_weight_p50=p50,
-        engine_weight_p95=p95,
-        kl_engine=kl_engine,
-        truncation_masked_fraction=truncation_masked,
-        entropy=ent,
+
+@dataclass
+class LossDiagnostics:
+    """The detached diagnostics of :class:`GRPOLossOutput`, its fields of the same names."""
+
+    clip_fraction: torch.Tensor
+    kl_approx: torch.Tensor
+    kl_ref: torch.Tensor
+    ratio_mean: torch.Tensor
+    ess: torch.Tensor
+    tis_fraction: torch.Tensor
+    engine_masked_fraction: torch.Tensor
+    engine_weight_p5: torch.Tensor
+    engine_weight_p50: torch.Tensor
+    engine_weight_p95: torch.Tensor
+    kl_engine: torch.Tensor
+    truncation_masked_fraction: torch.Tensor
+    entropy: torch.Tensor | None
+
+
+@torch.no_grad()
+def loss_diagnostics(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask_f: torch.Tensor,
+    keep_f: torch.Tensor,
+    term: PolicyTerm,
+    engine: EngineWeights | None,
+    *,
+    kl_BT: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    kl_estimator: KLEstimator,
+    behavior_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> LossDiagnostics:
+    """The detached diagnostics of one :func:`grpo_loss` call.
+
+    Args:
+        mask_f, keep_f: float ``[B, T]``, the response tokens and those of them with real log-probs (inside the
+            truncated sampling set).
+        term, engine: the policy term and the engine weights (None: no correction) the loss used.
+        kl_BT: the loss's per-token KL ``[B, T]``, or None when the loss has no KL term.
+    """
+    n_tok = mask_f.sum().clamp(min=1.0)
+    n_keep = keep_f.sum().clamp(min=1.0)
+    if kl_BT is not None:
+        kl_ref = (kl_BT.detach() * keep_f).sum() / keep_f.sum().clamp(min=1.0)
+    elif ref_logprobs is not None:  # no KL term in the loss, but one worth watching
+        kl_BT = kl_estimate(logprobs.detach(), ref_logprobs, kl_estimator)  # [B, T]
+        kl_ref = (kl_BT * keep_f).sum() / keep_f.sum().clamp(min=1.0)
+    else:
+        kl_ref = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    ratio = term.ratio_BT  # [B, T]
+    clip_fraction = (term.clipped_BT.to(mask_f.dtype) * keep_f).sum() / n_tok
+    log_ratio = logprobs - old_logprobs.detach()  # [B, T]: per token, whatever the objective
+    kl_approx = (((torch.exp(log_ratio) - 1.0) - log_ratio) * keep_f).sum() / n_keep
+    ratio_mean = (ratio * keep_f).sum() / n_keep
+    w = (ratio * engine.weight_BT if engine is not None else ratio) * keep_f
+    ess = w.sum().pow(2) / (w.pow(2).sum().clamp(min=1e-12) * n_keep)
+    zero = torch.zeros((), dtype=mask_f.dtype, device=mask_f.device)
+    tis_fraction = (engine.outside_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
+    masked_fraction = (engine.masked_BT.to(mask_f.dtype) * keep_f).sum() / n_tok if engine is not None else zero
+    truncation_masked = (mask_f - keep_f).sum() / n_tok
+    if behavior_logprobs is not None:
+        # Reported even with the correction off: how far the engine drifts is worth watching either way.
+        raw = engine.raw if engine is not None else torch.exp(old_logprobs - behavior_logprobs)
+        p5, p50, p95 = weight_quantiles(raw, keep_f)
+        kl_engine = (kl_estimate(behavior_logprobs, old_logprobs, "k3") * keep_f).sum() / n_keep
+    else:
+        p5 = p50 = p95 = torch.ones((), dtype=mask_f.dtype, device=mask_f.device)
+        kl_engine = zero
+    ent = (entropy.detach() * mask_f).sum() / n_tok if entropy is not None else None
+    return LossDiagnostics(
+        clip_fraction=clip_fraction, kl_approx=kl_approx, kl_ref=kl_ref, ratio_mean=ratio_mean, ess=ess,
+        tis_fraction=tis_fraction, engine_masked_fraction=masked_fraction, engine_weight_p5=p5,
+        engine_weight_p50=p50, engine_weight_p95=p95, kl_engine=kl_engine,
+        truncation_masked_fraction=truncation_masked, entropy=ent,
     )
-
-
