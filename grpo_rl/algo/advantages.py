@@ -20,6 +20,12 @@ are continuous (a reward model, KL in the reward) and a group's answers score al
 differences below about 1e-4 towards 0, while 1e-6 scales them up to unit size. The default stays 1e-6: it is
 the value every earlier run of this library used, so results stay comparable, and it is the closer of the two to
 the paper's plain ``(r - mean) / std``; set ``policy.advantage_eps=1e-4`` to reproduce TRL.
+
+Reward shaping (:func:`assign_advantages`) changes only what the advantages see; ``reward`` stays the task reward.
+With KL in the reward the advantage is computed from the reward minus the summed KL to the reference. DAPO's soft
+overlong punishment (:mod:`grpo_rl.algo.overlong`) is added likewise and kept as ``reward_overlong``. Its overlong
+filter drops ``truncated`` answers after the advantages (so they still count in their group's mean and std) and
+after the zero-variance filter, which keeps or drops whole groups.
 """
 from __future__ import annotations
 
@@ -34,40 +40,21 @@ from grpo_rl.algo.overlong import overlong_reward
 
 @dataclass
 class GroupAdvantages:
-    """Advantages and group statistics for a batch of ``N`` answers in ``num_groups`` groups.
+    """Advantages and group statistics for a batch of ``N`` answers in ``num_groups`` groups."""
 
-    Attributes:
-        advantage: ``[N]`` per-answer advantage.
-        group_mean: ``[N]`` mean reward of each answer's group.
-        group_std: ``[N]`` reward std of each answer's group (0 for a group of one).
-        zero_variance: ``[N]`` bool, True where the answer's group has identical rewards (a group of one included).
-        num_zero_variance_groups: number of groups with identical rewards.
-        num_groups: number of distinct ``group_id`` values.
-    """
-
-    advantage: torch.Tensor
-    group_mean: torch.Tensor
-    group_std: torch.Tensor
-    zero_variance: torch.Tensor
+    advantage: torch.Tensor  # [N]
+    group_mean: torch.Tensor  # [N] mean reward of each answer's group
+    group_std: torch.Tensor  # [N] reward std of each answer's group (0 for a group of one)
+    zero_variance: torch.Tensor  # [N] bool: the answer's group has identical rewards (a group of one included)
     num_zero_variance_groups: int
-    num_groups: int
+    num_groups: int  # distinct group_id values
 
 
 def group_advantages(
     rewards: torch.Tensor, group_id: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6
 ) -> GroupAdvantages:
-    """Compute group-relative advantages, one group per distinct ``group_id``.
-
-    Args:
-        rewards: ``[N]`` rewards.
-        group_id: ``[N]`` integer group of each answer; groups may be of any size and their rows need not
-            be consecutive. A group of one answer gets advantage 0 (its std is 0).
-        scale_by_std: divide by the group std (GRPO) or not (Dr. GRPO).
-        eps: added to the std to avoid division by zero.
-
-    Returns:
-        :class:`GroupAdvantages`.
-    """
+    """Group-relative advantages of ``rewards`` ``[N]``, one group per distinct integer ``group_id`` ``[N]``;
+    ``scale_by_std``: divide by the group std plus ``eps`` (GRPO) or not (Dr. GRPO)."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
     if group_id.shape != rewards.shape or group_id.is_floating_point() or group_id.is_complex():
@@ -102,22 +89,9 @@ def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage
                       filter_zero_variance: bool = False, overlong_buffer: int = 0, overlong_penalty: float = 1.0,
                       max_tokens: int | None = None,
                       filter_overlong: bool = False) -> tuple[TensorDict, dict[str, float]]:
-    """Add ``advantage`` (and ``zero_variance``) to ``batch``; optionally drop zero-variance groups and
-    truncated answers.
-
-    Groups are the rows sharing a ``group_id`` (:func:`~grpo_rl.algo.advantages.group_advantages`), so the batch
-    may already have lost whole groups or hold groups of different sizes. ``zero_variance`` is a property of
-    the group, so the filter keeps or drops whole groups. ``advantage_eps`` is added to the group std
-    (:func:`~grpo_rl.algo.advantages.group_advantages`'s ``eps``). With ``kl_in_reward_coef > 0`` the advantage is
-    computed from the reward minus the KL to the reference (needs ``ref_logprobs``); ``reward`` itself is left
-    as the task reward.
-
-    DAPO's length treatments (:mod:`grpo_rl.algo.overlong`): with ``overlong_buffer > 0`` the soft overlong punishment
-    (``L_max = max_tokens``) is added to the reward the advantages see and kept as ``reward_overlong`` ``[N]``,
-    ``reward`` again staying the task reward. With ``filter_overlong`` the ``truncated`` answers are dropped after
-    the advantages are computed (so they still count in their group's mean and std) and after the zero-variance
-    filter; ``overlong_filtered`` counts the answers this drops.
-    """
+    """Add ``advantage`` and ``zero_variance`` to ``batch``, optionally dropping zero-variance groups and
+    truncated answers (order and reward shaping: the module docstring); returns the batch and its statistics.
+    ``kl_in_reward_coef > 0`` needs ``ref_logprobs``; ``overlong_buffer > 0`` needs ``max_tokens`` (``L_max``)."""
     rewards = batch["reward"]
     if overlong_buffer > 0:
         if max_tokens is None:
@@ -146,7 +120,7 @@ def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage
     if filter_overlong:
         truncated_N = batch["truncated"]  # [N'] bool
         stats["overlong_filtered"] = float(truncated_N.sum())
-        batch = batch[~truncated_N]
+        batch = batch[~truncated_N]  # after the advantages: they still counted in their group's mean and std
     return batch, stats
 
 
@@ -159,16 +133,7 @@ def kl_penalised_rewards(
     kl_coef: float,
     estimator: KLEstimator = "k1",
 ) -> torch.Tensor:
-    """Subtract ``kl_coef`` times the sequence's summed KL estimate from its reward ("KL in reward").
-
-    Args:
-        rewards: ``[B]`` task rewards.
-        logprobs: sampling-policy log-probs ``[B, T]``.
-        ref_logprobs: reference log-probs ``[B, T]``.
-        mask: response mask ``[B, T]``.
-
-    Returns:
-        ``[B]`` penalised rewards.
-    """
+    """``rewards`` ``[B]`` less ``kl_coef`` times each answer's summed KL estimate ("KL in reward"), ``[B]``;
+    ``logprobs`` (the sampling policy's), ``ref_logprobs`` and ``mask`` are ``[B, T]``."""
     kl_B = (kl_estimate(logprobs, ref_logprobs, estimator) * mask.to(logprobs.dtype)).sum(-1)  # [B]
     return rewards - kl_coef * kl_B

@@ -49,21 +49,14 @@ BAND_CORRECTIONS: tuple[str, ...] = ("token_band_mask", "sequence_band_mask")
 
 @dataclass
 class EngineWeights:
-    """The engine importance weights of one batch.
+    """The engine importance weights of one batch."""
 
-    Attributes:
-        weight_BT: the weight applied to each token's policy loss, ``[B, T]``, detached.
-        raw: the weights before bounding, at the correction's level: ``[B, T]`` per token or ``[B, 1]`` per answer
-            (the product of its token weights, or for ``sequence_band_mask`` their geometric mean).
-        outside_BT: bool ``[B, T]``, tokens whose weight (their own or their answer's) was outside
-            ``[w_min, cap]`` (the band modes: ``[w_min, w_max]``), that is truncated or masked.
-        masked_BT: bool ``[B, T]``, tokens whose weight was set to 0 (mask and band modes only).
-    """
-
-    weight_BT: torch.Tensor
+    weight_BT: torch.Tensor  # [B, T] detached, the weight of each token's policy loss
+    # before bounding, at the correction's level: [B, T] per token, or [B, 1] per answer (the product of its token
+    # weights; for sequence_band_mask their geometric mean)
     raw: torch.Tensor
-    outside_BT: torch.Tensor
-    masked_BT: torch.Tensor
+    outside_BT: torch.Tensor  # [B, T] bool, the weight (own or answer's) was outside its bounds: truncated or masked
+    masked_BT: torch.Tensor  # [B, T] bool, the weight was set to 0 (mask and band modes only)
 
 
 def engine_weights(
@@ -76,21 +69,9 @@ def engine_weights(
     min_weight: float | None = None,
     max_weight: float | None = None,
 ) -> EngineWeights:
-    """Bounded importance weights ``pi_old / mu`` of the engine's samples (see the module docstring).
-
-    Args:
-        old_logprobs_BT: the learner's log-probs at the start of the update, ``[B, T]``.
-        behavior_logprobs_BT: the engine's log-probs of the same tokens, ``[B, T]``.
-        mask_BT: response-token mask, ``[B, T]``.
-        mode: ``token_truncate``, ``token_mask``, ``sequence_truncate``, ``sequence_mask``, ``token_band_mask`` or
-            ``sequence_band_mask``.
-        cap: upper bound of the weight, except in the band modes.
-        min_weight: lower bound, or ``None`` for none (the band modes need one).
-        max_weight: upper bound of the band modes (IcePop's ``beta``); not used by the others.
-
-    Returns:
-        :class:`EngineWeights`.
-    """
+    """Bounded importance weights ``pi_old / mu`` of the engine's samples, from the learner's
+    ``old_logprobs_BT`` and the engine's ``behavior_logprobs_BT`` ``[B, T]`` (modes and bounds: the module
+    docstring; ``cap`` bounds all but the band modes, ``max_weight`` only them)."""
     if mode not in ENGINE_CORRECTIONS:
         raise ValueError(f"unknown engine correction {mode!r}; choose one of {', '.join(ENGINE_CORRECTIONS)}")
     if mode in BAND_CORRECTIONS:

@@ -71,30 +71,20 @@ POLICY_OBJECTIVES: tuple[str, ...] = ("grpo", "gspo", "gspo_token", "cispo", "sa
 
 @dataclass
 class PolicyTerm:
-    """One objective's per-token loss and what the diagnostics need.
+    """One objective's per-token loss and what the diagnostics need."""
 
-    Attributes:
-        loss_BT: per-token policy loss ``[B, T]`` (padding not yet masked), differentiable.
-        ratio_BT: the importance ratio the objective uses, before any clip, detached, ``[B, T]`` (a sequence ratio
-            repeated over the answer's tokens for ``gspo``, ``gspo_token`` and ``gmpo``, whose is the geometric mean
-            of the unclipped token ratios, GSPO's ``s_i``).
-        clipped_BT: bool ``[B, T]``, tokens on which the clip acted: for the surrogates and ``gmpo``, where the
-            clipped term was the one taken (no gradient); for ``cispo``, where the weight was cut (the token keeps a
-            gradient); for ``sapo``, none (its gate is soft).
-    """
-
-    loss_BT: torch.Tensor
+    loss_BT: torch.Tensor  # [B, T] differentiable, padding not yet masked
+    # [B, T] detached, before any clip; for gspo, gspo_token and gmpo the answer's ratio (GSPO's s_i, the geometric
+    # mean of its unclipped token ratios) repeated over its tokens
     ratio_BT: torch.Tensor
+    # [B, T] bool, where the clip acted: the clipped term taken (surrogates, gmpo: no gradient), the weight cut
+    # (cispo: the token keeps a gradient); never for sapo, whose gate is soft
     clipped_BT: torch.Tensor
 
 
 def sequence_log_ratio(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """GSPO's length-normalised log-ratio ``mean_t log r_t`` over each answer's tokens, ``[B, 1]``.
-
-    Args:
-        log_ratio_BT: ``log pi - log pi_old`` per token, ``[B, T]``.
-        mask_BT: response-token mask, ``[B, T]``; an answer without tokens gets 0.
-    """
+    """GSPO's length-normalised log-ratio ``mean_t log r_t`` ``[B, 1]`` over each answer's tokens of ``mask_BT``
+    (0 for an answer without tokens), from ``log_ratio_BT = log pi - log pi_old`` ``[B, T]``."""
     mask_BT = mask_BT.to(log_ratio_BT.dtype)
     return (log_ratio_BT * mask_BT).sum(-1, keepdim=True) / mask_BT.sum(-1, keepdim=True).clamp(min=1.0)
 
@@ -114,27 +104,20 @@ def policy_term(
     sapo_temperature_neg: float = 1.05,
     gmpo_clip_eps: float = 0.4,
 ) -> PolicyTerm:
-    """The per-token loss of one policy objective (see the module docstring).
+    """The per-token loss of one policy ``objective`` (the module docstring; the scalars as in
+    :class:`~grpo_rl.algo.loss.LossSettings`).
 
     Args:
-        logprobs_BT: log-probs under the policy being trained, ``[B, T]``.
-        old_logprobs_BT: log-probs at the start of the update, ``[B, T]`` (detached here).
+        logprobs_BT, old_logprobs_BT: log-probs under the policy being trained and at the start of the update
+            (detached here), ``[B, T]``.
         adv_BT: advantages, ``[B, 1]`` (one per answer) or ``[B, T]``.
-        mask_BT: response-token mask, ``[B, T]``; used by the sequence ratios of ``gspo``, ``gspo_token`` and
-            ``gmpo``.
-        objective: ``grpo``, ``gspo``, ``gspo_token``, ``cispo``, ``sapo`` or ``gmpo``.
-        clip_eps_low, clip_eps_high: the surrogates clip their ratio to ``[1 - clip_eps_low, 1 + clip_eps_high]``.
-        cispo_ratio_max, cispo_ratio_min: bounds of CISPO's weight (``None``: no lower bound).
-        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures where ``A > 0`` and elsewhere.
-        gmpo_clip_eps: GMPO clips each token's log-ratio to ``[-gmpo_clip_eps, gmpo_clip_eps]``.
-
-    Returns:
-        :class:`PolicyTerm`.
+        mask_BT: response-token mask ``[B, T]``, for the sequence ratios of ``gspo``, ``gspo_token`` and ``gmpo``.
     """
     log_ratio = logprobs_BT - old_logprobs_BT.detach()  # [B, T]
     if objective == "cispo":
         ratio = torch.exp(log_ratio)  # [B, T]
-        weight = torch.clamp(ratio, min=cispo_ratio_min, max=cispo_ratio_max).detach()  # [B, T]
+        # [B, T], detached: the gradient flows through log pi alone
+        weight = torch.clamp(ratio, min=cispo_ratio_min, max=cispo_ratio_max).detach()
         loss_BT = -weight * adv_BT * logprobs_BT
         clipped = ratio > cispo_ratio_max
         if cispo_ratio_min is not None:

@@ -40,17 +40,8 @@ import torch
 
 
 def overlong_reward(lengths: torch.Tensor, *, max_tokens: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment of each answer (see the module docstring).
-
-    Args:
-        lengths: ``[N]`` answer lengths in tokens.
-        max_tokens: ``L_max``, the generation limit (``sampling.max_new_tokens``).
-        buffer: ``L_cache``, the length of the ramp below ``L_max``; 0 turns the punishment off.
-        penalty: scale of the punishment (its value at ``L_max`` and beyond is ``-penalty``).
-
-    Returns:
-        ``[N]`` float rewards in ``[-penalty, 0]``.
-    """
+    """DAPO's soft overlong punishment ``[N]``, in ``[-penalty, 0]``, of answers of ``lengths`` ``[N]`` tokens;
+    ``max_tokens`` is ``L_max``, ``buffer`` is ``L_cache`` (0: off)."""
     if lengths.dim() != 1:
         raise ValueError(f"lengths must be 1-D [N], got shape {tuple(lengths.shape)}")
     if buffer < 0 or buffer >= max_tokens:
