@@ -110,17 +110,13 @@ def _prepare_embedded(name: str, root: Path) -> Path:
 
 
 def _safetensors_problem(file: Path) -> str | None:
-    """Why ``file`` is not a complete safetensors file, or None; reads only its header.
-
-    The format is an 8-byte little-endian header length, a JSON header giving each tensor's byte range, then
-    the data: a file shorter than the last range was cut off.
-    """
+    """Why ``file`` is not a complete safetensors file, or None; reads only its header."""
     size = file.stat().st_size
     with open(file, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             return f"is {size} bytes, too short to be a safetensors file"
-        (header_len,) = struct.unpack("<Q", head)
+        (header_len,) = struct.unpack("<Q", head)  # the format: this length, a JSON header, then the data
         if 8 + header_len > size:
             return f"is truncated ({size} bytes, its header alone claims {8 + header_len})"
         try:
@@ -133,7 +129,7 @@ def _safetensors_problem(file: Path) -> str | None:
         end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
     except (KeyError, TypeError, ValueError, IndexError):
         return "has a corrupt header (tensor entries without data_offsets)"
-    if 8 + header_len + end > size:
+    if 8 + header_len + end > size:  # shorter than its last tensor's byte range: cut off
         return f"is truncated ({size} bytes of the {8 + header_len + end} its header describes)"
     return None
 
@@ -174,11 +170,7 @@ def missing_tokenizer(folder: str | Path) -> str | None:
 
 
 def check_model_folder(path: str, key: str = "model.name") -> None:
-    """Check a model folder before any engine loads it, reading headers only (cheap).
-
-    Args:
-        path: the folder.
-        key: the setting that names it, for messages.
+    """Check a model folder before any engine loads it, reading headers only; ``key`` names its setting in messages.
 
     Raises:
         ModelFileError: a file of the folder is truncated or corrupt (a broken download), named with its path.

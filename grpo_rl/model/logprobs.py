@@ -50,19 +50,13 @@ def sequence_logprobs(
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> TokenLogprobs:
-    """Log-probs of ``batch["response_ids"]`` under ``model``.
+    """Log-probs of ``batch["response_ids"]`` under the HF causal LM ``model``, at the engine's ``temperature``,
+    ``top_p`` and ``top_k`` (:mod:`grpo_rl.model.vocab`), zeros at padded answer positions.
 
     Args:
-        model: an HF causal LM.
         batch: holds ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` and ``response_ids``/``response_mask`` ``[B, Lr]``.
-        temperature: the sampling temperature; logits are divided by it, as the engine did.
-        with_entropy: also return the per-token entropy of the (tempered, truncated) distribution.
         entropy_grad: give the entropy a gradient (an entropy bonus in the loss); otherwise it is detached.
         share_prompt: run each group's prompt once (:func:`packed_sequence_logprobs`).
-        top_p, top_k: score under the engine's sampling truncation (1 and 0: none; see :mod:`grpo_rl.model.vocab`).
-
-    Returns:
-        :class:`TokenLogprobs` with zeros at padded answer positions.
     """
     if share_prompt:
         return packed_sequence_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
@@ -111,11 +105,8 @@ def packed_sequence_logprobs(
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> TokenLogprobs:
-    """:func:`sequence_logprobs` with each group's prompt run once (see :mod:`grpo_rl.model.packing`).
-
-    Same arguments and result layout (``[B, Lr]``, zeros at padding); rows with the same prompt must be
-    consecutive, as every engine returns them.
-    """
+    """:func:`sequence_logprobs` with each group's prompt run once (:mod:`grpo_rl.model.packing`); rows with the
+    same prompt must be consecutive, as every engine returns them."""
     response_ids = batch["response_ids"]  # [B, Lr]
     packed = pack_groups(batch)
     backbone, head = _backbone_and_head(model)

@@ -32,18 +32,9 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 def apply_lora(model: torch.nn.Module, *, r: int, alpha: float, dropout: float,
                target_modules: Sequence[str]) -> torch.nn.Module:
-    """Add LoRA adapters to ``model`` (an HF causal LM) and freeze everything else.
-
-    Args:
-        model: the policy, already on its device.
-        r: adapter rank.
-        alpha: scaling numerator; the update is ``(alpha / r) B A``.
-        dropout: dropout on the adapter input.
-        target_modules: module names to adapt (``q_proj``, ...), or ``["all-linear"]``.
-
-    Returns:
-        the ``PeftModel``; ``model`` is modified (its target layers are wrapped).
-    """
+    """Wrap ``target_modules`` (``q_proj``, ..., or ``["all-linear"]``) of the HF causal LM ``model``, already on
+    its device, in rank-``r`` LoRA adapters (update ``(alpha / r) B A``) and freeze everything else; returns the
+    ``PeftModel`` (``model`` itself is modified)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -57,11 +48,8 @@ def apply_lora(model: torch.nn.Module, *, r: int, alpha: float, dropout: float,
 
 @torch.no_grad()
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The HF-named state dict of ``model`` with its active adapters folded in, without modifying it.
-
-    Keys are those of the base model saved on its own (``model.layers.0.self_attn.q_proj.weight``, ...);
-    a plain (non-peft) model's own state dict is returned as is.
-    """
+    """The state dict of ``model`` with its active adapters folded in, without modifying it, under the base
+    model's own names (``model.layers.0.self_attn.q_proj.weight``); a plain model's is returned as is."""
     if not is_lora(model):
         return dict(model.state_dict())
     from peft.tuners.lora import LoraLayer

@@ -37,10 +37,8 @@ from tensordict import TensorDict
 
 @dataclass
 class PackedGroups:
-    """A batch of ``B`` (prompt, answer) rows laid out as ``R`` packed group rows of length ``S``.
-
-    ``T`` is the number of real answer tokens in the batch.
-    """
+    """A batch of ``B`` (prompt, answer) rows laid out as ``R`` packed group rows of length ``S``; ``T`` is the
+    number of real answer tokens in the batch."""
 
     input_ids: torch.Tensor  # [R, S] prompt, then every answer of the group, then padding
     position_ids: torch.Tensor  # [R, S] 0..Lp-1 on the prompt, Lp.. again on every answer
@@ -57,11 +55,7 @@ class PackedGroups:
 
 
 def group_spans(group_id: torch.Tensor) -> list[tuple[int, int]]:
-    """``[(start, end), ...]``: maximal runs of consecutive rows with the same ``group_id``.
-
-    Args:
-        group_id: ``[B]``.
-    """
+    """``[(start, end), ...]``: maximal runs of consecutive rows with the same ``group_id`` ``[B]``."""
     b = group_id.shape[0]
     if b == 0:
         return []
@@ -90,13 +84,9 @@ def packed_lengths(batch: TensorDict, spans: list[tuple[int, int]]) -> list[int]
 
 
 def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
-    """Lay ``batch`` out as one row per group; see the module docstring.
-
-    Args:
-        batch: ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` (left-padded), ``response_ids``/``response_mask``
-            ``[B, Lr]`` (right-padded) and ``group_id`` ``[B]``.
-        pad_id: token written at packed padding positions (never attended by a real token).
-    """
+    """Lay ``batch`` out as one row per group (module docstring); ``batch`` holds ``prompt_ids``/``prompt_mask``
+    ``[B, Lp]`` (left-padded), ``response_ids``/``response_mask`` ``[B, Lr]`` (right-padded) and ``group_id``
+    ``[B]``; ``pad_id`` fills packed padding, which no real token attends."""
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
     response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
     device = prompt_ids.device
@@ -154,11 +144,8 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
 
 
 def micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
-    """Split ``batch`` into consecutive micro-batches of at most ``token_budget`` padded tokens each.
-
-    Each micro-batch is trimmed to its own longest prompt (left padding) and answer (right padding). A row
-    longer than the budget on its own still forms a micro-batch of one.
-    """
+    """Split ``batch`` into consecutive micro-batches of at most ``token_budget`` padded tokens each (a longer row
+    forms one alone), each trimmed to its own longest prompt and answer."""
     p_len = batch["prompt_mask"].sum(-1)  # [N]
     r_len = batch["response_mask"].sum(-1)  # [N]
     chunks, start = [], 0
@@ -189,11 +176,8 @@ def trim_padding(mb: TensorDict) -> TensorDict:
 
 def group_micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:
     """Split ``batch`` into consecutive micro-batches of whole groups (runs of one ``group_id``), each of at most
-    ``token_budget`` packed tokens.
-
-    The cost of a micro-batch is ``groups x longest packed row`` (the padded size of :func:`pack_groups`). A group
-    longer than the budget on its own still forms a micro-batch of one. Rows keep their order and padding.
-    """
+    ``token_budget`` packed tokens, ``groups x longest packed row`` (a longer group forms one alone); rows keep
+    their order and padding."""
     spans = group_spans(batch["group_id"])
     lengths = packed_lengths(batch, spans)
     chunks, first = [], 0

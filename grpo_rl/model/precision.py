@@ -59,13 +59,8 @@ class Precision:
 
 
 def resolve_precision(requested: str, device: torch.device, probe: BF16Probe | None = None) -> Precision:
-    """``requested`` (auto | float32 | bfloat16) on ``device`` -> the precision to use and why.
-
-    Args:
-        requested: the config value.
-        device: where the role computes.
-        probe: the hardware's answer (default: :func:`probe_bf16` for ``device``); tests pass one.
-    """
+    """``requested`` (auto | float32 | bfloat16) on ``device`` -> the precision to use and why; ``probe`` stands
+    in for :func:`probe_bf16` (tests)."""
     if requested != "auto":
         return Precision(requested, "set explicitly")
     probe = probe if probe is not None else probe_bf16(device)

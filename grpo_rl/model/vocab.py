@@ -105,12 +105,8 @@ class _LogitScratch:
 
 def _logit_grad(p: torch.Tensor, z: torch.Tensor, g: torch.Tensor, grad_entropy: torch.Tensor | None,
                 targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The gradient w.r.t. one chunk's raw logits, overwriting ``p`` (the softmax of ``z``, ``[c, V]``).
-
-    ``d logprob / d z = onehot(y) - p``, scaled by ``g``; with ``grad_entropy``, ``d H / d z = -p (z - E_p[z])`` is
-    added; then through ``z = logits / temperature``. A truncated ``p`` (0 off the kept set) gives the truncated
-    distribution's gradient.
-    """
+    """The gradient w.r.t. one chunk's raw logits (module docstring), overwriting ``p``, the softmax of ``z``
+    ``[c, V]``; a truncated ``p`` (0 off the kept set) gives the truncated distribution's gradient."""
     if grad_entropy is not None:
         ge = grad_entropy.float().unsqueeze(-1)  # [c, 1]
         mean_z = (p * z).sum(-1, keepdim=True)  # [c, 1]
@@ -124,10 +120,8 @@ def _logit_grad(p: torch.Tensor, z: torch.Tensor, g: torch.Tensor, grad_entropy:
 
 
 class ChunkedTokenLogprob(torch.autograd.Function):
-    """``(hidden [T, H], weight [V, H], targets [T])`` -> ``(logprob [T], entropy [T])``, chunked over ``T``.
-
-    ``entropy`` is returned only when asked for, and carries a gradient only with ``entropy_grad``.
-    """
+    """``(hidden [T, H], weight [V, H], targets [T])`` -> ``(logprob [T], entropy [T] or None)``, chunked over
+    ``T``; the entropy carries a gradient only with ``entropy_grad``."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int,
@@ -212,25 +206,21 @@ def top_p_threshold_sorted(zs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def truncation_threshold(z: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """``[c]``: the smallest logit each row of ``z [c, V]`` keeps under vLLM's top-k then top-p rule (``-inf``: all).
+    """``[c]``: the smallest logit each row of the tempered fp32 logits ``z [c, V]`` keeps under vLLM v1's
+    ``apply_top_k_top_p`` (top-k keeps ``>=`` the k-th largest, then top-p as :func:`top_p_threshold_sorted`);
+    the kept set is ``z >= threshold`` (``-inf``: all).
 
-    The rule of vLLM v1's ``apply_top_k_top_p``: top-k keeps the logits ``>=`` the k-th largest; top-p then sorts
-    ascending, takes the cumulative sum of the softmax of what top-k left, drops the tokens where it is
-    ``<= 1 - top_p`` and always keeps the largest. ``z`` are the tempered fp32 logits; the kept set is
-    ``z >= threshold``.
-
-    Computed without sorting the vocabulary where possible: top-k (alone or before top-p) takes the ``k`` largest
-    with ``topk``, and top-p then runs on those ``k`` exactly as vLLM's does (the tokens top-k removed add zeros).
-    Top-p alone keeps a token when the mass of the larger ones is ``< top_p`` (the same condition: vLLM's ascending
-    sum up to a token is 1 minus that mass), found among the 256, then the 4096 largest logits
-    (:data:`TOP_P_CANDIDATES`); rows that keep more are sorted whole (:func:`top_p_threshold_sorted`). The sums run
-    in another order than vLLM's, so a token whose cumulative mass lies within float rounding (~1e-7) of
-    ``1 - top_p`` can fall on the other side.
+    The vocabulary is sorted only where it must be: top-p alone keeps a token when the mass of the larger ones is
+    ``< top_p`` (vLLM's ascending sum up to a token is 1 minus that mass), searched among the
+    :data:`TOP_P_CANDIDATES` largest logits. Summed in another order than vLLM's, a token whose cumulative mass lies
+    within float rounding (~1e-7) of ``1 - top_p`` can fall on the other side.
     """
     v = z.shape[-1]
     k = top_k if 0 < top_k < v else 0
     if k:
-        top = z.topk(k, dim=-1).values  # [c, k] descending; no sort of the vocabulary, as vLLM's top-k-only path
+        # [c, k] descending; no sort of the vocabulary, as vLLM's top-k-only path. Top-p then runs on these k exactly
+        # as vLLM's does: the tokens top-k removed add zeros to its sums.
+        top = z.topk(k, dim=-1).values
         if top_p >= 1.0:
             return top[:, -1]
         return top_p_threshold_sorted(top.flip(-1), top_p)
@@ -274,15 +264,8 @@ def _kept_logits(z: torch.Tensor, targets: torch.Tensor, top_p: float,
 
 
 class TruncatedTokenLogprob(torch.autograd.Function):
-    """:class:`ChunkedTokenLogprob` under top-k / top-p truncation:
-    ``(hidden, weight, targets, ...)`` -> ``(logprob [T], entropy [T], outside [T])``.
-
-    Per token, ``log p~(y) = z_y - logsumexp(z over the kept set)``, gradient ``onehot(y) - p~`` (``p~`` the
-    softmax over the kept set, 0 elsewhere; the set is a constant), over ``temperature``. Rows whose target is
-    outside the kept set (``outside``) get the untruncated log-prob, entropy and gradient instead: finite
-    stand-ins that the loss gives weight 0. Only the per-row threshold is saved; the backward pass recomputes the
-    chunk's logits and its kept set ``z >= threshold`` from them.
-    """
+    """:class:`ChunkedTokenLogprob` under top-k / top-p truncation (module docstring):
+    ``(hidden, weight, targets, ...)`` -> ``(logprob [T], entropy [T], outside [T])``."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int,
@@ -353,23 +336,16 @@ def token_logprobs(
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Log-prob (and optionally entropy) of ``targets`` under ``head(hidden) / temperature``, truncated by
-    ``top_k`` / ``top_p`` as the engine sampled.
-
-    Args:
-        hidden: ``[T, H]`` hidden states that predict the targets.
-        head: the LM head; a bias-free ``nn.Linear`` takes the chunked path, anything else the plain one.
-        targets: ``[T]`` token ids.
-        with_entropy: also return the entropy of each position's distribution (the truncated one).
-        entropy_grad: give that entropy a gradient (for an entropy bonus); otherwise it is detached.
-        top_p, top_k: the sampling truncation (1 and 0: none, the untouched untruncated path).
+    """Log-prob (and optionally entropy) of ``targets`` ``[T]`` under ``head(hidden) / temperature``
+    (``hidden`` ``[T, H]``), truncated by ``top_k`` / ``top_p`` (0 and 1: none) as the engine sampled.
 
     Returns:
         ``logprob [T]`` and ``entropy [T]`` (or None), both fp32, and ``outside [T]`` (None without truncation):
-        targets outside the truncated set, whose log-prob and entropy are the untruncated stand-ins.
+        targets outside the truncated set, whose log-prob and entropy are the untruncated stand-ins. The entropy
+        has a gradient only with ``entropy_grad``.
     """
     truncated = is_truncated(top_p, top_k)
-    if type(head) is torch.nn.Linear and head.bias is None:
+    if type(head) is torch.nn.Linear and head.bias is None:  # the kernels compute hidden @ weight.T only
         chunk = max(1, CHUNK_ELEMENTS // head.weight.shape[0])
         if truncated:
             return TruncatedTokenLogprob.apply(hidden, head.weight, targets, float(temperature), with_entropy, chunk,
