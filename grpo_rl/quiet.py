@@ -67,13 +67,12 @@ def filter_handlers(logger_name: str | None = None) -> None:
 
 def vllm_logging_config() -> None:
     """Point vLLM at a logging config that is its default (at WARNING, unless ``VLLM_LOGGING_LEVEL`` says
-    otherwise) plus :class:`BenignMessageFilter` on its handler.
+    otherwise) plus :class:`BenignMessageFilter` on its handler; call before vLLM is imported.
 
     vLLM replaces its handlers with ``dictConfig`` whenever an engine starts, so a filter attached from outside
-    would be dropped; ``VLLM_LOGGING_CONFIG_PATH`` is its supported way in. Call before vLLM is imported. A
-    config file the user set is kept.
+    would be dropped; ``VLLM_LOGGING_CONFIG_PATH`` is its supported way in.
     """
-    if verbose() or os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
+    if verbose() or os.environ.get("VLLM_LOGGING_CONFIG_PATH"):  # a config file the user set is kept
         return
     # WARNING unless the user asks for more: vLLM's INFO lines (about 20 at each engine start: its arguments, the
     # resolved architecture, the KV cache size) describe choices the run's own banner already states.

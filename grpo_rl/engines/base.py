@@ -78,13 +78,8 @@ def pack_rollouts(
 
     Args:
         prompts: ``P`` tokenised prompts.
-        responses: ``P * n`` sampled token lists, answers of prompt ``i`` at ``i*n .. i*n+n-1``.
-        logprobs: the sampled tokens' log-probs, same shape as ``responses``.
-        truncated: whether each answer stopped at the length limit.
-        n: answers per prompt.
-        pad_id: token id used for padding.
-        versions: the weight version that sampled each token, same shape as ``responses`` (a served engine's);
-            adds ``behavior_version``.
+        responses: ``P * n`` sampled token lists, answers of prompt ``i`` at ``i*n .. i*n+n-1``; ``logprobs`` and
+            ``versions`` (a served engine's weight version per token, adding ``behavior_version``) alike.
     """
     num = len(responses)
     if num != len(prompts) * n:

@@ -34,7 +34,6 @@ class ServerClient:
     Args:
         url: ``unix:/PATH``, ``http://HOST:PORT`` or ``https://HOST:PORT``.
         key: the bearer key (None: a server without one; never sent before :meth:`verify` passed).
-        timeout: seconds any request may take.
         ca_certs: a CA bundle that verifies an ``https`` server's certificate (None: the system's).
     """
 

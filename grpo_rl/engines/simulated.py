@@ -26,10 +26,8 @@ class SimulatedEngine:
     weights pushed by then (a push during the batch is an in-flight update).
 
     Args:
-        vocab_size: token ids are drawn below it.
         seconds, jitter: the generation time of one batch and its relative spread.
         answer_tokens: tokens per answer (at most the call's ``max_new_tokens``; of the longest, with a long tail).
-        pad_id: the tokenizer's pad id.
         long_tail: spread of answer lengths (``simulate.long_tail``); 0: all of ``answer_tokens``.
     """
 

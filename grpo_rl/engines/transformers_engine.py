@@ -55,9 +55,6 @@ class TransformersEngine:
     """A ``RolloutEngine`` over ``transformers`` ``generate``.
 
     Args:
-        model_path: local HF folder.
-        device: where the engine's copy of the model lives.
-        dtype: ``float32`` or ``bfloat16``.
         max_batch: prompts x answers generated per ``generate`` call (bounds memory).
         compile: a static KV cache, whose decoding step transformers compiles (``inference_model.compile``);
             prompts are left-padded to a multiple of :attr:`PAD_MULTIPLE` so that few shapes compile.

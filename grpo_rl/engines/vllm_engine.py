@@ -43,15 +43,10 @@ class VLLMEngine:
     """A ``RolloutEngine`` over ``vllm.LLM``.
 
     Args:
-        model_path: local HF folder.
-        device: where the engine runs (``cpu`` or ``cuda:i``).
-        dtype: ``float32`` or ``bfloat16``.
         max_model_len: longest prompt + answer.
         seed: engine seed (also used for requests without their own seed).
-        kv_cache_gb: KV cache size on the CPU, in GiB (fractions allowed).
-        gpu_memory_utilization: memory fraction on a GPU.
+        kv_cache_gb: KV cache size on the CPU, in GiB (fractions allowed); ``gpu_memory_utilization`` on a GPU.
         enforce_eager: skip CUDA-graph capture / compilation.
-        enable_prefix_caching: share the KV cache of a group's common prompt.
     """
 
     def __init__(

@@ -50,22 +50,14 @@ class Learner:
     """Owns the trainable model, its optimizer and LR schedule, and the policy version.
 
     Args:
-        model: the trainable causal LM (already on ``device``; or sharded by
-            :func:`~grpo_rl.distributed.sharding.shard_model`, which must come first).
-        device: where training runs.
-        loss: loss settings.
-        optimizer: ``optimizer.name``, adamw | adamw8bit (:mod:`grpo_rl.model.optim`).
-        lr, weight_decay, betas, eps: AdamW.
-        warmup_steps: linear LR warmup length.
+        model: the trainable causal LM, already on ``device`` or sharded by
+            :func:`~grpo_rl.distributed.sharding.shard_model` (which must come first).
+        optimizer: adamw | adamw8bit (:mod:`grpo_rl.model.optim`); ``lr``, ``betas``, ... are AdamW's.
         max_grad_norm: gradient-norm clip (0 disables).
-        micro_batch_tokens: token budget per micro-batch.
         epochs: optimizer steps per batch.
-        bf16_autocast: forward/backward under bf16 autocast with fp32 master weights.
-        gradient_checkpointing: recompute activations in backward.
         share_prompt: run each group's prompt once per forward (:mod:`grpo_rl.model.packing`); micro-batches then
             hold whole groups and ``micro_batch_tokens`` counts packed tokens.
-        compile: ``train.compile`` (auto | true | false, :mod:`grpo_rl.model.compile`).
-        total_steps: the run's steps, for ``compile=auto``'s estimate of the steps left.
+        compile: auto | true | false (:mod:`grpo_rl.model.compile`); ``total_steps`` feeds auto's estimate.
     """
 
     def __init__(
@@ -145,12 +137,9 @@ class Learner:
                                      top_p=self.loss.top_p, top_k=self.loss.top_k)
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
-        """Run ``epochs`` optimizer steps on ``batch``; return the last one's diagnostics (token- or row-weighted
-        means over its micro-batches).
-
-        ``batch`` needs the model keys, ``advantage`` ``[N]``, ``behavior_logprobs`` and, with KL in the loss,
-        ``ref_logprobs``.
-        """
+        """Run ``epochs`` optimizer steps on ``batch`` (the model keys, ``advantage`` ``[N]``,
+        ``behavior_logprobs`` and, with KL in the loss, ``ref_logprobs``); return the last one's diagnostics,
+        token- or row-weighted means over its micro-batches."""
         batch = batch.to(self.device)
         split = group_micro_batches if self.share_prompt else micro_batches
         chunks = split(batch, self.micro_batch_tokens)

@@ -21,10 +21,8 @@ from grpo_rl.model.packing import group_micro_batches, micro_batches
 
 
 class RefScorer:
-    """Scores the sampled answers under the frozen reference model, micro-batched by tokens.
-
-    With ``share_prompt`` each group's prompt is run once (:mod:`grpo_rl.model.packing`).
-    """
+    """Scores the sampled answers under the frozen reference model, micro-batched by tokens (with
+    ``share_prompt``, each group's prompt run once)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, temperature: float = 1.0,
                  micro_batch_tokens: int = 8192, bf16_autocast: bool = False, share_prompt: bool = False):
@@ -63,13 +61,8 @@ class RefScorer:
 
 
 class AdapterDisabledRefScorer(RefScorer):
-    """The reference scorer of a LoRA run: the learner's own model with its adapters switched off.
-
-    Args:
-        model: the learner's ``PeftModel`` (shared, not copied).
-        device: the learner's device.
-        **kwargs: as :class:`RefScorer`.
-    """
+    """The reference scorer of a LoRA run: the learner's own ``PeftModel`` (shared, not copied) with its adapters
+    switched off; ``kwargs`` as :class:`RefScorer`."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, **kwargs):
         if not is_lora(model):

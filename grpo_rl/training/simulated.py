@@ -37,19 +37,8 @@ class SimulatedRefScorer:
 
 
 class SimulatedLearner:
-    """Holds the real model (pushed and checkpointed as usual) but sleeps instead of training.
-
-    One optimizer step on a batch of ``N`` rows takes ``seconds * N / batch_rows`` (a rank of a data-parallel
-    group sums the rows over ranks with its collective, so each rank sleeps for its share and the group takes
-    ``seconds / ranks``), times the jitter; then the version moves on, ``epochs`` times per batch.
-
-    Args:
-        model: the policy (its weights are what a push sends).
-        device: its device.
-        seconds, jitter: one optimizer step's time on a whole batch and its relative spread.
-        batch_rows: rows of a whole batch (``prompts_per_step * group_size``).
-        epochs: optimizer steps per batch.
-    """
+    """Holds the real model (pushed and checkpointed as usual) but sleeps instead of training: an optimizer step
+    on ``N`` rows takes ``seconds * N / batch_rows`` times a relative ``jitter``, ``epochs`` times per batch."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, seconds: float, jitter: float,
                  batch_rows: int, epochs: int = 1):
@@ -64,7 +53,7 @@ class SimulatedLearner:
         rows = float(batch.batch_size[0])
         if self.data_parallel is not None:
             self.data_parallel.sum_scalars([rows])  # the collective a rank makes every step
-        share = rows / self.batch_rows
+        share = rows / self.batch_rows  # a data-parallel rank sleeps its share, so the group takes seconds / ranks
         slept = 0.0
         for _ in range(self.epochs):
             slept += _sleep(self.seconds * share, self.jitter, self.rng)

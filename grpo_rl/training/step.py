@@ -36,15 +36,11 @@ def score_batch(batch: TensorDict, ref: ReferenceScorer | None, policy: PolicyCo
 def train_on_batch(learner: LearnerProtocol, ref: ReferenceScorer | None, batch: TensorDict, policy: PolicyConfig,
                    max_new_tokens: int, between_phases: Callable[[str], None] | None = None,
                    ) -> tuple[TensorDict, dict[str, float]]:
-    """The learner's half of a step, the same in both loops: batch metrics, reference scoring and advantages
-    (:func:`score_batch`), then one :meth:`~grpo_rl.training.learner.Learner.train_step` on the rows the filters leave.
-    ``between_phases(name)`` is called after the reference phase, before the update (it may raise to abandon
-    the step, see :meth:`grpo_rl.run.lifecycle.RunState.between_phases`).
-
-    Returns the batch as trained (zero-variance groups and truncated answers filtered out, if configured) and the
-    step's metrics, with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training
-    seconds, and their rates in tokens (prompt + answer per row) through each pass.
-    """
+    """The learner's half of a step, the same in both loops: :func:`score_batch`, then one
+    :meth:`~grpo_rl.training.learner.Learner.train_step` on the rows the filters leave; returns the batch as trained
+    and the step's metrics (``answer_tokens`` counted before filtering, each pass's seconds and tokens/s).
+    ``between_phases(name)`` runs between the two and may raise to abandon the step
+    (:meth:`grpo_rl.run.lifecycle.RunState.between_phases`)."""
     if learner.compiled and ref is not None:
         ref.compile()  # the reference follows the learner's train.compile decision (no-op once compiled)
     metrics = batch_metrics(batch)
