@@ -22,12 +22,11 @@ whatever was in flight (:class:`~grpo_rl.rollout.source.StreamPosition`).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
 import time
-
+from typing import Callable
 
 from grpo_rl.distributed.buffer import TakeResult
 from grpo_rl.distributed.healing import Restarts, died_how, record_pids
@@ -37,6 +36,7 @@ from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.errors import RoleFailed
 from grpo_rl.rollout.source import Rollout, StreamPosition
 from grpo_rl.placement.context import RunContext
+from grpo_rl.weights.sync import WeightSync
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +53,20 @@ class AsyncRollouts:
         fleet: the engine servers the run started (:class:`~grpo_rl.engines.server.ServerFleet`), one per
             collector; a lost one is started again with its collector.
         restarts: the run's replacement budget and record (default: one of ``pipeline.max_restarts``).
+        weight_sync: builds the run's weight sync over the collector actors once they have started
+            (:func:`~grpo_rl.run.roles.make_weight_sync`); the source keeps it as :attr:`weight_sync`, and a
+            replacement collector gets the newest push from it.
     """
 
-    weight_sync = None
-    """The run's weight sync (set by :func:`~grpo_rl.run.roles.make_roles`): a replacement collector gets its newest
-    push from it."""
-
     def __init__(self, run: RunContext, env, reference: ReferenceActors | None = None, fleet=None,
-                 restarts: Restarts | None = None, *, wait: bool = True):
+                 restarts: Restarts | None = None, *, weight_sync: Callable[[list], WeightSync], wait: bool = True):
         import ray
 
         p = run.cfg.pipeline
         self.run, self.fleet = run, fleet
+        self._make_weight_sync = weight_sync
+        self.weight_sync: WeightSync | None = None
+        """The run's weight sync, built by :meth:`wait_started`."""
         self.restarts = restarts if restarts is not None else Restarts(p.max_restarts, run.run_dir)
         self.restarts.register("collector")
         self.poll_seconds, self.timeout = p.poll_seconds, p.timeout_seconds
@@ -111,6 +113,7 @@ class AsyncRollouts:
         self.pids = {"collector": pids[: len(self.collectors)]}
         self.nodes = self._get([c.node.remote() for c in self.collectors], "the collectors", heal=False)
         self._write_pids()
+        self.weight_sync = self._make_weight_sync(self.collectors)
 
     # -- the RolloutSource protocol -------------------------------------------------------------------------------
 
@@ -268,23 +271,22 @@ class AsyncRollouts:
         who = f"collector replica {replica} (pid {self.pids['collector'][replica]}, node {self.nodes[replica][:12]})"
         if not self.restarts.allowed("collector"):
             raise RoleFailed(f"{who} {cause}; {self.restarts.exhausted('collector')}; its log is above") from error
-        if not getattr(self.weight_sync, "can_replace", True):
+        if not self.weight_sync.can_replace:
             raise RoleFailed(f"{who} {cause}; pipeline.weight_transport=collective cannot give a replacement its "
                              "weights (its broadcast group is fixed at start): use pipeline.weight_transport="
                              "object_store to have lost collectors replaced") from error
         log.warning("%s %s: replacing it", who, cause)
         t0 = time.perf_counter()
         _kill_and_wait(self.collectors[replica], self.timeout)
-        urls = self._engine_server(replica)
-        actor = self._new_collector(replica, urls)
+        self._heal_engine_server(replica)
+        actor = self._new_collector(replica)
         try:
             pid = wait_ready([actor], "replacement collector", self.timeout)[0]
             self.nodes[replica] = self._get(actor.node.remote(), "the replacement collector", heal=False)
         except RoleFailed as e:
             raise RoleFailed(f"{who} {cause}, and its replacement failed: {e}") from error
         self.collectors[replica] = actor
-        if self.weight_sync is not None:  # the newest push, before it generates anything
-            self.weight_sync.send_newest(replica, actor)
+        self.weight_sync.send_newest(replica, actor)  # the newest push, before it generates anything
         position = self.owed_position()
         self._runs[replica] = actor.run.remote(position)
         self.pids["collector"][replica] = pid
@@ -300,28 +302,24 @@ class AsyncRollouts:
         position["consumed"] = sorted(set(position["consumed"]) | set(delivered))
         return position
 
-    def _new_collector(self, replica: int, urls: tuple[str, ...] | None = None):
+    def _new_collector(self, replica: int):
         import ray
 
-        spec = self.run.actor_spec("collector", replica)
-        if urls:
-            spec = dataclasses.replace(spec, engine_urls=urls)
+        # Each collector drives one of the run's servers (the fleet's address now, a replaced server's new one).
+        urls = self.fleet.urls if self.fleet is not None else None
+        spec = self.run.actor_spec("collector", replica, engine_urls=urls)
         p = self.run.cfg.pipeline
         return ray.remote(CollectorWorker).options(**collector_options(self.run)).remote(
             spec, self.buffer, num_replicas=self.num_replicas, poll_seconds=p.poll_seconds, timeout=p.timeout_seconds)
 
-    def _engine_server(self, replica: int) -> tuple[str, ...] | None:
-        """Collector ``replica``'s engine server, started again if the run owns it and it does not answer; None
-        when the run starts no servers (the collector's spec already names the user's)."""
+    def _heal_engine_server(self, replica: int) -> None:
+        """Start collector ``replica``'s engine server again when the run owns it and it does not answer (the
+        user's servers, ``inference_model.urls``, are theirs to restart)."""
         if self.fleet is None:
-            return None
+            return
         index = replica % len(self.fleet.servers)
         if not self.fleet.healthy(index):
-            log.warning("engine server %s does not answer: starting another", self.fleet.servers[index].url)
-            urls = list(self.run.engine_urls)
-            urls[index] = self.fleet.replace(index)
-            self.run.engine_urls = tuple(urls)
-        return (self.run.engine_urls[index],)
+            self.fleet.replace_lost(index)
 
     def _hung_collectors(self) -> list[int]:
         """The replicas inside one engine call for longer than ``pipeline.timeout_seconds``, or that do not answer

@@ -15,9 +15,10 @@ from grpo_rl.placement.context import RunContext
 log = logging.getLogger(__name__)
 
 
-def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
+def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: ServerFleet | None = None):
     """The rollout engine on ``run.devices.inference[0]``. ``policy``: the learner's model, which a
-    ``transformers`` engine generates with under ``inference_model.share_weights`` (no copy of its own)."""
+    ``transformers`` engine generates with under ``inference_model.share_weights`` (no copy of its own);
+    ``fleet``: the servers the run started, which a served engine drives."""
     cfg = run.cfg.inference_model
     device = run.devices.inference[0]
     sim = run.cfg.simulate
@@ -28,7 +29,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None):
                                answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0,
                                long_tail=sim.long_tail)
     if run.placement is not None and run.placement.served:
-        return make_served_engine(run)
+        return make_served_engine(run, fleet.urls if fleet is not None else None)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.engines.vllm_engine import VLLMEngine
@@ -56,13 +57,13 @@ def weight_transfer(run: RunContext) -> str:
     return "nccl" if gpus and one_server and run.mode == "sync" and not run.devices.engine_shares_a_gpu else "file"
 
 
-def make_served_engine(run: RunContext):
-    """A :class:`~grpo_rl.engines.served.ServedEngine` over ``run.engine_urls`` (the run's servers, or this
-    collector's one), else ``inference_model.urls``; the key comes from ``GRPO_RL_ENGINE_KEY``."""
+def make_served_engine(run: RunContext, urls: tuple[str, ...] | None = None):
+    """A :class:`~grpo_rl.engines.served.ServedEngine` over ``urls`` (the servers the run started), else
+    ``run.engine_urls`` (this collector's one, or the user's); the key comes from ``GRPO_RL_ENGINE_KEY``."""
     from grpo_rl.engines.served import ServedEngine
 
     cfg = run.cfg.inference_model
-    urls = list(run.engine_urls or cfg.urls or ())
+    urls = list(urls or run.engine_urls or cfg.urls or ())
     return ServedEngine(urls, key=os.environ.get(KEY_ENV), pad_id=run.tokenizer.pad_token_id or 0,
                         dtype=run.precision.inference.dtype, timeout=cfg.request_timeout_s,
                         inflight=run.mode == "async" and run.cfg.pipeline.inflight_updates,
@@ -72,11 +73,10 @@ def make_served_engine(run: RunContext):
 
 def start_servers(run: RunContext) -> ServerFleet | None:
     """Start one vLLM server per inference device when the engines are served and no ``urls`` were given; the
-    run's key goes into ``GRPO_RL_ENGINE_KEY`` (this process and the actors it starts) and the servers' addresses
-    into ``run.engine_urls``. None when there is nothing to start."""
+    run's key goes into ``GRPO_RL_ENGINE_KEY`` (this process and the actors it starts); the fleet holds the servers'
+    addresses. None when there is nothing to start."""
     cfg = run.cfg.inference_model
-    if cfg.urls:  # the user's servers
-        run.engine_urls = tuple(cfg.urls)
+    if cfg.urls:  # the user's servers (run.engine_urls)
         return None
     if run.placement is None or not run.placement.served:
         return None
@@ -97,6 +97,5 @@ def start_servers(run: RunContext) -> ServerFleet | None:
     fleet = ServerFleet(specs, run.run_dir, host=cfg.server_host, start_timeout=cfg.server_start_timeout_s, tls=tls,
                         ca_certs=cfg.ssl_ca_certs)
     os.environ[KEY_ENV] = fleet.key
-    run.engine_urls = tuple(fleet.urls)
     log.info("engine servers:\n%s", fleet.describe())
     return fleet

@@ -62,6 +62,11 @@ class ServedEngine:
             anything is sent to them (None: not checked).
     """
 
+    # Until __init__ sets them: shutdown() may follow a failed start.
+    servers: list[ServerClient] = []
+    _pool: ThreadPoolExecutor | None = None
+    _weight_folder: RunFolder | None = None
+
     def __init__(self, urls: Sequence[str], *, key: str | None, pad_id: int, dtype: str = "float32",
                  timeout: float = 600.0, inflight: bool = False, transport: str = "file",
                  weight_dir: str | None = None, version: int = 0, ca_certs: str | None = None,
@@ -230,12 +235,12 @@ class ServedEngine:
             future.result()
 
     def shutdown(self) -> None:
-        pool, self._pool = getattr(self, "_pool", None), None
+        pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        for server in getattr(self, "servers", []):
+        for server in self.servers:
             server.close()
-        folder, self._weight_folder = getattr(self, "_weight_folder", None), None
+        folder, self._weight_folder = self._weight_folder, None
         if folder is not None:
             folder.close()
 

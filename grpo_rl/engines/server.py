@@ -210,8 +210,9 @@ class ServerFleet:
         return server
 
     @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
+    def urls(self) -> tuple[str, ...]:
+        """The servers' addresses now (a replaced server's new one)."""
+        return tuple(s.url for s in self.servers)
 
     def _wait_healthy(self, timeout: float, indices: list[int] | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -258,6 +259,16 @@ class ServerFleet:
         self.servers[index] = self._start(index, old.spec, self.run_dir / f"engine_server_{index}.{restarts + 1}.log")
         self._wait_healthy(self.start_timeout, [index])
         return self.servers[index].url
+
+    def lost(self) -> list[int]:
+        """The servers that no longer answer (:meth:`healthy`)."""
+        return [i for i in range(len(self.servers)) if not self.healthy(i)]
+
+    def replace_lost(self, index: int) -> str:
+        """The one way a run replaces a lost server (both loops): start server ``index`` again on its device (what
+        is left of it stopped first) and return its new address, which :attr:`urls` holds from then on."""
+        log.warning("engine server %s does not answer: starting another", self.servers[index].url)
+        return self.replace(index)
 
     def check_alive(self) -> None:
         """Raise :class:`RoleFailed` naming the first server that exited."""

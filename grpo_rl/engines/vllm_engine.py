@@ -49,6 +49,8 @@ class VLLMEngine:
         enforce_eager: skip CUDA-graph capture / compilation.
     """
 
+    llm = None  # until vLLM is up: shutdown() may follow a failed start
+
     def __init__(
         self,
         model_path: str,
@@ -129,7 +131,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        llm, self.llm = getattr(self, "llm", None), None
+        llm, self.llm = self.llm, None
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)
             core = getattr(engine, "engine_core", None)

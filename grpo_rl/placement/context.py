@@ -263,19 +263,22 @@ class RunContext:
     """Reward functions given as Python objects (:class:`~grpo_rl.envs.rewards.custom.RewardFunction`, the Python API's
     ``rewards``), added to the configured ones wherever an environment is built; actors get them pickled."""
     engine_urls: tuple[str, ...] = ()
-    """The vLLM servers this process's engine drives (a collector actor: its own one); empty without servers."""
+    """The vLLM servers given to this process's engine: the user's (``inference_model.urls``) in the driver, its own
+    one in a collector actor; empty otherwise. Servers the run starts are the
+    :class:`~grpo_rl.engines.server.ServerFleet`'s, which holds their addresses."""
 
     @property
     def uses_ref(self) -> bool:
         """A KL penalty needs reference log-probs (from a reference model, or for LoRA the adapters-off model)."""
         return uses_reference(self.cfg)
 
-    def actor_spec(self, role: str, index: int) -> "ActorSpec":
-        """The slice of this context that worker ``index`` of ``role`` (an actor) needs."""
+    def actor_spec(self, role: str, index: int, engine_urls: tuple[str, ...] | None = None) -> "ActorSpec":
+        """The slice of this context that worker ``index`` of ``role`` (an actor) needs; a collector drives one of
+        ``engine_urls`` (the servers the run started; default :attr:`engine_urls`)."""
         from omegaconf import OmegaConf
 
         placement = getattr(self.placement, role)
-        urls = self.engine_urls
+        urls = self.engine_urls if engine_urls is None else tuple(engine_urls)
         if role == "collector" and urls:  # each collector drives a server of its own
             urls = (urls[index % len(urls)],)
         return ActorSpec(cfg=OmegaConf.to_container(self.cfg, resolve=True), run_dir=str(self.run_dir),

@@ -112,7 +112,7 @@ def allocate_devices(
     num_gpus = available_gpus() if num_gpus is None else num_gpus
     num_cpus = available_cpus() if num_cpus is None else num_cpus
     if need_reward_model is None:
-        need_reward_model = bool(getattr(getattr(cfg, "reward", None), "model_path", None))
+        need_reward_model = bool(cfg.reward.model_path)
     roles = [r for r in ROLES if (need_ref or r != "ref_model") and (need_reward_model or r != "reward_model")]
     if num_gpus == 0:
         alloc = _allocate_cpu(cfg, roles, num_cpus)

@@ -14,6 +14,7 @@ Ray is started once, by :func:`start_roles`, when some role runs as actors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from grpo_rl.distributed.pipeline import AsyncRollouts
 from grpo_rl.distributed.reference_actors import ReferenceActors
 from grpo_rl.errors import RoleFailed
 from grpo_rl.engines.build import make_engine, start_servers
+from grpo_rl.engines.server import ServerFleet
 from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.placement.context import RunContext
 from grpo_rl.placement.ray import start_ray, stop_ray
@@ -85,31 +87,30 @@ def make_rollout_source(run: RunContext, env, *, engine=None, reference=None, ev
 def _collecting_source(run: RunContext, env, *, engine, reference, evaluator, fleet=None, restarts=None,
                        weight_sync=None, wait: bool = True):
     if engine is not None:
-        heal = served_healer(run, fleet, engine, weight_sync, restarts) if fleet is not None else None
+        heal = served_healer(fleet, engine, weight_sync, restarts) if fleet is not None else None
         return InProcessRollouts(make_collector(run, engine, env), evaluator, heal=heal), reference
     stage = reference if isinstance(reference, ReferenceActors) else None
-    rollouts = AsyncRollouts(run, env, reference=stage, fleet=fleet, restarts=restarts, wait=wait)
+    rollouts = AsyncRollouts(run, env, reference=stage, fleet=fleet, restarts=restarts, wait=wait,
+                             weight_sync=functools.partial(make_weight_sync, run))
     return rollouts, (None if stage is not None else reference)
 
 
-def served_healer(run: RunContext, fleet, engine, weight_sync: InPlaceWeightSync, restarts: Restarts):
+def served_healer(fleet: ServerFleet, engine, weight_sync: WeightSync, restarts: Restarts):
     """The synchronous loop's answer to a failed collection with engine servers the run started: every server
-    that no longer answers is started again (within ``pipeline.max_restarts``), given the newest weights, and the
-    batch is collected again. A failure with every server healthy is not healed."""
+    that no longer answers is started again by ``fleet`` (within ``pipeline.max_restarts``), given the newest
+    weights, and the batch is collected again. A failure with every server healthy is not healed."""
     restarts.register("engine")
 
     def heal(error: RoleFailed) -> bool:
-        lost = [i for i in range(len(fleet.servers)) if not fleet.healthy(i)]
+        lost = fleet.lost()
         if not lost:
             return False
         for index in lost:
             if not restarts.allowed("engine"):
                 raise RoleFailed(f"{error}; {restarts.exhausted('engine')}") from error
-            log.warning("engine server %s does not answer: starting another", fleet.servers[index].url)
             t0 = time.perf_counter()
-            url = fleet.replace(index)
+            url = fleet.replace_lost(index)
             engine.replace_server(index, url)
-            run.engine_urls = tuple(fleet.urls)
             weight_sync.push_again()
             restarts.record("engine", index, str(error), time.perf_counter() - t0, url=url)
         return True
@@ -127,9 +128,10 @@ def with_dynamic_sampling(run: RunContext, source: RolloutSource) -> RolloutSour
                            max_extra_rounds=policy.dynamic_sampling_max_rounds)
 
 
-def make_weight_sync(run: RunContext, *, engine=None, rollouts: AsyncRollouts | None = None) -> WeightSync:
-    """In-place reload of ``engine`` (synchronous loop), or a push to ``rollouts``' collectors by
-    ``pipeline.weight_transport`` (auto: a collective broadcast between GPUs, the object store on the CPU)."""
+def make_weight_sync(run: RunContext, collectors: list | None = None, *, engine=None) -> WeightSync:
+    """In-place reload of ``engine`` (synchronous loop), or a push to the asynchronous loop's ``collectors`` (the
+    :class:`AsyncRollouts`' own list, which builds its sync with it) by ``pipeline.weight_transport`` (auto: a
+    collective broadcast between GPUs, the object store on the CPU)."""
     if engine is not None:
         return InPlaceWeightSync(engine)
     transport = run.cfg.pipeline.weight_transport
@@ -142,13 +144,10 @@ def make_weight_sync(run: RunContext, *, engine=None, rollouts: AsyncRollouts | 
     if transport == "collective":
         from grpo_rl.weights.collective_sync import CollectiveWeightSync
 
-        sync = CollectiveWeightSync(rollouts.collectors, device=run.devices.train[0],
-                                    timeout=run.cfg.pipeline.timeout_seconds)
-    else:  # a push skips a collector that died: its replacement is given the newest push
-        sync = ObjectStoreWeightSync(rollouts.collectors, timeout=run.cfg.pipeline.timeout_seconds,
-                                     lost_ok=run.cfg.pipeline.max_restarts > 0)
-    rollouts.weight_sync = sync
-    return sync
+        return CollectiveWeightSync(collectors, device=run.devices.train[0], timeout=run.cfg.pipeline.timeout_seconds)
+    # a push skips a collector that died: its replacement is given the newest push
+    return ObjectStoreWeightSync(collectors, timeout=run.cfg.pipeline.timeout_seconds,
+                                 lost_ok=run.cfg.pipeline.max_restarts > 0)
 
 
 @dataclass(frozen=True)
@@ -204,12 +203,12 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
     restarts = Restarts(cfg.pipeline.max_restarts, run.run_dir)
     if run.mode == "sync":
         shared = cfg.inference_model.share_weights
-        engine = None if shared else make_engine(run)
+        engine = None if shared else make_engine(run, fleet=fleet)
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)
         if shared:
-            engine = make_engine(run, policy=learner.model)
+            engine = make_engine(run, policy=learner.model, fleet=fleet)
         cleanup.callback(engine.shutdown)
         weight_sync = make_weight_sync(run, engine=engine)
         source, reference = _collecting_source(run, env, engine=engine,
@@ -228,8 +227,8 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)
-        rollouts.wait_started()  # and its reference stage
-        weight_sync = make_weight_sync(run, rollouts=rollouts)
+        rollouts.wait_started()  # and its reference stage, and the weight sync to its collectors
+        weight_sync = rollouts.weight_sync
         push = PushPolicy(every=cfg.pipeline.push_every, stop_between_phases=False)
     cleanup.callback(weight_sync.close)
     if run.placement.learner.actors:

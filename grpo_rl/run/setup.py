@@ -56,7 +56,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     run_dir.mkdir(parents=True, exist_ok=True)
     run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
                      precision=precision, placement=placement, mode=mode, started=started,
-                     rewards=rewards)
+                     rewards=rewards, engine_urls=tuple(cfg.inference_model.urls or ()))
     torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
     log.info("%s", describe_run(run, mode))
     return run

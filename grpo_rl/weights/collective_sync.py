@@ -61,5 +61,8 @@ class CollectiveWeightSync:
                          "give a replacement its weights (its broadcast group is fixed at start); use "
                          "pipeline.weight_transport=object_store to have lost collectors replaced")
 
+    def push_again(self) -> None:
+        """The collectors' engines are replaced with their collectors, which this transport cannot serve."""
+
     def close(self) -> None:
         self.group.close()

@@ -97,6 +97,20 @@ class WeightSync(Protocol):
         the seconds blocked."""
         ...
 
+    can_replace: bool
+    """Whether a lost collector can be replaced: its replacement can be given the newest push
+    (:meth:`send_newest`)."""
+
+    def send_newest(self, replica: int, actor) -> None:
+        """Give ``actor``, the replacement of collector ``replica``, the newest push (nothing before the first: it
+        starts from the model's own weights, version 0). Raises :class:`~grpo_rl.errors.RoleFailed` where
+        ``can_replace`` is False."""
+        ...
+
+    def push_again(self) -> None:
+        """Push the newest weights once more, to engines started again in place (nothing before the first push)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -128,6 +142,13 @@ class InPlaceWeightSync:
     def delivered(self) -> float:
         """A push here is done when it returns."""
         return 0.0
+
+    can_replace = False
+    """No collector actors: the engine is this process's."""
+
+    def send_newest(self, replica: int, actor) -> None:
+        raise RoleFailed(f"collector replica {replica} was lost, but the engine of this weight sync is in the "
+                         "driver: there is no collector actor to replace")
 
     def close(self) -> None:
         """The engine is shut down by its owner."""
@@ -176,6 +197,9 @@ class ObjectStoreWeightSync:
         wait_for_collectors([call], "taking the newest weights as a replacement", self.timeout)
         if replica < len(self._inflight):
             self._inflight[replica] = call
+
+    def push_again(self) -> None:
+        """The collectors' engines are replaced with their collectors, which :meth:`send_newest` serves."""
 
     def close(self) -> None:
         self._inflight = []

@@ -60,7 +60,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
     from grpo_rl.run.setup import make_run
     from grpo_rl.model.logprobs import sequence_logprobs
     from grpo_rl.model.packing import trim_padding
-    from grpo_rl.run.roles import make_learner, make_rollout_source, make_weight_sync, start_roles
+    from grpo_rl.run.roles import make_learner, make_rollout_source, start_roles
 
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
@@ -74,7 +74,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
         rollouts, _ = make_rollout_source(run, make_env(cfg, run.tokenizer, devices=run.devices))
         cleanup.callback(rollouts.close)
         learner = make_learner(run)
-        sync = make_weight_sync(run, rollouts=rollouts)
+        sync = rollouts.weight_sync  # built over the collectors once they started
         cleanup.callback(sync.close)
 
         def max_gap(batch) -> float:

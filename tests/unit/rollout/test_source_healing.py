@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.distributed.healing import Restarts
+from grpo_rl.engines.server import ServerFleet
 from grpo_rl.errors import RoleFailed
 from grpo_rl.rollout.collector import CollectStats
 from grpo_rl.rollout.source import InProcessRollouts
@@ -67,6 +68,8 @@ def test_without_healing_or_when_it_declines_the_failure_ends_the_run():
 
 
 class FakeFleet:
+    lost, replace_lost = ServerFleet.lost, ServerFleet.replace_lost  # the fleet's own, over the fakes below
+
     def __init__(self, alive: list[bool]):
         self.alive = alive
         self.servers = [SimpleNamespace(url=f"http://127.0.0.1:{9000 + i}") for i in range(len(alive))]
@@ -87,6 +90,8 @@ class FakeFleet:
 class StandInFleet:
     """A fleet of stand-in vLLM servers (tests/engine_stand_in.py): a lost server is "started again" as a fresh
     stand-in, which holds no weights and no weight folder, as a new vLLM process would."""
+
+    lost, replace_lost = ServerFleet.lost, ServerFleet.replace_lost
 
     def __init__(self, size: int, key: str):
         from tests.engine_stand_in import StandIn
@@ -146,9 +151,8 @@ def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_wei
     (tmp_path / "weights").mkdir()
     engine = ServedEngine(fleet.urls, key="run-key", pad_id=0, timeout=10, weight_dir=str(tmp_path / "weights"))
     sync = InPlaceWeightSync(engine)
-    run = SimpleNamespace(engine_urls=tuple(fleet.urls))
     restarts = Restarts(1, tmp_path)
-    source = InProcessRollouts(GeneratingCollector(engine), heal=served_healer(run, fleet, engine, sync, restarts))
+    source = InProcessRollouts(GeneratingCollector(engine), heal=served_healer(fleet, engine, sync, restarts))
     try:
         first = {"w": torch.randn(4, 3), "b": torch.randn(3)}
         newest = {"w": torch.randn(4, 3), "b": torch.randn(3)}
@@ -161,7 +165,7 @@ def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_wei
         rollout = source.next_batch(2)
 
         new = fleet.servers[1]
-        assert new is not lost and run.engine_urls == (fleet.servers[0].url, new.url)
+        assert new is not lost and fleet.urls == [fleet.servers[0].url, new.url]
         assert restarts.metrics()["restarts/engine"] == 1
         for server in fleet.servers:  # the new server and the one that survived: the newest push, version 2
             assert server.version == "2" and sorted(server.weights) == ["b", "w"]
@@ -180,13 +184,12 @@ def test_served_healer_restarts_only_the_lost_servers_pushes_again_and_keeps_its
     calls = []
     engine = SimpleNamespace(replace_server=lambda i, url: calls.append(("replace", i, url)))
     sync = SimpleNamespace(push_again=lambda: calls.append(("push",)))
-    run = SimpleNamespace(engine_urls=())
     fleet = FakeFleet([True, False])
     restarts = Restarts(1, tmp_path)
-    heal = served_healer(run, fleet, engine, sync, restarts)
+    heal = served_healer(fleet, engine, sync, restarts)
     assert heal(RoleFailed("engine server http://127.0.0.1:9001 is not reachable"))
     assert calls == [("replace", 1, "http://127.0.0.1:9101"), ("push",)]
-    assert run.engine_urls == ("http://127.0.0.1:9000", "http://127.0.0.1:9101")
+    assert fleet.urls == ["http://127.0.0.1:9000", "http://127.0.0.1:9101"]
     assert restarts.metrics()["restarts/engine"] == 1
     assert not heal(RoleFailed("a failure with every server up"))  # not the servers' doing: not healed
     fleet.alive[0] = False
