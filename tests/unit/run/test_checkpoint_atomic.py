@@ -15,6 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from grpo_rl.run import atomic_fs
 from grpo_rl.run import checkpoint as ckpt
 from grpo_rl.run.checkpoint import Checkpointer, export_model_atomic, load_model_weights, load_trainer_state
 from grpo_rl.config.schema import GRPOConfig
@@ -110,7 +111,7 @@ def test_debris_of_a_killed_save_is_ignored_and_cleaned(tiny_model, tokenizer, t
 def test_killed_between_renames_of_a_resave_keeps_the_old_folder(tiny_model, tokenizer, tmp_path, monkeypatch):
     ckp = Checkpointer(tmp_path, keep=1)
     first = _save(ckp, 5, tiny_model, tokenizer)
-    real_replace = ckpt.os.replace
+    real_replace = atomic_fs.os.replace
     calls = []
 
     def failing_second_rename(src, dst):
@@ -119,10 +120,10 @@ def test_killed_between_renames_of_a_resave_keeps_the_old_folder(tiny_model, tok
             raise OSError("killed")
         real_replace(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", failing_second_rename)
+    monkeypatch.setattr(atomic_fs.os, "replace", failing_second_rename)
     with pytest.raises(OSError, match="killed"):
         ckp.save(5, tiny_model, tokenizer, {"learner": {"version": 99}})
-    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    monkeypatch.setattr(atomic_fs.os, "replace", real_replace)
     assert ckp.latest() == first and load_trainer_state(first)["learner"] == {"version": 5}
 
     # A hard kill at the same point leaves the old folder moved aside; the next look puts it back.
