@@ -56,30 +56,6 @@ _RESUMABLE_CHANGES = ("resume", "output_dir", "train.steps", "train.prompt_epoch
                       "eval.", "model.cache_dir")
 
 
-def hydra_run_dir(cfg) -> Path:
-    """``cfg.output_dir`` if set, else the folder Hydra made for this job (outputs/DATE/TIME, or
-    multirun/DATE/TIME/N in a sweep). In a sweep, ``output_dir`` gets the job number appended so jobs never
-    share a folder."""
-    if cfg.output_dir:
-        base = Path(cfg.output_dir).expanduser().resolve()
-        job = _multirun_job_number()
-        return base / str(job) if job is not None else base
-    from hydra.core.hydra_config import HydraConfig
-
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
-def _multirun_job_number() -> int | None:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hydra_cfg = HydraConfig.get()
-    except (ImportError, ValueError):  # not running under Hydra
-        return None
-    return int(hydra_cfg.job.num) if hydra_cfg.mode == RunMode.MULTIRUN else None
-
-
 def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
     """The checkpoint ``cfg.resume`` names, checked against its manifest before anything of it is loaded; None
     without ``resume`` or, with ``resume=auto``, when the run has no checkpoint yet.

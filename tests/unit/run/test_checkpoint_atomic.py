@@ -41,6 +41,7 @@ class _Learner:
         self.model = model
         self.version = 0
         self.skipped_steps = 0
+        self.lost = False
 
     def state_dict(self) -> dict:
         return {"version": self.version, "skipped_steps": self.skipped_steps}
