@@ -9,15 +9,12 @@ run, stopping and the step logs are :mod:`grpo_rl.run.checkpoint_manager`'s, :mo
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from grpo_rl.errors import RunFolderError
 from grpo_rl.run.checkpoint import CheckpointDamagedError, Checkpointer, saved_model_name, verify_checkpoint
-
-log = logging.getLogger(__name__)
 
 # Keys that may change between a run and its resumption without changing what is computed.
 _RESUMABLE_CHANGES = ("resume", "output_dir", "train.steps", "train.prompt_epochs", "train.max_time_minutes",

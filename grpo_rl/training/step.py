@@ -39,7 +39,7 @@ def train_on_batch(learner: LearnerProtocol, ref: ReferenceScorer | None, batch:
     """The learner's half of a step, the same in both loops: batch metrics, reference scoring and advantages
     (:func:`score_batch`), then one :meth:`~grpo_rl.training.learner.Learner.train_step` on the rows the filters leave.
     ``between_phases(name)`` is called after the reference phase, before the update (it may raise to abandon
-    the step, see :meth:`grpo_rl.run.lifecycle.RunState.between_phases`).
+    the step, see :meth:`grpo_rl.run.stopping.Stopper.between_phases`).
 
     Returns the batch as trained (zero-variance groups and truncated answers filtered out, if configured) and the
     step's metrics, with ``answer_tokens`` (the batch's answer tokens before filtering), the reference and training
