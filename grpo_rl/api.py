@@ -89,11 +89,10 @@ def train(cfg, run_dir: str | Path, *, mode: str = "sync", rewards: Sequence[Rew
     quiet_start()  # drop the known start-up noise of vLLM, torch, transformers and wandb (GRPO_VERBOSE=1 keeps it)
     from grpo_rl.run.loop import train as run_loop
 
-    state = run_loop(cfg, Path(run_dir), mode, tuple(rewards))
-    summary = state.summary()
-    print(summary, flush=True)
-    return RunResult(run_dir=Path(state.run_dir), steps=state.step, final_reward=state.result(),
-                     stopped_because=state.stopped_because, summary=summary)
+    outcome = run_loop(cfg, Path(run_dir), mode, tuple(rewards))
+    print(outcome.summary, flush=True)
+    return RunResult(run_dir=Path(outcome.run_dir), steps=outcome.steps, final_reward=outcome.final_reward,
+                     stopped_because=outcome.stopped_because, summary=outcome.summary)
 
 
 def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), *,

@@ -16,9 +16,8 @@ from __future__ import annotations
 import hydra
 
 from grpo_rl.api import train
-from grpo_rl.cli.entry import run_entry, user_errors
+from grpo_rl.cli.entry import hydra_run_dir, run_entry, user_errors
 from grpo_rl.config.schema import register_configs
-from grpo_rl.run.lifecycle import hydra_run_dir
 
 register_configs()
 

@@ -4,6 +4,7 @@
   hint for an unknown key is to add it with ``+``, and a ``+key`` is then silently accepted and ignored; here
   both forms end with the key, its nearest valid names and where every key is documented.
 * :func:`check_output_dir_override` refuses an ``output_dir`` that is a file, before Hydra tries to make the folder.
+* :func:`hydra_run_dir` is the run folder: ``output_dir``, or the folder Hydra made for the job.
 * :func:`user_errors` turns a :class:`~grpo_rl.errors.UserError` raised by the run into one line on stderr and
   exit status 2; any other exception keeps its traceback. An error in the command line itself (a value Hydra
   cannot convert, say) also exits with 2.
@@ -26,6 +27,30 @@ from grpo_rl.errors import RoleFailed, UserError
 log = logging.getLogger(__name__)
 
 USER_ERROR_EXIT = 2
+
+
+def hydra_run_dir(cfg) -> Path:
+    """``cfg.output_dir`` if set, else the folder Hydra made for this job (outputs/DATE/TIME, or
+    multirun/DATE/TIME/N in a sweep). In a sweep, ``output_dir`` gets the job number appended so jobs never
+    share a folder."""
+    if cfg.output_dir:
+        base = Path(cfg.output_dir).expanduser().resolve()
+        job = _multirun_job_number()
+        return base / str(job) if job is not None else base
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def _multirun_job_number() -> int | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+    except (ImportError, ValueError):  # not running under Hydra
+        return None
+    return int(hydra_cfg.job.num) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
 def schema_keys(schema: type = GRPOConfig) -> tuple[set[str], set[str], set[str]]:

@@ -14,12 +14,11 @@ A checkpoint is a folder ``<run_dir>/checkpoints/step_XXXXXXXX/`` holding
 The engine needs no state of its own: its sampling seeds are derived from ``(seed, step)`` by the collector,
 and its weights are pushed from the learner on resume.
 
-The folder is written under a temporary name in the same directory, flushed to disk, and renamed into place:
-a crash mid-write leaves a ``.tmp-*`` folder that is ignored (and removed by the next :class:`Checkpointer`
-of the run, see :func:`remove_stale_tmp`), never a checkpoint that loads half. A full disk raises
-:class:`DiskFullError` and leaves the previous checkpoint as it was. Re-saving an existing step moves the old
-folder aside first and deletes it only after the new one is in place. Only the newest ``keep`` checkpoints are
-kept.
+A checkpoint is written whole or not at all (:func:`grpo_rl.run.atomic_fs.atomic_folder`): a crash mid-write
+leaves a ``.tmp-*`` folder that is ignored (and removed by the next :class:`Checkpointer` of the run), never a
+checkpoint that loads half; a full disk raises :class:`~grpo_rl.run.atomic_fs.DiskFullError` and leaves the previous
+checkpoint as it was; re-saving an existing step replaces the old folder only once the new one is in place. Only the
+newest ``keep`` checkpoints are kept.
 
 Nothing is loaded from a checkpoint before it is checked against its manifest (:func:`verify_checkpoint`, called by
 :func:`load_trainer_state` and :func:`load_model_weights`): a file cut short or changed after the save is a
@@ -29,23 +28,20 @@ manifest (its JSON files and safetensors headers), and a load that fails on it n
 """
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import pickle
 import random
 import re
 import shutil
-import socket
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from grpo_rl.errors import RunFolderError, UserError
+from grpo_rl.errors import RunFolderError
+from grpo_rl.run.atomic_fs import DiskFullError  # noqa: F401 - what the saves and exports below raise
+from grpo_rl.run.atomic_fs import atomic_folder, recover_moved_aside, remove_stale_tmp
 from grpo_rl.run.manifest import (
     CheckpointDamagedError,
     Damage,
@@ -61,20 +57,6 @@ from grpo_rl.run.manifest import (
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
-# ``.tmp-<name>-<pid>@<host>-<random>``: the writer of a temporary folder, so that a look at the run folder
-# from another process (an evaluation of a live run) never removes a save that is still being written.
-_TMP_WRITER = re.compile(r"^\.tmp-.*-(\d+)@([^-]*)-[^-]*$")
-# A temporary folder of another host is left alone unless it is older than this (no save takes a day).
-_FOREIGN_TMP_MAX_AGE_S = 24 * 3600
-_DISK_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-# How safetensors and other libraries that hide the errno spell it.
-_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "storagefull", "quotaexceeded")
-# A write that fails with less than this free is taken as a full disk.
-_NEARLY_FULL_BYTES = 64 * 2**20
-
-
-class DiskFullError(UserError, OSError):
-    """A checkpoint or export could not be written because the disk (or the user's quota) is full."""
 
 
 class CheckpointNotFoundError(RunFolderError, FileNotFoundError):
@@ -109,185 +91,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _tuplify(x):
     return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())  # no "-": it separates the parts of a tmp name
-
-
-def _make_tmp(parent: Path, name: str) -> Path:
-    """A fresh hidden folder in ``parent`` (same file system, so the final rename is atomic), named after its
-    writer (pid and host) so that :func:`remove_stale_tmp` can tell a live save from debris."""
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-{name}-{os.getpid()}@{_host()}-"))
-    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would make checkpoints private to this user
-    return tmp
-
-
-def _process_umask() -> int:
-    """This process's umask, read without changing it (the ``Umask:`` line of ``/proc/self/status``, Linux 4.7+).
-    Without that line it is set and put back, once, at import; to 0o077 meanwhile, so that a file another thread
-    creates in that instant is only more private, never writable by others as under ``umask(0)``."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    umask = os.umask(0o077)
-    os.umask(umask)
-    return umask
-
-
-_UMASK = _process_umask()  # once: the umask is process-wide, and the run's threads create files
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Move the finished folder ``tmp`` to ``final``.
-
-    An existing ``final`` is first renamed to ``.old-<name>-<pid>`` and deleted only once ``tmp`` is in place;
-    if the second rename fails it is put back, and if the process dies between the two renames
-    :func:`_recover_moved_aside` puts it back on the next look.
-    """
-    _fsync_tree(tmp)
-    old = None
-    if final.exists():
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.replace(final, old)
-    try:
-        os.replace(tmp, final)
-    except BaseException:
-        if old is not None and not final.exists():
-            os.replace(old, final)
-        raise
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename itself durable
-    finally:
-        os.close(fd)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by another user
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _is_stale_tmp(folder: Path) -> bool:
-    """Whether a ``.tmp-*`` folder is debris: its writer is this process (whose saves are over), a dead process
-    of this host, unknown (an older naming), or another host's and more than a day old."""
-    match = _TMP_WRITER.match(folder.name)
-    if match is None:
-        return True
-    pid, host = int(match.group(1)), match.group(2)
-    if host == _host():
-        return pid == os.getpid() or not _pid_alive(pid)
-    try:
-        return time.time() - folder.stat().st_mtime > _FOREIGN_TMP_MAX_AGE_S
-    except OSError:
-        return False
-
-
-def remove_stale_tmp(root: str | Path) -> int:
-    """Remove the temporary folders (``.tmp-*``) that interrupted saves left in ``root``; returns how many.
-
-    A folder whose writer is another live process (a run saving while this one only looks) is kept.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        return 0
-    removed = 0
-    for tmp in root.glob(".tmp-*"):
-        if tmp.is_dir() and _is_stale_tmp(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-            removed += not tmp.exists()
-    return removed
-
-
-def _errors_of(error: BaseException):
-    """``error`` and the exceptions it was raised from or while handling."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
-def _free_bytes(path: Path) -> int | None:
-    for p in (path, *path.parents):
-        if p.exists():
-            try:
-                return shutil.disk_usage(p).free
-            except OSError:
-                return None
-    return None
-
-
-def _disk_full_error(error: BaseException, what: str, target: Path, free: int | None,
-                     kept: str) -> DiskFullError | None:
-    """A :class:`DiskFullError` for ``error`` if a full disk caused it, else None.
-
-    Args:
-        error: what the write raised.
-        what: the thing that was being written, for the message ("checkpoint /run/checkpoints/step_00000010").
-        target: a path on the disk written to.
-        free: free bytes on that disk when the write failed (before its partial output was removed).
-        kept: what is still intact, for the message ("earlier checkpoints are intact").
-    """
-    code = None
-    for e in _errors_of(error):
-        if isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
-            code = e.errno
-            break
-        text = str(e).lower()
-        if any(t in text for t in _DISK_FULL_TEXT):
-            code = errno.EDQUOT if "quota" in text and hasattr(errno, "EDQUOT") else errno.ENOSPC
-            break
-    if code is None:
-        # torch.save says only "file write failed": a failed write on a nearly full disk is taken as full.
-        if ("write" not in str(error).lower() or not isinstance(error, (OSError, RuntimeError))
-                or free is None or free >= _NEARLY_FULL_BYTES):
-            return None
-        code = errno.ENOSPC
-    if code == errno.ENOSPC:
-        cause = f"the disk is full ({os.strerror(code)}, ENOSPC"
-    else:
-        cause = f"your disk quota is used up ({os.strerror(code)}, EDQUOT"
-    now = _free_bytes(target)
-    cause += f"; {now / 2**20:.0f} MiB free now)" if now is not None else ")"
-    full = DiskFullError(f"cannot write {what}: {cause}. Free space on that disk, or set output_dir to a folder on "
-                         f"another disk (train.keep_checkpoints=1 keeps fewer checkpoints). The partial folder was "
-                         f"removed; {kept}")
-    full.errno = code
-    return full
-
-
-def _recover_moved_aside(root: Path) -> None:
-    """Put back a folder that :func:`_publish` moved aside when the process died before its replacement landed."""
-    for old in root.glob(".old-*"):
-        name = old.name[len(".old-"):].rsplit("-", 1)[0]
-        if not (root / name).exists():
-            os.replace(old, root / name)
-            log.warning("restored %s, moved aside by a save that did not finish", root / name)
 
 
 class Checkpointer:
@@ -325,10 +128,7 @@ class Checkpointer:
         from grpo_rl.model.lora import ADAPTER_DIR, is_lora, save_adapter
 
         final = self.root / f"step_{step:08d}"
-        tmp = None
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = _make_tmp(self.root, final.name)
+        with atomic_folder(final, f"checkpoint {final}", kept="earlier checkpoints are intact") as tmp:
             if is_lora(model):
                 save_adapter(model, tmp / ADAPTER_DIR)
             if export_model_dir or not is_lora(model):
@@ -338,16 +138,6 @@ class Checkpointer:
             # A state that brings its own RNG states (taken at a step boundary) keeps them.
             torch.save({"rng": rng_state(), **state, "step": step}, tmp / "trainer_state.pt")
             write_manifest(tmp)  # last: it records every file above
-            _publish(tmp, final)
-        except BaseException as e:
-            free = _free_bytes(self.root)  # before the partial folder is removed, which frees space again
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            full = (_disk_full_error(e, f"checkpoint {final}", self.root, free, "earlier checkpoints are intact")
-                    if isinstance(e, Exception) else None)
-            if full is not None:
-                raise full from e
-            raise
         self._prune(step)
         log.info("checkpoint saved: %s", final)
         return final
@@ -360,7 +150,7 @@ class Checkpointer:
         logs back to that step. Kept, it would make ``keep`` prune this run's own checkpoints first, and a later
         ``resume=auto`` continue the old history.
         """
-        _recover_moved_aside(self.root)
+        recover_moved_aside(self.root)
         remove_stale_tmp(self.root)
         for stale in self.root.glob(".old-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -377,7 +167,7 @@ class Checkpointer:
         damage (see :meth:`latest_intact`)."""
         if not self.root.exists():
             return []
-        _recover_moved_aside(self.root)
+        recover_moved_aside(self.root)
         found = [p for p in self.root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)
                  and (p / "trainer_state.pt").exists()]
         return sorted(found, key=checkpoint_step)
@@ -570,20 +360,7 @@ def export_model_atomic(model: torch.nn.Module, tokenizer, out_dir: str | Path) 
         DiskFullError: the disk or quota is full; the old folder is kept and nothing of this export is left.
     """
     out_dir = Path(out_dir)
-    tmp = None
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        _recover_moved_aside(out_dir.parent)
-        tmp = _make_tmp(out_dir.parent, out_dir.name)
+    with atomic_folder(out_dir, f"the model export {out_dir}", kept=f"an earlier {out_dir.name} is intact") as tmp:
+        recover_moved_aside(out_dir.parent)  # an export killed between its two renames left the old folder aside
         export_model(model, tokenizer, tmp)
-        _publish(tmp, out_dir)
-    except BaseException as e:
-        free = _free_bytes(out_dir.parent)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        full = (_disk_full_error(e, f"the model export {out_dir}", out_dir.parent, free,
-                                 f"an earlier {out_dir.name} is intact") if isinstance(e, Exception) else None)
-        if full is not None:
-            raise full from e
-        raise
     return out_dir

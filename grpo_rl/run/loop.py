@@ -12,8 +12,10 @@ checkpoint). The two scripts differ only in the :class:`~grpo_rl.run.roles.Roles
 * ``sota/grpo-async.py``: the source hands over what collector actors generated meanwhile, within
   ``pipeline.max_staleness`` versions; the weights go out every ``pipeline.push_every`` updates.
 
-Stopping (``train.steps``, ``train.max_time_minutes``, Ctrl-C, SIGTERM) checkpoints the last completed step;
-:mod:`grpo_rl.run.lifecycle` owns that, the resume and the logs.
+The loop composes three small objects: a :class:`~grpo_rl.run.stopping.Stopper` (``train.steps``,
+``train.max_time_minutes``, Ctrl-C, SIGTERM), a :class:`~grpo_rl.run.step_log.StepLog` (each step's row, written
+once) and a :class:`~grpo_rl.run.checkpoint_manager.CheckpointManager` (resume, the step boundaries, periodic and
+final checkpoints: stopping checkpoints the last completed step).
 """
 from __future__ import annotations
 
@@ -24,22 +26,25 @@ from pathlib import Path
 
 from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.rollout.evaluation import due_for_evaluation, make_eval_env
-from grpo_rl.run.lifecycle import GracefulStop, RunState, StopRun
+from grpo_rl.run.checkpoint_manager import CheckpointManager
 from grpo_rl.run.metrics import RunLogger, pipeline_suffix
 from grpo_rl.run.roles import Roles, make_learner, make_roles, start_roles
 from grpo_rl.run.setup import make_run, make_train_env
+from grpo_rl.run.step_log import RunOutcome, StepLog
+from grpo_rl.run.stopping import GracefulStop, Stopper, StopRun
 from grpo_rl.training.step import train_on_batch
 
 log = logging.getLogger(__name__)
 
-def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunState:
-    """Build the run and its roles, resume if asked, and run steps until the run stops; returns its state."""
+
+def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
+    """Build the run and its roles, resume if asked, and run steps until the run stops; returns its outcome."""
     # Cleanup runs in reverse order of registration, every step even if an earlier one fails: stop the rollout
     # source (its actors free the cores), the final checkpoint and export of the last completed step, the logs,
     # the roles, the Ray instance this run started, the signal handlers.
     with contextlib.ExitStack() as cleanup:
-        stop = GracefulStop().install()  # Ctrl-C / SIGTERM: stop at the step's next phase, checkpoint, exit
-        cleanup.callback(stop.restore)
+        signals = GracefulStop().install()  # Ctrl-C / SIGTERM: stop at the step's next phase, checkpoint, exit
+        cleanup.callback(signals.restore)
         # Create the run: validate config and run folder, allocate devices, place the roles, resolve precision;
         # then read and check the data, before any engine starts.
         run = make_run(cfg, run_dir, mode=mode, rewards=rewards)
@@ -49,26 +54,28 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunState:
         roles = make_roles(run, env, eval_env, cleanup)
         logger = RunLogger.from_config(cfg, run.run_dir)
         cleanup.callback(logger.close)
-        state = RunState(cfg, run.run_dir, logger, stop=stop, started=run.started)
+        stopper, steps = Stopper(cfg.train, signals, started=run.started), StepLog(cfg, run.run_dir, logger)
+        checkpoints = CheckpointManager(cfg, run.run_dir, roles.learner, roles.source, run.tokenizer, steps)
         # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engines get the weights.
-        state.resume(roles.learner, roles.source, roles.weight_sync)
+        checkpoints.resume(roles.weight_sync)
         cleanup.callback(lambda: roles.learner.shutdown())  # the learner of the last restart (a second one is a no-op)
-        cleanup.callback(lambda: state.finish(roles.learner, roles.source, run.tokenizer))
+        cleanup.callback(lambda: checkpoints.finish(stopper.stopped_because))
         cleanup.callback(roles.source.close)  # before the final checkpoint (a second close does nothing)
         try:
-            run_healing_steps(state, roles, run)
+            run_healing_steps(run, roles, stopper, steps, checkpoints)
         except StopRun as e:
             print(f"stopping: {e}", flush=True)
-    return state
+    return steps.outcome(started=stopper.started, stopped_because=stopper.stopped_because,
+                         resumed_from=checkpoints.resumed_from, last_checkpoint=checkpoints.last_checkpoint)
 
 
-def run_healing_steps(state: RunState, roles: Roles, run) -> None:
+def run_healing_steps(run, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: CheckpointManager) -> None:
     """:func:`run_steps`; a learner group that loses a rank is started again from the last checkpoint, up to
-    ``train.max_restarts`` times, and the steps go on (see :meth:`RunState.restart`)."""
-    limit, restarts = state.cfg.train.max_restarts, 0
+    ``train.max_restarts`` times, and the steps go on (see :meth:`CheckpointManager.restart`)."""
+    limit, restarts = run.cfg.train.max_restarts, 0
     while True:
         try:
-            return run_steps(state, roles, tokenizer=run.tokenizer)
+            return run_steps(run.cfg, roles, stopper, steps, checkpoints)
         except LearnerLost as e:
             if restarts >= limit:
                 why = ("train.max_restarts=0: a lost learner rank ends the run" if limit == 0 else
@@ -80,23 +87,22 @@ def run_healing_steps(state: RunState, roles: Roles, run) -> None:
             t0 = time.perf_counter()
             roles.learner.shutdown()
             roles.learner = make_learner(run)
-            checkpoint = state.restart(roles.learner, roles.source, roles.weight_sync)
+            checkpoint = checkpoints.restart(roles.learner, roles.weight_sync)
             seconds = time.perf_counter() - t0
-            log.warning("learner group started again in %.1f s; continuing from step %d (%s)", seconds, state.step,
+            log.warning("learner group started again in %.1f s; continuing from step %d (%s)", seconds, steps.step,
                         checkpoint or "the start: no checkpoint was written")
             if roles.restarts is not None:
-                roles.restarts.record("learner", 0, str(e), seconds, step=state.step,
+                roles.restarts.record("learner", 0, str(e), seconds, step=steps.step,
                                       checkpoint=str(checkpoint) if checkpoint else None)
 
 
-def run_steps(state: RunState, roles: Roles, *, tokenizer) -> None:
+def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: CheckpointManager) -> None:
     """Steps until ``train.steps``, the time limit or a signal; a failed push ends the run after its step is kept."""
-    cfg = state.cfg
     source, learner, push = roles.source, roles.learner, roles.push
-    stopping = lambda: state.should_stop() is not None  # noqa: E731
-    between_phases = state.between_phases if push.stop_between_phases else None
+    stopping = lambda: stopper.should_stop() is not None  # noqa: E731
+    between_phases = stopper.between_phases if push.stop_between_phases else None
     pushed = learner.version  # the policy version the engines hold
-    while state.running():
+    while stopper.running(steps.step):
         t0 = time.perf_counter()
         rollout = source.next_batch(learner.version, stopping)  # G answers per prompt, rewarded, versioned
         if rollout is None:  # stopped while waiting for it
@@ -106,7 +112,7 @@ def run_steps(state: RunState, roles: Roles, *, tokenizer) -> None:
         t1 = time.perf_counter()
         batch, metrics = train_on_batch(learner, roles.reference, rollout.batch, cfg.policy,
                                         cfg.sampling.max_new_tokens, between_phases=between_phases)
-        step = state.step + 1
+        step = steps.step + 1
         evaluate = not stopping() and due_for_evaluation(cfg.eval.every, step, cfg.train.steps)
         push_seconds, push_failed = 0.0, None
         try:
@@ -129,7 +135,7 @@ def run_steps(state: RunState, roles: Roles, *, tokenizer) -> None:
         )
         if evaluate:
             metrics.update(source.evaluate(step, cfg.train.steps))
-        state.record_step(learner, source, tokenizer, metrics, batch, rollout.failure_examples,
-                          console_suffix=pipeline_suffix(metrics))
+        steps.record(metrics, batch, rollout.failure_examples, console_suffix=pipeline_suffix(metrics))
+        checkpoints.step_done()  # after the row: a checkpoint of a step never lacks it
         if push_failed is not None:
             raise push_failed

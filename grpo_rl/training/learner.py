@@ -101,6 +101,7 @@ class Learner:
         )
         self.version = 0
         self.skipped_steps = 0
+        self.lost = False  # a learner in this process never loses a rank
         self.data_parallel = None
         """A :class:`~grpo_rl.distributed.data_parallel.GradientAllReduce` when this is one rank of a
         data-parallel learner (a :class:`~grpo_rl.distributed.sharding.ShardedDataParallel` for a sharded model):

@@ -23,6 +23,10 @@ class LearnerProtocol(Protocol):
     """A full copy of the policy in this process, which checkpoints are loaded into and exported from."""
     compiled: bool
     """Whether its forward and backward run compiled (``train.compile``): the reference follows."""
+    skipped_steps: int
+    """Optimizer steps skipped for a non-finite loss or gradient (the weights did not move; checkpointed)."""
+    lost: bool
+    """Whether it lost a rank and holds no usable state any more (only a learner group can)."""
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """``train.updates_per_batch`` optimizer steps on ``batch`` ``[N]``; returns the step's metrics."""

@@ -45,7 +45,7 @@ class SimulatedLearner:
         self.model, self.device = model, device
         self.seconds, self.jitter, self.batch_rows, self.epochs = seconds, jitter, batch_rows, epochs
         self.rng = random.Random()
-        self.version, self.skipped_steps = 0, 0
+        self.version, self.skipped_steps, self.lost = 0, 0, False
         self.data_parallel = None
         self.compiled = False
 

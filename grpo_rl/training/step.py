@@ -40,7 +40,7 @@ def train_on_batch(learner: LearnerProtocol, ref: ReferenceScorer | None, batch:
     :meth:`~grpo_rl.training.learner.Learner.train_step` on the rows the filters leave; returns the batch as trained
     and the step's metrics (``answer_tokens`` counted before filtering, each pass's seconds and tokens/s).
     ``between_phases(name)`` runs between the two and may raise to abandon the step
-    (:meth:`grpo_rl.run.lifecycle.RunState.between_phases`)."""
+    (:meth:`grpo_rl.run.stopping.Stopper.between_phases`)."""
     if learner.compiled and ref is not None:
         ref.compile()  # the reference follows the learner's train.compile decision (no-op once compiled)
     metrics = batch_metrics(batch)

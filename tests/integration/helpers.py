@@ -43,7 +43,7 @@ def start_up_noise(proc: subprocess.CompletedProcess) -> list[str]:
     logging); all of stderr counts, so a short run's warnings after the first step count too. Notes about the machine
     rather than the run (Ray's warning that the disk is nearly full) are not noise."""
     out = proc.stdout.splitlines()
-    first = next((i for i, line in enumerate(out) if re.search(r"\]\[grpo_rl\.run\.lifecycle\].* step 1/", line)),
+    first = next((i for i, line in enumerate(out) if re.search(r"\]\[grpo_rl\.run\.stopping\].* step 1/", line)),
                  len(out))
     noise = [line for line in out[:first] if line.strip() and not _OWN_LINE.match(line) and not line.startswith("  ")]
     noise += [line for line in proc.stderr.splitlines() if line.strip() and "NUMA binding" not in line]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_rl.run import atomic_fs
 from grpo_rl.run import checkpoint as ckpt
 from grpo_rl.envs import data
 from grpo_rl.run.checkpoint import (
@@ -249,7 +250,7 @@ def _dead_pid() -> int:
 
 def test_checkpointer_removes_leftover_tmp_folders(tmp_path, caplog):
     root = tmp_path / "checkpoints"
-    host = ckpt._host()
+    host = atomic_fs._host()
     dead = root / f".tmp-step_00000003-{_dead_pid()}@{host}-abcd1234"
     legacy = root / ".tmp-step_00000002-xyz"  # the naming before writers were recorded
     live = root / f".tmp-step_00000004-{os.getppid()}@{host}-efgh5678"  # another live process, still writing
@@ -272,15 +273,15 @@ def test_remove_stale_tmp_on_a_missing_folder(tmp_path):
 
 def test_tmp_folders_name_their_writer(tiny_model, tokenizer, tmp_path, monkeypatch):
     seen = []
-    real_publish = ckpt._publish
+    real_publish = atomic_fs.publish
 
     def spy(tmp, final):
         seen.append(tmp.name)
         real_publish(tmp, final)
 
-    monkeypatch.setattr(ckpt, "_publish", spy)
+    monkeypatch.setattr(atomic_fs, "publish", spy)
     _save(Checkpointer(tmp_path), 1, tiny_model, tokenizer)
-    assert seen and seen[0].startswith(f".tmp-step_00000001-{os.getpid()}@{ckpt._host()}-")
+    assert seen and seen[0].startswith(f".tmp-step_00000001-{os.getpid()}@{atomic_fs._host()}-")
 
 
 # Resuming with another model

@@ -2,7 +2,7 @@
 
 A crash is simulated three ways: an exception raised in the middle of writing (the save's own clean-up runs),
 the debris a killed process would leave (a ``.tmp-*`` folder, a folder moved aside before its replacement
-landed, a half-written JSONL line), and a loop stopped mid-step (:meth:`RunState.finish`).
+landed, a half-written JSONL line), and a loop stopped mid-step (:meth:`CheckpointManager.finish`).
 """
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from grpo_rl.run import atomic_fs
 from grpo_rl.run import checkpoint as ckpt
 from grpo_rl.run.checkpoint import Checkpointer, export_model_atomic, load_model_weights, load_trainer_state
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.run.lifecycle import RunState
+from grpo_rl.run.checkpoint_manager import CheckpointManager
+from grpo_rl.run.step_log import StepLog
 from grpo_rl.run.metrics import RunLogger, read_jsonl
 
 
@@ -40,6 +42,7 @@ class _Learner:
         self.model = model
         self.version = 0
         self.skipped_steps = 0
+        self.lost = False
 
     def state_dict(self) -> dict:
         return {"version": self.version, "skipped_steps": self.skipped_steps}
@@ -110,7 +113,7 @@ def test_debris_of_a_killed_save_is_ignored_and_cleaned(tiny_model, tokenizer, t
 def test_killed_between_renames_of_a_resave_keeps_the_old_folder(tiny_model, tokenizer, tmp_path, monkeypatch):
     ckp = Checkpointer(tmp_path, keep=1)
     first = _save(ckp, 5, tiny_model, tokenizer)
-    real_replace = ckpt.os.replace
+    real_replace = atomic_fs.os.replace
     calls = []
 
     def failing_second_rename(src, dst):
@@ -119,10 +122,10 @@ def test_killed_between_renames_of_a_resave_keeps_the_old_folder(tiny_model, tok
             raise OSError("killed")
         real_replace(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", failing_second_rename)
+    monkeypatch.setattr(atomic_fs.os, "replace", failing_second_rename)
     with pytest.raises(OSError, match="killed"):
         ckp.save(5, tiny_model, tokenizer, {"learner": {"version": 99}})
-    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    monkeypatch.setattr(atomic_fs.os, "replace", real_replace)
     assert ckp.latest() == first and load_trainer_state(first)["learner"] == {"version": 5}
 
     # A hard kill at the same point leaves the old folder moved aside; the next look puts it back.
@@ -171,45 +174,45 @@ def test_rewind_drops_steps_after_the_checkpoint_and_torn_lines(tmp_path):
 
 
 @pytest.fixture
-def run_state(tmp_path):
+def checkpoints(tmp_path, tiny_model, tokenizer):
     cfg = OmegaConf.structured(GRPOConfig)
     cfg.output_dir = str(tmp_path)
     cfg.logger.num_examine = 0
     logger = RunLogger(tmp_path, backend="none")
-    yield RunState(cfg, tmp_path, logger)
+    yield CheckpointManager(cfg, tmp_path, _Learner(tiny_model), _Env(), tokenizer, StepLog(cfg, tmp_path, logger))
     logger.close()
 
 
-def _stop_mid_step(state: RunState, learner, env, tokenizer, *, update_learner: bool) -> None:
+def _stop_mid_step(checkpoints: CheckpointManager, *, update_learner: bool) -> None:
     """Run one step to completion, start another, and stop it with an exception, as the script's loop would."""
+    learner, env = checkpoints.learner, checkpoints.source
     with pytest.raises(KeyboardInterrupt):
         try:
             env.position += 2  # step 1: collect ...
             learner.version += 1  # ... train
-            state.record_step(learner, env, tokenizer, {"reward_mean": 0.5}, batch=None)
+            checkpoints.steps.record({"reward_mean": 0.5}, batch=None)
+            checkpoints.step_done()
             env.position += 2  # step 2 has drawn its prompts ...
             if update_learner:
                 learner.version += 1  # ... and even updated the model
             raise KeyboardInterrupt
         finally:
-            state.finish(learner, env, tokenizer)
+            checkpoints.finish()
 
 
-def test_stop_before_the_update_checkpoints_the_step_boundary(run_state, tiny_model, tokenizer):
-    learner, env = _Learner(tiny_model), _Env()
-    run_state.resume(learner, env, weight_sync=None)
-    _stop_mid_step(run_state, learner, env, tokenizer, update_learner=False)
-    state = load_trainer_state(run_state.checkpointer.latest())
+def test_stop_before_the_update_checkpoints_the_step_boundary(checkpoints):
+    checkpoints.resume(weight_sync=None)
+    _stop_mid_step(checkpoints, update_learner=False)
+    state = load_trainer_state(checkpoints.store.latest())
     assert state["step"] == 1 and state["env"] == {"position": 2} and state["learner"]["version"] == 1
-    assert (run_state.run_dir / "final_model" / "config.json").exists()
+    assert (checkpoints.run_dir / "final_model" / "config.json").exists()
 
 
-def test_stop_after_the_update_writes_no_checkpoint(run_state, tiny_model, tokenizer):
-    learner, env = _Learner(tiny_model), _Env()
-    run_state.resume(learner, env, weight_sync=None)
-    _stop_mid_step(run_state, learner, env, tokenizer, update_learner=True)
-    assert run_state.checkpointer.latest() is None
-    assert not (run_state.run_dir / "final_model").exists()
+def test_stop_after_the_update_writes_no_checkpoint(checkpoints):
+    checkpoints.resume(weight_sync=None)
+    _stop_mid_step(checkpoints, update_learner=True)
+    assert checkpoints.store.latest() is None
+    assert not (checkpoints.run_dir / "final_model").exists()
 
 
 def test_resuming_with_changed_settings_is_reported():

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from grpo_rl.run import checkpoint
+from grpo_rl.run import atomic_fs
 
 
 @pytest.fixture
@@ -27,10 +27,10 @@ def actual_umask() -> int:
 
 
 def test_the_umask_is_read_without_being_changed(actual_umask, umask_untouchable):
-    assert checkpoint._process_umask() == actual_umask  # from /proc/self/status
+    assert atomic_fs._process_umask() == actual_umask  # from /proc/self/status
 
 
 def test_a_temporary_folder_gets_the_umasks_permissions(tmp_path, monkeypatch, umask_untouchable):
-    monkeypatch.setattr(checkpoint, "_UMASK", 0o027)
-    tmp = checkpoint._make_tmp(tmp_path, "step_00000001")
+    monkeypatch.setattr(atomic_fs, "_UMASK", 0o027)
+    tmp = atomic_fs.make_tmp(tmp_path, "step_00000001")
     assert stat.S_IMODE(tmp.stat().st_mode) == 0o750  # not mkdtemp's 0700, and nothing the umask forbids

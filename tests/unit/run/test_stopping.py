@@ -12,8 +12,11 @@ from omegaconf import OmegaConf
 from grpo_rl.run.checkpoint import load_trainer_state
 from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.errors import RunFolderError
-from grpo_rl.run.lifecycle import GracefulStop, RunState, StopRun, check_run_folder
+from grpo_rl.run.checkpoint_manager import CheckpointManager
+from grpo_rl.run.lifecycle import check_run_folder
 from grpo_rl.run.metrics import RunLogger, read_jsonl
+from grpo_rl.run.step_log import StepLog
+from grpo_rl.run.stopping import GracefulStop, Stopper, StopRun
 from tests.unit.run.test_checkpoint_atomic import _Env, _Learner
 
 
@@ -33,51 +36,67 @@ def logger(tmp_path):
     logger.close()
 
 
-def _one_step(state: RunState, learner, env, tokenizer) -> None:
-    """A whole step as the loop runs it: collect, check, train, record."""
-    env.position += 2
-    state.between_phases("generation")
-    learner.version += 1
-    state.record_step(learner, env, tokenizer, {"reward_mean": 0.5}, batch=None)
+class _Run:
+    """The loop's three objects over a stand-in learner and source."""
+
+    def __init__(self, cfg, tmp_path, logger, tokenizer=None, model=None, signals=None):
+        self.learner, self.env = _Learner(model), _Env()
+        self.stopper = Stopper(cfg.train, signals)
+        self.steps = StepLog(cfg, tmp_path, logger)
+        self.checkpoints = CheckpointManager(cfg, tmp_path, self.learner, self.env, tokenizer, self.steps)
+
+    def record_step(self) -> None:
+        self.steps.record({"reward_mean": 0.5}, batch=None)
+        self.checkpoints.step_done()
+
+    def one_step(self) -> None:
+        """A whole step as the loop runs it: collect, check, train, record."""
+        self.env.position += 2
+        self.stopper.between_phases("generation")
+        self.learner.version += 1
+        self.record_step()
+
+    def summary(self) -> str:
+        return self.steps.outcome(started=self.stopper.started, stopped_because=self.stopper.stopped_because,
+                                  resumed_from=None, last_checkpoint=self.checkpoints.last_checkpoint).summary
 
 
 def test_the_time_limit_abandons_a_step_before_the_update(tmp_path, logger, tiny_model, tokenizer):
-    state = RunState(_cfg(tmp_path, max_time_minutes=1.0), tmp_path, logger)
-    learner, env = _Learner(tiny_model), _Env()
-    state.resume(learner, env, weight_sync=None)
-    assert state.running()
-    _one_step(state, learner, env, tokenizer)
-    assert state.running()
-    env.position += 2  # step 2 has drawn its prompts when the limit passes
-    state.started -= 61
+    run = _Run(_cfg(tmp_path, max_time_minutes=1.0), tmp_path, logger, tokenizer, tiny_model)
+    run.checkpoints.resume(weight_sync=None)
+    assert run.stopper.running(run.steps.step)
+    run.one_step()
+    assert run.stopper.running(run.steps.step)
+    run.env.position += 2  # step 2 has drawn its prompts when the limit passes
+    run.stopper.started -= 61
     with pytest.raises(StopRun, match=r"train.max_time_minutes=1.0 reached during step 2, after generation"):
-        state.between_phases("generation")
-    assert not state.running()
-    state.finish(learner, env, tokenizer)
-    saved = load_trainer_state(state.checkpointer.latest())
+        run.stopper.between_phases("generation")
+    assert not run.stopper.running(run.steps.step)
+    run.checkpoints.finish(run.stopper.stopped_because)
+    saved = load_trainer_state(run.checkpoints.store.latest())
     assert saved["step"] == 1 and saved["env"] == {"position": 2}  # the boundary, not step 2's prompts
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]
-    assert "stopped early: train.max_time_minutes=1.0 reached" in state.summary()
+    assert "stopped early: train.max_time_minutes=1.0 reached" in run.summary()
 
 
 def test_no_limit_never_stops(tmp_path, logger):
-    state = RunState(_cfg(tmp_path, max_time_minutes=None), tmp_path, logger)
-    state.started -= 10**6
-    assert state.should_stop() is None
-    state.between_phases("generation")
+    stopper = Stopper(_cfg(tmp_path, max_time_minutes=None).train)
+    stopper.started -= 10**6
+    assert stopper.should_stop() is None
+    stopper.between_phases("generation")
 
 
 def test_sigterm_and_sigint_stop_at_the_next_phase_and_a_second_one_at_once(tmp_path, logger):
     before = signal.getsignal(signal.SIGTERM)
     stop = GracefulStop().install()
     try:
-        state = RunState(_cfg(tmp_path), tmp_path, logger, stop=stop)
-        assert state.running()
+        stopper = Stopper(_cfg(tmp_path).train, stop)
+        assert stopper.running(0)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)  # the handler runs between bytecodes of the main thread
-        assert state.should_stop() == "SIGTERM received"
+        assert stopper.should_stop() == "SIGTERM received"
         with pytest.raises(StopRun, match="SIGTERM received during step 1"):
-            state.between_phases("generation")
+            stopper.between_phases("generation")
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
@@ -89,22 +108,21 @@ def test_sigterm_and_sigint_stop_at_the_next_phase_and_a_second_one_at_once(tmp_
 def test_a_failure_before_the_row_is_written_leaves_no_checkpoint_of_that_step(tmp_path, logger, tiny_model,
                                                                                  tokenizer):
     """The row comes first: a step whose logging failed is not checkpointed, and resuming redoes it."""
-    state = RunState(_cfg(tmp_path, checkpoint_frequency=1), tmp_path, logger)
-    learner, env = _Learner(tiny_model), _Env()
-    state.resume(learner, env, weight_sync=None)
-    _one_step(state, learner, env, tokenizer)
-    env.position += 2
-    learner.version += 1
+    run = _Run(_cfg(tmp_path, checkpoint_frequency=1), tmp_path, logger, tokenizer, tiny_model)
+    run.checkpoints.resume(weight_sync=None)
+    run.one_step()
+    run.env.position += 2
+    run.learner.version += 1
 
     def broken(step, metrics):
         raise OSError("stats could not be gathered")
 
     logger.log = broken
     with pytest.raises(OSError):
-        state.record_step(learner, env, tokenizer, {"reward_mean": 0.5}, batch=None)
-    state.finish(learner, env, tokenizer)  # the learner moved past the boundary: nothing more is written
-    assert state.step == 1
-    assert [p.name for p in state.checkpointer.list()] == ["step_00000001"]
+        run.record_step()
+    run.checkpoints.finish()  # the learner moved past the boundary: nothing more is written
+    assert run.steps.step == 1
+    assert [p.name for p in run.checkpoints.store.list()] == ["step_00000001"]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]
 
 
@@ -132,10 +150,9 @@ def test_an_empty_or_new_folder_is_fine(tmp_path):
 def test_resuming_with_another_model_is_refused_before_anything_starts(tmp_path, logger, tiny_model, tokenizer):
     cfg = _cfg(tmp_path, checkpoint_frequency=1)
     cfg.model.name = "/models/a"
-    state = RunState(cfg, tmp_path, logger)
-    learner, env = _Learner(tiny_model), _Env()
-    state.resume(learner, env, weight_sync=None)
-    _one_step(state, learner, env, tokenizer)
+    run = _Run(cfg, tmp_path, logger, tokenizer, tiny_model)
+    run.checkpoints.resume(weight_sync=None)
+    run.one_step()
     resumed = _cfg(tmp_path)
     resumed.resume, resumed.model.name = "auto", "/models/b"
     with pytest.raises(RunFolderError, match="trained with model.name=/models/a, not /models/b"):
