@@ -194,8 +194,8 @@ class ToolConfig:
 
 @dataclass
 class ArithmeticConfig:
-    """env.dataset=arithmetic: generated problems such as 'What is 47 + 38?' (grpo_rl/envs/arithmetic.py), scored
-    as GSM8K; train and test come from seeds of their own and share no question."""
+    """env.dataset=arithmetic: generated problems such as 'What is 47 + 38?' (grpo_rl/envs/tasks/arithmetic/), scored as
+    GSM8K; train and test come from seeds of their own and share no question."""
 
     operations: list[str] = field(default_factory=lambda: ["add"])
     """Any of add, sub (the larger operand first: no negative results), mul. The default, 2-digit addition, is

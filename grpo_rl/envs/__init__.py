@@ -1,7 +1,7 @@
 """Environments: a prompt data set, a chat template and a reward, as torchrl environments (:mod:`.base`).
 
-``env.dataset`` picks the task: ``gsm8k`` (:mod:`.gsm8k`), ``ifeval`` (:mod:`.ifeval`), ``arithmetic``
-(generated problems scored as GSM8K, :mod:`.arithmetic`) or ``file`` (a user's prompts, :mod:`.custom`). Any
+``env.dataset`` picks the task, a room of :mod:`.tasks`: ``gsm8k``, ``ifeval``, ``arithmetic`` (generated
+problems scored as GSM8K) or ``file`` (a user's prompts). Any
 task's own reward can be extended with the user's reward functions (``reward.path``/``reward.name``,
 ``reward.functions``) and a reward model (``reward.model_path``); all components are summed with their weights and
 logged one by one, and the sum is shifted and scaled, ``(sum + reward.bias) * reward.scale``, before advantages.
@@ -53,21 +53,21 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
     dataset = cfg.env.dataset
     extra = shared_reward_components(cfg, devices, rewards)
     if dataset == "gsm8k":
-        from grpo_rl.envs.gsm8k import make_gsm8k_env
+        from grpo_rl.envs.tasks.gsm8k.env import make_gsm8k_env
 
         env = make_gsm8k_env(cfg, load_records("gsm8k", split=split, path=cfg.env.path), tokenizer, seed=cfg.seed,
                              extra_components=extra)
     elif dataset == "ifeval":
-        from grpo_rl.envs.ifeval import make_ifeval_env
+        from grpo_rl.envs.tasks.ifeval.env import make_ifeval_env
 
         env = make_ifeval_env(cfg, load_records("ifeval", split=split, path=cfg.env.path), tokenizer,
                               seed=cfg.seed, extra_components=extra)
     elif dataset == "arithmetic":
-        from grpo_rl.envs.arithmetic import make_arithmetic_env
+        from grpo_rl.envs.tasks.arithmetic.problems import make_arithmetic_env
 
         env = make_arithmetic_env(cfg, tokenizer, split=split, extra_components=extra)
     elif dataset == "file":
-        from grpo_rl.envs.custom import load_file_records, make_file_env
+        from grpo_rl.envs.tasks.file.env import load_file_records, make_file_env
 
         env = make_file_env(cfg, load_file_records(cfg.env, split), tokenizer, seed=cfg.seed, components=extra)
     else:
@@ -115,11 +115,11 @@ def _with_tools(cfg, tokenizer):
     tools = configured_tools(cfg.env.tools)
     base = cfg.env.system_prompt
     if base is None and cfg.env.dataset in ("gsm8k", "arithmetic"):
-        from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS
+        from grpo_rl.envs.tasks.gsm8k.env import SYSTEM_PROMPTS
 
         base = SYSTEM_PROMPTS[cfg.env.template]
     elif base is None and cfg.env.dataset == "ifeval" and cfg.reward.ifeval_answer_tags:
-        from grpo_rl.envs.ifeval import ANSWER_TAGS_SYSTEM_PROMPT
+        from grpo_rl.envs.tasks.ifeval.env import ANSWER_TAGS_SYSTEM_PROMPT
 
         base = ANSWER_TAGS_SYSTEM_PROMPT
     cfg = copy.deepcopy(cfg)

@@ -161,8 +161,8 @@ needs_gsm8k = pytest.mark.skipif(
 @needs_gsm8k
 def test_gsm8k_env_on_real_data(tokenizer):
     from grpo_rl.envs.data import load_records
-    from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS, make_gsm8k_env
-    from grpo_rl.envs.rewards.gsm8k import reference_answer
+    from grpo_rl.envs.tasks.gsm8k.env import SYSTEM_PROMPTS, make_gsm8k_env
+    from grpo_rl.envs.tasks.gsm8k.reward import reference_answer
 
     records = load_records("gsm8k", split="test", path=str(_DATA / "gsm8k"))
     assert len(records) == 1319

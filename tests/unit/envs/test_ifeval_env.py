@@ -13,7 +13,7 @@ from grpo_rl.config.schema import register_configs
 from grpo_rl.run.preflight import validate
 from grpo_rl.envs.data import data_dir
 from grpo_rl.envs.rewards.base import CompositeReward
-from grpo_rl.envs.rewards.ifeval_reward import (
+from grpo_rl.envs.tasks.ifeval.reward import (
     IFEvalScorer,
     answer_tag_format_reward,
     answer_tag_text,
@@ -63,7 +63,7 @@ def test_weighted_total_and_every_component_logged():
 
 
 def test_scorer_runs_the_checkers_once_per_batch(monkeypatch):
-    import grpo_rl.envs.rewards.ifeval_reward as mod
+    import grpo_rl.envs.tasks.ifeval.reward as mod
 
     calls = []
     real = mod.evaluate_response
@@ -135,7 +135,7 @@ def _step(env, responses_per_prompt: list[list[str]]):
 
 
 def test_env_references_and_rewards(tokenizer):
-    from grpo_rl.envs.ifeval import make_ifeval_env
+    from grpo_rl.envs.tasks.ifeval.env import make_ifeval_env
 
     cfg = _compose(overrides=["env.prompts_per_step=2"])
     env = make_ifeval_env(cfg, _records(), tokenizer, seed=0)
@@ -151,7 +151,7 @@ def test_env_references_and_rewards(tokenizer):
 
 
 def test_env_ignores_gsm8k_template_and_applies_answer_tags(tokenizer):
-    from grpo_rl.envs.ifeval import make_ifeval_env
+    from grpo_rl.envs.tasks.ifeval.env import make_ifeval_env
 
     plain = make_ifeval_env(_compose("grpo_gsm8k", ["env.dataset=ifeval", "env.template=tags"]), _records(),
                             tokenizer, seed=0)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.envs.rewards.gsm8k import (TokenCounter, correctness_reward, format_reward, reference_answer,
+from grpo_rl.envs.tasks.gsm8k.reward import (TokenCounter, correctness_reward, format_reward, reference_answer,
                                         thinking_reward)
 
 # The hash prompt carries one worked example: with it, 17% of SmolLM2-135M-Instruct's answers use the

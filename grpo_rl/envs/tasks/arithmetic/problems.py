@@ -3,7 +3,7 @@
 GSM8K is nearly out of reach of SmolLM2-135M-Instruct (a few percent greedy accuracy), so a short CPU run shows
 little. Problems such as ``What is 47 + 38?`` are generated from a seed instead, in GSM8K's record layout
 (``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``), so GSM8K's prompt templates and reward (the final
-number's correctness plus the ``#### N`` format, :mod:`grpo_rl.envs.rewards.gsm8k`) apply unchanged, with or
+number's correctness plus the ``#### N`` format, :mod:`grpo_rl.envs.tasks.gsm8k.reward`) apply unchanged, with or
 without the calculator tool. The difficulty is set by the operations and the operands' digits
 (``env.arithmetic``; benchmarks/arithmetic_probe.py measures the base model's accuracy per setting).
 
@@ -121,7 +121,7 @@ def arithmetic_records(split: str, *, seed: int, size: int, spec: ArithmeticSpec
 def make_arithmetic_env(cfg, tokenizer, *, split: str, extra_components: Sequence = ()):
     """The arithmetic environment of ``split``: ``env.arithmetic``'s problems in GSM8K's environment (its
     templates, ``env.template``, and its reward, the ``reward`` group)."""
-    from grpo_rl.envs.gsm8k import make_gsm8k_env
+    from grpo_rl.envs.tasks.gsm8k.env import make_gsm8k_env
 
     arithmetic = cfg.env.arithmetic
     size = arithmetic.train_size if split == "train" else arithmetic.test_size

@@ -1,7 +1,7 @@
 """IFEval (Zhou et al., 2023): 541 prompts with verifiable formatting instructions, as a training environment.
 
 Each prompt is sent as the user message as is, the way the benchmark is run; the reward is a weighted mix of
-the benchmark's strict/loose, prompt-/instruction-level scores (:mod:`grpo_rl.envs.rewards.ifeval_reward`).
+the benchmark's strict/loose, prompt-/instruction-level scores (:mod:`grpo_rl.envs.tasks.ifeval.reward`).
 Departures from the benchmark:
 
 * IFEval is an evaluation set, and training on it measures how well a policy can learn to follow these
@@ -9,7 +9,7 @@ Departures from the benchmark:
 * With ``reward.ifeval_answer_tags`` a system prompt asks for the answer inside ``<answer>...</answer>`` and
   only that text is checked.
 * The two prompts whose ``keywords:letter_frequency`` names ``#`` or ``!`` are scored on that symbol, where the
-  reference checker counts a random letter (:mod:`grpo_rl.envs.rewards.ifeval.checkers_keywords`).
+  reference checker counts a random letter (:mod:`grpo_rl.envs.tasks.ifeval.instructions.checkers_keywords`).
 
 GSM8K's ``env.template`` (hash | tags) means nothing here and is ignored; ``env.system_prompt`` still applies.
 The row's ``prompt`` is also passed to every reward as a keyword column (a reward model reads it).
@@ -22,7 +22,7 @@ from typing import Sequence
 
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.envs.rewards.ifeval_reward import ifeval_components
+from grpo_rl.envs.tasks.ifeval.reward import ifeval_components
 
 log = logging.getLogger(__name__)
 

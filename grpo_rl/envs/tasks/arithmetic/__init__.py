@@ -1,0 +1,1 @@
+"""Generated arithmetic problems, served and scored as GSM8K (:mod:`.problems`)."""

@@ -1,0 +1,2 @@
+"""IFEval: its environment (:mod:`.env`), reward components (:mod:`.reward`) and instruction checkers
+(:mod:`.instructions`)."""
