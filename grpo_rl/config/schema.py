@@ -212,6 +212,10 @@ class ArithmeticConfig:
     """Seed of the problems, apart from the run's seed so that runs with different seeds see the same data."""
 
 
+DATASETS = ("gsm8k", "ifeval", "arithmetic", "file")
+"""env.dataset's choices: the tasks of grpo_rl/envs/tasks/, one room each (a test keeps the two lists equal)."""
+
+
 @dataclass
 class EnvConfig:
     dataset: str = "gsm8k"

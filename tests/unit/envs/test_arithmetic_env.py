@@ -102,9 +102,10 @@ def test_env_builds_and_scores_with_the_gsm8k_reward(tokenizer):
 
 
 def test_held_out_evaluation_uses_the_test_split():
-    from grpo_rl.rollout.evaluation import DEFAULT_SPLIT, DEFAULT_SUCCESS
+    from grpo_rl.rollout.evaluation import eval_split, success_component
 
-    assert DEFAULT_SPLIT["arithmetic"] == "test" and DEFAULT_SUCCESS["arithmetic"] == "correct"
+    cfg = compose_config(ARITHMETIC)
+    assert eval_split(cfg) == "test" and success_component(cfg) == "correct"
 
 
 @pytest.mark.parametrize("name", ["grpo_arithmetic", "grpo_arithmetic_tools"])

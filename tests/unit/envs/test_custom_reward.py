@@ -280,13 +280,13 @@ def test_fallback_is_configurable(tmp_path, tokenizer, rewards_file):
 
 
 def test_user_function_added_to_a_builtin_task(tmp_path, tokenizer, rewards_file):
-    from grpo_rl.envs.tasks.ifeval.env import make_ifeval_env
-    from grpo_rl.envs import shared_reward_components
+    from grpo_rl.envs import make_env
 
-    cfg = _compose(["env.dataset=ifeval", f"reward.path={rewards_file}", "reward.name=all_columns"])
+    cfg = _compose(["env.dataset=ifeval", f"reward.path={rewards_file}", "reward.name=all_columns",
+                    "env.prompts_per_step=1"])
     rows = [{"key": 1, "prompt": "Answer in lowercase.", "instruction_id_list": ["change_case:english_lowercase"],
              "kwargs": [{}]}]
-    env = make_ifeval_env(cfg, rows, tokenizer, seed=0, extra_components=shared_reward_components(cfg))
+    env = make_env(cfg, tokenizer, records=rows)
     _, nxt = score_answers(env, ["yes", "no"] * 2)
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [1.0] * 4  # the ifeval env passes `prompt`
 
