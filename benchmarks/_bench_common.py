@@ -36,7 +36,8 @@ MARK = "@@BENCH "
 
 
 def _gsm8k_module():
-    spec = importlib.util.spec_from_file_location("_gsm8k_reward", ROOT / "grpo_rl" / "envs" / "rewards" / "gsm8k.py")
+    path = ROOT / "grpo_rl" / "envs" / "tasks" / "gsm8k" / "reward.py"
+    spec = importlib.util.spec_from_file_location("_gsm8k_reward", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,12 +47,12 @@ _GSM8K = _gsm8k_module()
 
 
 def correct(responses, references, **_):
-    """1 when the final answer equals the reference (grpo_rl.envs.rewards.gsm8k.correctness_reward)."""
+    """1 when the final answer equals the reference (grpo_rl.envs.tasks.gsm8k.reward.correctness_reward)."""
     return _GSM8K.correctness_reward(list(responses), list(references))
 
 
 def format_(responses, references, **_):
-    """1 / 0.5 / 0 for the '#### N' last line (grpo_rl.envs.rewards.gsm8k.format_reward)."""
+    """1 / 0.5 / 0 for the '#### N' last line (grpo_rl.envs.tasks.gsm8k.reward.format_reward)."""
     return _GSM8K.format_reward(list(responses), list(references), template="hash")
 
 

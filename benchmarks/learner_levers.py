@@ -162,7 +162,7 @@ def _batch():
     from tensordict import TensorDict
 
     from grpo_rl.envs.data import load_records
-    from grpo_rl.envs.gsm8k import gsm8k_messages
+    from grpo_rl.envs.tasks.gsm8k.env import gsm8k_messages
     from grpo_rl.model.loading import load_tokenizer, resolve_model
 
     path = resolve_model("embedded:smollm2-135m-instruct")

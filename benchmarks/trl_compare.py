@@ -122,7 +122,7 @@ def prepare_prompts(total_steps: int, path: Path, prompts_per_step: int | None =
     """
     from grpo_rl.envs.data import load_records
     from grpo_rl.envs import make_env
-    from grpo_rl.envs.gsm8k import gsm8k_messages
+    from grpo_rl.envs.tasks.gsm8k.env import gsm8k_messages
     from grpo_rl.model.loading import load_tokenizer, resolve_model
 
     from _ours_worker import compose, workload_overrides

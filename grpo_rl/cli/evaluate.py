@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from grpo_rl.cli.entry import CONFIG_DIR, USER_ERROR_EXIT, report_user_error
 from grpo_rl.errors import UserError
-from grpo_rl.rollout.evaluation import DEFAULT_SPLIT, make_evaluator
+from grpo_rl.rollout.evaluation import eval_split, make_evaluator
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         finally:
             engine.shutdown()
     out = path / "eval_results.json" if path.is_dir() else Path("eval_results.json")
-    result = {"checkpoint": str(path), "split": cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split),
-              **metrics}
+    result = {"checkpoint": str(path), "split": eval_split(cfg), **metrics}
     try:
         out.write_text(json.dumps(result, indent=2) + "\n")
     except OSError as e:  # a read-only checkpoint folder: the printed table is the result

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from grpo_rl.config.schema import (AGGREGATIONS, COMPILE_MODES, ENGINE_CORRECTIONS, IFEVAL_COMPONENTS, LOSS_TYPES,
-                                   OPTIMIZERS, parse_compile_mode)
+from grpo_rl.config.schema import (AGGREGATIONS, COMPILE_MODES, DATASETS, ENGINE_CORRECTIONS, IFEVAL_COMPONENTS,
+                                   LOSS_TYPES, OPTIMIZERS, parse_compile_mode)
 from grpo_rl.config.torchrl_keys import resolve_torchrl_keys
 from grpo_rl.errors import ConfigError
 
@@ -88,7 +88,7 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     if cfg.train_model.sharding == "fsdp" and cfg.model.lora.enabled:
         raise ConfigError("train_model.sharding=fsdp with model.lora.enabled=true: a LoRA learner is small enough for "
                           "one device; use train_model.sharding=none")
-    _choice("env.dataset", cfg.env.dataset, ("gsm8k", "ifeval", "arithmetic", "file"))
+    _choice("env.dataset", cfg.env.dataset, DATASETS)
     _validate_arithmetic(cfg)
     _choice("env.template", cfg.env.template, ("hash", "tags"))
     _choice("env.too_long_prompts", cfg.env.too_long_prompts, ("skip", "error"))

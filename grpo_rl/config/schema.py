@@ -194,8 +194,8 @@ class ToolConfig:
 
 @dataclass
 class ArithmeticConfig:
-    """env.dataset=arithmetic: generated problems such as 'What is 47 + 38?' (grpo_rl/envs/arithmetic.py), scored
-    as GSM8K; train and test come from seeds of their own and share no question."""
+    """env.dataset=arithmetic: generated problems such as 'What is 47 + 38?' (grpo_rl/envs/tasks/arithmetic/), scored as
+    GSM8K; train and test come from seeds of their own and share no question."""
 
     operations: list[str] = field(default_factory=lambda: ["add"])
     """Any of add, sub (the larger operand first: no negative results), mul. The default, 2-digit addition, is
@@ -210,6 +210,10 @@ class ArithmeticConfig:
     """Distinct held-out problems (evaluation uses the first eval.num_prompts of them)."""
     seed: int = 0
     """Seed of the problems, apart from the run's seed so that runs with different seeds see the same data."""
+
+
+DATASETS = ("gsm8k", "ifeval", "arithmetic", "file")
+"""env.dataset's choices: the tasks of grpo_rl/envs/tasks/, one room each (a test keeps the two lists equal)."""
 
 
 @dataclass

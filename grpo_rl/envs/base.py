@@ -38,7 +38,7 @@ The prompt stream is a seeded permutation of the data set, reshuffled every epoc
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -46,8 +46,11 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
-from grpo_rl.errors import DataError
 from grpo_rl.envs.rewards.base import CompositeReward
+from grpo_rl.errors import DataError
+
+if TYPE_CHECKING:
+    from grpo_rl.envs.multiturn import ToolUse
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,8 @@ class PromptEnv(EnvBase):
         shuffle: shuffle the data set each epoch.
         too_long: ``"skip"`` or ``"error"``.
         extra_columns: names of row fields passed through to the reward as keyword lists.
+        tool_use: the tools the model may call in multi-turn episodes (the collector's and the evaluator's, with
+            ``env.max_turns > 1``); None: none.
         name: the data set's name, for messages.
     """
 
@@ -142,6 +147,7 @@ class PromptEnv(EnvBase):
         shuffle: bool = True,
         too_long: str = "skip",
         extra_columns: Sequence[str] = (),
+        tool_use: ToolUse | None = None,
         name: str = "prompts",
     ):
         if not records:
@@ -175,6 +181,7 @@ class PromptEnv(EnvBase):
         self.seed = seed
         self.shuffle = shuffle
         self.extra_columns = extra_columns
+        self.tool_use = tool_use
         self.num_records = len(records)
         self.num_skipped = skipped
         self._rows = rows

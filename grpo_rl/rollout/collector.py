@@ -137,5 +137,5 @@ def make_collector(run: RunContext, engine, env=None) -> Collector:
     return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
                      max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
                      top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, seed=cfg.seed,
-                     tools=getattr(env, "tool_use", None), max_turns=cfg.env.max_turns,
+                     tools=env.tool_use, max_turns=cfg.env.max_turns,
                      max_total_tokens=cfg.inference_model.max_model_len)

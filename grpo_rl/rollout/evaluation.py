@@ -25,12 +25,11 @@ import time
 import numpy as np
 import torch
 
+from grpo_rl.envs.tasks import task_of
 from grpo_rl.rollout.collector import Collector
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SUCCESS = {"gsm8k": "correct", "ifeval": "prompt_strict", "arithmetic": "correct"}
-DEFAULT_SPLIT = {"gsm8k": "test", "ifeval": "train", "arithmetic": "test"}
 _EVAL_SEED_OFFSET = 1_000_000  # keeps the pass@k sample seeds apart from the training collector's
 
 
@@ -54,12 +53,24 @@ def solved(batch, success_component: str | None) -> torch.Tensor:
     return batch[key] >= 1.0 - 1e-6
 
 
+def eval_split(cfg) -> str:
+    """The held-out split: ``eval.split``, else the task's (:attr:`~grpo_rl.envs.tasks.task.Task.eval_split`), else
+    ``env.split``."""
+    return cfg.eval.split or task_of(cfg.env.dataset).eval_split or cfg.env.split
+
+
+def success_component(cfg) -> str | None:
+    """The reward component marking an answer solved: ``eval.success_component``, else the task's; None: the total
+    reward >= 1."""
+    return cfg.eval.success_component or task_of(cfg.env.dataset).success_component
+
+
 def eval_config(cfg):
     """A copy of ``cfg`` whose ``env`` serves the held-out prompts in file order, ``eval.num_prompts`` at a time."""
     ev = copy.deepcopy(cfg)
     ev.env.shuffle = False
     ev.env.prompts_per_step = cfg.eval.num_prompts
-    if cfg.env.dataset != "file":
+    if task_of(cfg.env.dataset).success_component is not None:
         ev.reward.model_path = None  # the success component does not need a reward model; do not load another
     return ev
 
@@ -89,7 +100,7 @@ class Evaluator:
         self.success_component = success_component
         self.every = every
         # Episodes as in training: with the environment's tools, over up to max_turns turns.
-        episodes = dict(tools=getattr(env, "tool_use", None), max_turns=max_turns, max_total_tokens=max_total_tokens)
+        episodes = dict(tools=env.tool_use, max_turns=max_turns, max_total_tokens=max_total_tokens)
         self.greedy = Collector(env, engine, tokenizer, group_size=1, max_new_tokens=max_new_tokens, temperature=0.0,
                                 seed=seed + _EVAL_SEED_OFFSET, **episodes)
         self.sampled = None
@@ -151,8 +162,7 @@ def make_eval_env(run, *, every: int | None = None):
         return None
     from grpo_rl.envs import make_env
 
-    split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
-    return make_env(eval_config(cfg), run.tokenizer, split=split, devices=run.devices, fewer_prompts_ok=True,
+    return make_env(eval_config(cfg), run.tokenizer, split=eval_split(cfg), devices=run.devices, fewer_prompts_ok=True,
                     rewards=run.rewards)
 
 
@@ -165,8 +175,7 @@ def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evalua
     if not every:
         return None
     env = env if env is not None else make_eval_env(run, every=every)
-    split = cfg.eval.split or DEFAULT_SPLIT.get(cfg.env.dataset, cfg.env.split)
-    success = cfg.eval.success_component or DEFAULT_SUCCESS.get(cfg.env.dataset)
+    split, success = eval_split(cfg), success_component(cfg)
     log.info("evaluation: %d %s/%s prompts (success: %s)%s", min(len(env), cfg.eval.num_prompts), cfg.env.dataset,
              split, f"reward_{success}" if success else "total reward >= 1",
              f", every {every} steps" if in_training else "")

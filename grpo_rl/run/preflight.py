@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from grpo_rl.config.checks import check_values, validate_async
-from grpo_rl.envs.arithmetic import ArithmeticSpec, problem_count
+from grpo_rl.envs.tasks.arithmetic.problems import ArithmeticSpec, problem_count
 from grpo_rl.envs.rewards.custom import RewardFunction, user_reward_components
 from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.errors import ConfigError

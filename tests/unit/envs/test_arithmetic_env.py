@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.envs.arithmetic: seeded, disjoint, correct generated problems, scored by GSM8K's reward."""
+"""Tests for the arithmetic task: seeded, disjoint, correct generated problems, scored by GSM8K's reward."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,8 @@ import pytest
 
 from grpo_rl.errors import ConfigError
 from grpo_rl.run.preflight import validate
-from grpo_rl.envs.arithmetic import ArithmeticSpec, arithmetic_records, problem_count
-from grpo_rl.envs.rewards.gsm8k import reference_answer
+from grpo_rl.envs.tasks.arithmetic.problems import ArithmeticSpec, arithmetic_records, problem_count
+from grpo_rl.envs.tasks.gsm8k.reward import reference_answer
 
 from tests.unit.helpers import compose_config, score_answers
 
@@ -78,7 +78,7 @@ ARITHMETIC = ["env.dataset=arithmetic", "env.arithmetic.operations=[add]", "env.
 
 def test_env_builds_and_scores_with_the_gsm8k_reward(tokenizer):
     from grpo_rl.envs import make_env
-    from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS
+    from grpo_rl.envs.tasks.gsm8k.env import SYSTEM_PROMPTS
 
     cfg = compose_config(ARITHMETIC)
     validate(cfg)
@@ -102,9 +102,10 @@ def test_env_builds_and_scores_with_the_gsm8k_reward(tokenizer):
 
 
 def test_held_out_evaluation_uses_the_test_split():
-    from grpo_rl.rollout.evaluation import DEFAULT_SPLIT, DEFAULT_SUCCESS
+    from grpo_rl.rollout.evaluation import eval_split, success_component
 
-    assert DEFAULT_SPLIT["arithmetic"] == "test" and DEFAULT_SUCCESS["arithmetic"] == "correct"
+    cfg = compose_config(ARITHMETIC)
+    assert eval_split(cfg) == "test" and success_component(cfg) == "correct"
 
 
 @pytest.mark.parametrize("name", ["grpo_arithmetic", "grpo_arithmetic_tools"])
@@ -120,7 +121,7 @@ def test_configs_compose_and_validate(name):
 
 def test_tools_env_keeps_the_gsm8k_prompt(tokenizer):
     from grpo_rl.envs import make_env
-    from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS
+    from grpo_rl.envs.tasks.gsm8k.env import SYSTEM_PROMPTS
 
     cfg = compose_config([*ARITHMETIC, "env.tools=[{name: calculator}]", "env.max_turns=3",
                           "env.max_prompt_tokens=480"])

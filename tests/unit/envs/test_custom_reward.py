@@ -16,7 +16,7 @@ from grpo_rl.run.preflight import validate
 from grpo_rl.run.metrics import log_reward_failures
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent, RewardError
 from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
-from grpo_rl.envs.rewards.gsm8k import correctness_reward
+from grpo_rl.envs.tasks.gsm8k.reward import correctness_reward
 from tests.unit.helpers import file_env, score_answers, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -201,8 +201,8 @@ def test_every_sample_failing_raises_naming_the_file_and_the_function(rewards_fi
     # A component built without an origin finds it from its function: a built-in by its module's file.
     builtin = CompositeReward([RewardComponent("correct", functools.partial(correctness_reward,
                                                                            last_number_fallback=False))])
-    with pytest.raises(RewardError, match=r"^reward 'correct' \(grpo_rl/envs/rewards/gsm8k.py:correctness_reward\) "
-                                          "failed on every sample"):
+    with pytest.raises(RewardError, match=r"^reward 'correct' \(grpo_rl/envs/tasks/gsm8k/reward.py:"
+                                          r"correctness_reward\) failed on every sample"):
         builtin(["a", "b"], [None, None])
 
 
@@ -280,13 +280,13 @@ def test_fallback_is_configurable(tmp_path, tokenizer, rewards_file):
 
 
 def test_user_function_added_to_a_builtin_task(tmp_path, tokenizer, rewards_file):
-    from grpo_rl.envs.ifeval import make_ifeval_env
-    from grpo_rl.envs import shared_reward_components
+    from grpo_rl.envs import make_env
 
-    cfg = _compose(["env.dataset=ifeval", f"reward.path={rewards_file}", "reward.name=all_columns"])
+    cfg = _compose(["env.dataset=ifeval", f"reward.path={rewards_file}", "reward.name=all_columns",
+                    "env.prompts_per_step=1"])
     rows = [{"key": 1, "prompt": "Answer in lowercase.", "instruction_id_list": ["change_case:english_lowercase"],
              "kwargs": [{}]}]
-    env = make_ifeval_env(cfg, rows, tokenizer, seed=0, extra_components=shared_reward_components(cfg))
+    env = make_env(cfg, tokenizer, records=rows)
     _, nxt = score_answers(env, ["yes", "no"] * 2)
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [1.0] * 4  # the ifeval env passes `prompt`
 

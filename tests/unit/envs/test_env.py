@@ -160,15 +160,16 @@ needs_gsm8k = pytest.mark.skipif(
 
 @needs_gsm8k
 def test_gsm8k_env_on_real_data(tokenizer):
+    from grpo_rl.envs import make_env
     from grpo_rl.envs.data import load_records
-    from grpo_rl.envs.gsm8k import SYSTEM_PROMPTS, make_gsm8k_env
-    from grpo_rl.envs.rewards.gsm8k import reference_answer
+    from grpo_rl.envs.tasks.gsm8k.env import SYSTEM_PROMPTS
+    from grpo_rl.envs.tasks.gsm8k.reward import reference_answer
 
     records = load_records("gsm8k", split="test", path=str(_DATA / "gsm8k"))
     assert len(records) == 1319
     cfg = OmegaConf.structured(GRPOConfig)
     cfg.env.prompts_per_step = 2
-    env = make_gsm8k_env(cfg, records, tokenizer, seed=0)
+    env = make_env(cfg, tokenizer, records=records)
     assert len(env) + env.num_skipped == len(records)
     assert all(len(row[2]) <= cfg.env.max_prompt_tokens for row in env._rows)
 

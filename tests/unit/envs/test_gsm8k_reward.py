@@ -1,4 +1,4 @@
-"""Tests for grpo_rl.envs.rewards.gsm8k: answer extraction, normalisation and rewards.
+"""Tests for grpo_rl.envs.tasks.gsm8k.reward: answer extraction, normalisation and rewards.
 
 Every expected value is written by hand from reading the input.
 """
@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_rl.envs.rewards.gsm8k import (
+from grpo_rl.envs.tasks.gsm8k.reward import (
     correctness_reward,
     extract_answer,
     format_reward,

@@ -2,7 +2,7 @@
 
 Every expected value is derived from the rules of the reference
 (google-research `instruction_following_eval/instructions.py`), as restated in
-the docstrings of `grpo_rl/envs/rewards/ifeval/checkers_*.py`; the comment beside
+the docstrings of `grpo_rl/envs/tasks/ifeval/instructions/checkers_*.py`; the comment beside
 each case says why. Each instruction has cases that pass and cases that fail.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_rl.envs.rewards.ifeval import INSTRUCTION_IDS, build_checker
+from grpo_rl.envs.tasks.ifeval.instructions import INSTRUCTION_IDS, build_checker
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from grpo_rl.config.schema import register_configs
 from grpo_rl.run.preflight import validate
 from grpo_rl.envs.data import data_dir
 from grpo_rl.envs.rewards.base import CompositeReward
-from grpo_rl.envs.rewards.ifeval_reward import (
+from grpo_rl.envs.tasks.ifeval.reward import (
     IFEvalScorer,
     answer_tag_format_reward,
     answer_tag_text,
@@ -63,7 +63,7 @@ def test_weighted_total_and_every_component_logged():
 
 
 def test_scorer_runs_the_checkers_once_per_batch(monkeypatch):
-    import grpo_rl.envs.rewards.ifeval_reward as mod
+    import grpo_rl.envs.tasks.ifeval.reward as mod
 
     calls = []
     real = mod.evaluate_response
@@ -135,10 +135,10 @@ def _step(env, responses_per_prompt: list[list[str]]):
 
 
 def test_env_references_and_rewards(tokenizer):
-    from grpo_rl.envs.ifeval import make_ifeval_env
+    from grpo_rl.envs import make_env
 
     cfg = _compose(overrides=["env.prompts_per_step=2"])
-    env = make_ifeval_env(cfg, _records(), tokenizer, seed=0)
+    env = make_env(cfg, tokenizer, records=_records())
     prompts, nxt = _step(env, [["this is a short reply in english", "This is a short reply, in English"],
                                      ["another reply that is all lowercase", "another reply, all lowercase"]])
     ref = prompts["reference"][0]
@@ -151,13 +151,14 @@ def test_env_references_and_rewards(tokenizer):
 
 
 def test_env_ignores_gsm8k_template_and_applies_answer_tags(tokenizer):
-    from grpo_rl.envs.ifeval import make_ifeval_env
+    from grpo_rl.envs import make_env
 
-    plain = make_ifeval_env(_compose("grpo_gsm8k", ["env.dataset=ifeval", "env.template=tags"]), _records(),
-                            tokenizer, seed=0)
+    plain = make_env(_compose("grpo_gsm8k", ["env.dataset=ifeval", "env.template=tags", "env.prompts_per_step=3"]),
+                     tokenizer, records=_records())
     text = plain.reset()["prompt"][0]
     assert "####" not in text and "<answer>" not in text and "Write about topic" in text
-    tagged = make_ifeval_env(_compose(overrides=["reward.ifeval_answer_tags=true"]), _records(), tokenizer, seed=0)
+    tagged = make_env(_compose(overrides=["reward.ifeval_answer_tags=true", "env.prompts_per_step=3"]), tokenizer,
+                      records=_records())
     assert "<answer>" in tagged.reset()["prompt"][0]
     assert "format" in [c.name for c in tagged.reward.components]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_rl.envs.rewards.ifeval import INSTRUCTION_IDS, IFEvalResult, build_checker, evaluate_response, loose_variants
+from grpo_rl.envs.tasks.ifeval.instructions import (INSTRUCTION_IDS, IFEvalResult, build_checker, evaluate_response,
+                                                    loose_variants)
 
 # The reference registry's 25 ids (instructions_registry.INSTRUCTION_DICT).
 REFERENCE_IDS = {

@@ -17,7 +17,7 @@ import nltk
 import punkt
 import pytest
 
-from grpo_rl.envs.rewards.ifeval import language, text
+from grpo_rl.envs.tasks.ifeval.instructions import language, text
 
 
 @pytest.fixture(autouse=True)

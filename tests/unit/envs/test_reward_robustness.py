@@ -19,7 +19,7 @@ from grpo_rl.envs.rewards.base import (
     RewardError,
 )
 from grpo_rl.envs.rewards.custom import RewardLoadError, user_reward_components
-from grpo_rl.envs.rewards.gsm8k import correctness_reward, normalize_number
+from grpo_rl.envs.tasks.gsm8k.reward import correctness_reward, normalize_number
 
 RESPONSES = ["a", "b", "c"]
 REFS = [None, None, None]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.envs.rewards.gsm8k import thinking_reward
+from grpo_rl.envs.tasks.gsm8k.reward import thinking_reward
 from grpo_rl.errors import ConfigError
 from grpo_rl.run.preflight import validate
 from tests.unit.helpers import compose_config, score_answers

@@ -44,8 +44,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from grpo_rl.envs.rewards.ifeval.patterns import as_regex_fragment
-from grpo_rl.envs.rewards.ifeval.thresholds import validate_count
+from grpo_rl.envs.tasks.ifeval.instructions.patterns import as_regex_fragment
+from grpo_rl.envs.tasks.ifeval.instructions.thresholds import validate_count
 
 CONSTRAINED_RESPONSE_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 _JSON_OPENING_FENCES = ("```json", "```Json", "```JSON", "```")

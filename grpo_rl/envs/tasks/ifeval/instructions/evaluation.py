@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from grpo_rl.envs.rewards.ifeval.registry import Checker, build_checker
+from grpo_rl.envs.tasks.ifeval.instructions.registry import Checker, build_checker
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """IFEval rewards: the benchmark's strict and loose scores (Zhou et al., 2023, arXiv:2311.07911) as reward components.
 
 One response is checked against its prompt's verifiable instructions by
-:func:`grpo_rl.envs.rewards.ifeval.evaluate_response`, which gives four scores, each a reward component:
+:func:`grpo_rl.envs.tasks.ifeval.instructions.evaluate_response`, which gives four scores, each a reward component:
 
 * ``prompt_strict`` / ``prompt_loose``: 1.0 when every instruction is followed (strict / loose), else 0.0;
 * ``inst_strict`` / ``inst_loose``: the fraction of the prompt's instructions followed.
@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any, Mapping, Sequence
 
 from grpo_rl.envs.rewards.base import RewardComponent
-from grpo_rl.envs.rewards.ifeval import IFEvalResult, evaluate_response
+from grpo_rl.envs.tasks.ifeval.instructions import IFEvalResult, evaluate_response
 
 __all__ = [
     "IFEVAL_SCORES",

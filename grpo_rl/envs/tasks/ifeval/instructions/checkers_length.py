@@ -33,8 +33,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from grpo_rl.envs.rewards.ifeval.text import count_sentences, count_words
-from grpo_rl.envs.rewards.ifeval.thresholds import Relation, compare, validate_count, validate_relation
+from grpo_rl.envs.tasks.ifeval.instructions.text import count_sentences, count_words
+from grpo_rl.envs.tasks.ifeval.instructions.thresholds import Relation, compare, validate_count, validate_relation
 
 _FIRST_WORD_STOP_CHARS = frozenset(".,?!'\"")
 

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar, Protocol
 
-from grpo_rl.envs.rewards.ifeval import (
+from grpo_rl.envs.tasks.ifeval.instructions import (
     checkers_case,
     checkers_format,
     checkers_keywords,

@@ -15,8 +15,8 @@ Usage::
     reward = result.inst_loose_frac
 """
 
-from grpo_rl.envs.rewards.ifeval.evaluation import IFEvalResult, evaluate_response, loose_variants
-from grpo_rl.envs.rewards.ifeval.registry import INSTRUCTION_IDS, build_checker
+from grpo_rl.envs.tasks.ifeval.instructions.evaluation import IFEvalResult, evaluate_response, loose_variants
+from grpo_rl.envs.tasks.ifeval.instructions.registry import INSTRUCTION_IDS, build_checker
 
 __all__ = [
     "INSTRUCTION_IDS",

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from grpo_rl.envs.rewards.ifeval.patterns import as_regex_fragment
-from grpo_rl.envs.rewards.ifeval.thresholds import Relation, compare, validate_count, validate_relation
+from grpo_rl.envs.tasks.ifeval.instructions.patterns import as_regex_fragment
+from grpo_rl.envs.tasks.ifeval.instructions.thresholds import Relation, compare, validate_count, validate_relation
 
 
 def _validate_words(name: str, words: object) -> tuple[str, ...]:

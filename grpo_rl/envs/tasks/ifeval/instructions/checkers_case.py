@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from grpo_rl.envs.rewards.ifeval.language import detect_language
-from grpo_rl.envs.rewards.ifeval.text import word_tokenize
-from grpo_rl.envs.rewards.ifeval.thresholds import Relation, compare, validate_count, validate_relation
+from grpo_rl.envs.tasks.ifeval.instructions.language import detect_language
+from grpo_rl.envs.tasks.ifeval.instructions.text import word_tokenize
+from grpo_rl.envs.tasks.ifeval.instructions.thresholds import Relation, compare, validate_count, validate_relation
 
 
 def _is_language(response: str, language: str) -> bool:

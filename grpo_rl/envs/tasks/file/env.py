@@ -14,13 +14,16 @@ responses, the prompt column included. See docs/custom_tasks.md.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from grpo_rl.errors import ConfigError
-from grpo_rl.envs.data import load_hub_records, load_records
+from grpo_rl.config.schema import EnvConfig, RewardConfig
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.errors import DataError
+from grpo_rl.envs.data import load_hub_records, load_records
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from grpo_rl.envs.multiturn import ToolUse
 
 
 def file_messages(row: dict, *, prompt_column: str, system_prompt: str | None = None) -> list[dict]:
@@ -55,7 +58,7 @@ def file_paths(path: Any) -> list[str]:
     return [path] if isinstance(path, str) else [str(p) for p in path]
 
 
-def load_file_records(env, split: str | None = None) -> list[dict]:
+def load_file_records(env: EnvConfig, split: str | None = None) -> list[dict]:
     """The rows of ``env.path``'s files concatenated in order, each file's rows checked (prompt and ground-truth
     columns present, prompt a non-empty string or message list) with errors naming that file; or, with
     ``env.hub_dataset`` set, the rows of that hub data set's ``split`` (default ``env.split``), checked the same way."""
@@ -84,18 +87,21 @@ def passed_columns(records: Sequence[dict], prompt_column: str, ground_truth_col
     return tuple(dict.fromkeys([prompt_column, *extra_columns]))
 
 
-def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
-                  components: Sequence[RewardComponent]) -> PromptEnv:
-    """Build the environment over a user's prompt file.
+def file_reward(env: EnvConfig, reward: RewardConfig, tokenizer) -> list[RewardComponent]:
+    """None of its own: a user's task is scored by the user's reward functions (and a reward model), which every
+    task can add."""
+    return []
 
-    Args:
-        cfg: the run config (``env`` group).
-        records: the rows, checked by :func:`load_file_records`.
-        tokenizer: the policy's tokenizer.
-        seed: prompt-order seed.
-        components: the reward components (user functions, a reward model); at least one.
-    """
-    env = cfg.env
+
+def file_system_prompt(env: EnvConfig, reward: RewardConfig) -> None:
+    """None of its own: ``env.system_prompt``, when set, goes before rows that bring no system message."""
+    return None
+
+
+def make_file_env(env: EnvConfig, records: list[dict], tokenizer: Any, reward: CompositeReward, *, seed: int,
+                  system_prompt: str | None, tool_use: ToolUse | None = None) -> PromptEnv:
+    """The environment over a user's rows (checked by :func:`load_file_records`): each row's prompt column after
+    ``system_prompt``, its ground-truth column as the reference, and :func:`passed_columns` passed to the reward."""
     columns = passed_columns(records, env.prompt_column, env.ground_truth_column,
                              None if env.extra_columns is None else list(env.extra_columns))
     gt = env.ground_truth_column
@@ -106,8 +112,8 @@ def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
     return PromptEnv(
         records,
         tokenizer,
-        CompositeReward(components, fallback=cfg.reward.fallback),
-        format_messages=partial(file_messages, prompt_column=env.prompt_column, system_prompt=env.system_prompt),
+        reward,
+        format_messages=partial(file_messages, prompt_column=env.prompt_column, system_prompt=system_prompt),
         reference_of=reference_of,
         prompts_per_step=env.prompts_per_step,
         max_prompt_tokens=env.max_prompt_tokens,
@@ -115,5 +121,6 @@ def make_file_env(cfg, records: list[dict], tokenizer, *, seed: int,
         shuffle=env.shuffle,
         too_long=env.too_long_prompts,
         extra_columns=columns,
+        tool_use=tool_use,
         name=f"hub:{env.hub_dataset}" if env.hub_dataset else "file:" + ",".join(file_paths(env.path)),
     )

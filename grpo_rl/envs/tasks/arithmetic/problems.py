@@ -1,11 +1,10 @@
-"""Generated arithmetic problems: a task a 135M model can visibly learn on a CPU within minutes.
+"""The arithmetic task's problems, generated from a seed in GSM8K's record layout.
 
-GSM8K is nearly out of reach of SmolLM2-135M-Instruct (a few percent greedy accuracy), so a short CPU run shows
-little. Problems such as ``What is 47 + 38?`` are generated from a seed instead, in GSM8K's record layout
-(``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``), so GSM8K's prompt templates and reward (the final
-number's correctness plus the ``#### N`` format, :mod:`grpo_rl.envs.rewards.gsm8k`) apply unchanged, with or
-without the calculator tool. The difficulty is set by the operations and the operands' digits
-(``env.arithmetic``; benchmarks/arithmetic_probe.py measures the base model's accuracy per setting).
+A problem such as ``What is 47 + 38?`` is the record ``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``,
+so GSM8K's prompt templates and reward (the final number's correctness plus the ``#### N`` format,
+:mod:`grpo_rl.envs.tasks.gsm8k.reward`) apply unchanged, with or without the calculator tool. The difficulty is set
+by the operations and the operands' digits (``env.arithmetic``; benchmarks/arithmetic_probe.py measures the base
+model's accuracy per setting).
 
 Each split is drawn from a seed of its own. Within a split the questions are distinct, and the train split
 never holds a question among the first ``held_out`` of the test stream, so every test split of up to
@@ -16,11 +15,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from grpo_rl.errors import ConfigError
 
-__all__ = ["OPERATIONS", "SPLITS", "ArithmeticSpec", "arithmetic_records", "make_arithmetic_env", "problem_count"]
+__all__ = ["OPERATIONS", "SPLITS", "ArithmeticSpec", "arithmetic_records", "problem_count"]
 
 OPERATIONS = {"add": "+", "sub": "-", "mul": "*"}
 """Operation name -> the symbol in the question (``*`` as in the calculator tool's expressions)."""
@@ -116,16 +115,3 @@ def arithmetic_records(split: str, *, seed: int, size: int, spec: ArithmeticSpec
         return _stream("test", seed, size, spec)
     held_out = frozenset(r["question"] for r in _stream("test", seed, spec.held_out, spec))
     return _stream("train", seed, size, spec, held_out)
-
-
-def make_arithmetic_env(cfg, tokenizer, *, split: str, extra_components: Sequence = ()):
-    """The arithmetic environment of ``split``: ``env.arithmetic``'s problems in GSM8K's environment (its
-    templates, ``env.template``, and its reward, the ``reward`` group)."""
-    from grpo_rl.envs.gsm8k import make_gsm8k_env
-
-    arithmetic = cfg.env.arithmetic
-    size = arithmetic.train_size if split == "train" else arithmetic.test_size
-    records = arithmetic_records(split, seed=arithmetic.seed, size=size, spec=ArithmeticSpec.from_config(arithmetic))
-    env = make_gsm8k_env(cfg, records, tokenizer, seed=cfg.seed, extra_components=extra_components)
-    env.name = "arithmetic"
-    return env
