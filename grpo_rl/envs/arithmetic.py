@@ -5,7 +5,7 @@ little. Problems such as ``What is 47 + 38?`` are generated from a seed instead,
 (``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``), so GSM8K's prompt templates and reward (the final
 number's correctness plus the ``#### N`` format, :mod:`grpo_rl.envs.rewards.gsm8k`) apply unchanged, with or
 without the calculator tool. The difficulty is set by the operations and the operands' digits
-(``env.arithmetic``; benchmarks/arithmetic_probe.py measures the base model's accuracy per setting).
+(``env.arithmetic``; benchmarks/learning/arithmetic_probe.py measures the base model's accuracy per setting).
 
 Each split is drawn from a seed of its own. Within a split the questions are distinct, and the train split
 never holds a question among the first ``held_out`` of the test stream, so every test split of up to
