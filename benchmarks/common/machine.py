@@ -1,4 +1,4 @@
-"""The machine a benchmark ran on, and what its process holds: peak RSS, glibc's counts, threads.
+"""The machine a benchmark ran on, and what its process holds: the CPU line, peak RSS, glibc's counts, threads.
 
 Standard library at import (the TRL worker imports it in ``benchmarks/.venv-trl``); heavier imports stay inside
 the functions that need them.
@@ -6,9 +6,28 @@ the functions that need them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import resource
 from pathlib import Path
+
+
+def cpu_line() -> str:
+    """``CPU: <model> (<matmul instruction sets>), N cores; load average a b c``, from
+    ``grpo_rl.model.precision.cpu_flags`` (the run's own banner names the CPU the same way)."""
+    from grpo_rl.model.precision import cpu_flags
+
+    load = os.getloadavg()
+    return f"CPU: {cpu_flags()}, {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+
+
+@functools.cache
+def announce_machine() -> str:
+    """Print :func:`cpu_line` the first time it is called in this process, and return that line: every benchmark
+    states the CPU it measured on before it measures (``run_script`` calls it too)."""
+    line = cpu_line()
+    print(line, flush=True)
+    return line
 
 
 def machine() -> dict:

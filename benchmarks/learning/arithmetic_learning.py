@@ -35,15 +35,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
 from benchmarks.common import RESULTS, ROOT  # noqa: E402
+from benchmarks.common.machine import announce_machine  # noqa: E402
+from benchmarks.common.runner import run_script, script_env  # noqa: E402
 from benchmarks.common.stats import wilson  # noqa: E402
 
 
 def run_logged(cmd: list[str], log_path: Path, what: str) -> float:
-    """Run ``cmd`` with its output in ``log_path``; returns the wall seconds; exits with the log's tail on failure."""
+    """Run ``cmd`` (an evaluation, in the training run's environment) with its output in ``log_path``; returns the
+    wall seconds; exits with the log's tail on failure."""
     print(f"[{time.strftime('%H:%M:%S')}] {what}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, env=script_env(), stdout=log, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - t0
     if rc != 0:
         tail = log_path.read_text().splitlines()[-30:]
@@ -89,6 +92,7 @@ def main() -> None:
     config_name = "grpo_arithmetic_tools" if args.tools else "grpo_arithmetic"
     out = args.out or RESULTS / f"arithmetic_learning{'_tools' if args.tools else ''}.json"
 
+    announce_machine()
     from grpo_rl.api import compose
     from grpo_rl.model.precision import cpu_flags
 
@@ -102,8 +106,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="arithmetic-learning-"))
     started, load_start = time.time(), os.getloadavg()
-    print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in load_start)}; "
-          f"config {config_name}, {args.minutes:g} min, {args.eval_prompts} held-out problems; work folder {work}",
+    print(f"config {config_name}, {args.minutes:g} min, {args.eval_prompts} held-out problems; work folder {work}",
           flush=True)
     finished = False
     try:
@@ -111,10 +114,11 @@ def main() -> None:
                           work / "eval_before.log", "evaluate the base model")
         print(f"  before: accuracy {before['accuracy']:.3f}", flush=True)
         run_dir = work / "run"
-        train_seconds = run_logged([sys.executable, "sota/grpo.py", "--config-name", config_name,
-                                    f"output_dir={run_dir}", *train_overrides], work / "train.log",
-                                   f"train for {args.minutes:g} min")
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        print(f"[{time.strftime('%H:%M:%S')}] train for {args.minutes:g} min: sota/grpo.py --config-name {config_name} "
+              f"{' '.join(train_overrides)}", flush=True)
+        run = run_script("grpo.py", ["--config-name", config_name, *train_overrides], run_dir=run_dir,
+                         log=work / "train.log")
+        train_seconds, rows = run.seconds, run.rows
         steps = max((int(r["step"]) for r in rows), default=0)
         if not (run_dir / "final_model" / "config.json").exists():
             sys.exit(f"the run finished no step in {args.minutes:g} min (engine start-up counts), so it exported no "

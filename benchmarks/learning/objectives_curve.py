@@ -38,15 +38,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
-from benchmarks.common import RESULTS, ROOT  # noqa: E402
+from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common.machine import announce_machine  # noqa: E402
+from benchmarks.common.runner import run_script  # noqa: E402
 
 ARMS = {
     "grpo": ["policy.loss_type=grpo"],
@@ -62,31 +62,17 @@ ARMS = {
 
 
 def run_arm(name: str, overrides: list[str], run_dir: Path, timeout: float) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     load = os.getloadavg()
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"{name}.log"
-    t0 = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "sota" / "grpo.py"), *overrides, f"output_dir={run_dir}"],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        _, status, usage = os.wait4(proc.pid, 0)  # this run's own resource usage, peak RSS included
-        timer.cancel()
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{name} failed:\n{log.read_text()[-4000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "reward_mean" in r]
+    run = run_script("grpo.py", overrides, run_dir=run_dir, log=run_dir.parent / f"{name}.log", timeout=timeout)
+    steps = [r for r in run.rows if "reward_mean" in r]
     rewards = [r["reward_mean"] for r in steps]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     out = {
-        "arm": name, "overrides": overrides, "steps": len(steps), "wall_seconds": wall,
+        "arm": name, "overrides": overrides, "steps": len(steps), "wall_seconds": run.seconds,
         "seconds_per_step": mean([r["step_seconds"] for r in steps]),
         "reward_first5": mean(rewards[:5]), "reward_last10": mean(rewards[-10:]), "reward_all": mean(rewards),
-        "rewards": rewards, "load_before": load, "peak_rss_gib": usage.ru_maxrss / 2**20,
+        "rewards": rewards, "load_before": load, "peak_rss_gib": run.peak_rss_gib,
     }
     if any("sampling_rounds" in r for r in steps):
         out["sampling_rounds_mean"] = mean([r["sampling_rounds"] for r in steps])
@@ -106,7 +92,7 @@ def main() -> None:
 
     from grpo_rl.model.precision import cpu_flags
 
-    print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores", flush=True)
+    announce_machine()
     base = args.out_dir or Path(f"/tmp/objectives_curve_{int(time.time())}")
     common = [f"train.steps={args.steps}", "train.max_time_minutes=null", "logger.backend=none", "eval.every=0",
               *args.overrides]

@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
-from benchmarks.common import RESULTS, ROOT  # noqa: E402
+from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common.machine import announce_machine  # noqa: E402
+from benchmarks.common.runner import run_script  # noqa: E402
 
 KEYS = ("tool_call_rate", "tool_calls_mean", "turns_mean", "tool_errors", "reward_mean", "reward_correct_mean",
         "reward_format_mean", "response_length_mean", "step_seconds")
@@ -43,18 +43,12 @@ def main() -> None:
 
     run_dir = Path(tempfile.mkdtemp(prefix="tools-run-")) / "run"
     load_start = os.getloadavg()
-    print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in load_start)}; "
-          f"{args.config} for {args.minutes:g} min; run folder {run_dir}", flush=True)
-    cmd = [sys.executable, "sota/grpo.py", "--config-name", args.config, f"output_dir={run_dir}",
-           f"train.max_time_minutes={args.minutes}", "train.steps=100000", "eval.every=0", "logger.backend=none",
-           *args.overrides]
-    t0 = time.perf_counter()
-    with open(run_dir.parent / "train.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.perf_counter() - t0
-    if rc != 0:
-        sys.exit(f"the run failed (exit {rc}); its log: {run_dir.parent / 'train.log'}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    announce_machine()
+    print(f"{args.config} for {args.minutes:g} min; run folder {run_dir}", flush=True)
+    run = run_script("grpo.py", ["--config-name", args.config, f"train.max_time_minutes={args.minutes}",
+                                 "train.steps=100000", "eval.every=0", "logger.backend=none", *args.overrides],
+                     run_dir=run_dir, log=run_dir.parent / "train.log")
+    rows, wall = run.rows, run.seconds
     if len(rows) < 2 * args.window:
         sys.exit(f"only {len(rows)} steps in {args.minutes:g} min: too few for two windows of {args.window}")
     mean = lambda rs, k: sum(r.get(k, 0.0) for r in rs) / len(rs)  # noqa: E731

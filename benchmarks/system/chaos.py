@@ -26,7 +26,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,24 +34,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
-from benchmarks.common import ROOT  # noqa: E402
+from benchmarks.common.machine import announce_machine, cpu_line  # noqa: E402
+from benchmarks.common.runner import read_jsonl, run_script  # noqa: E402
 
 
-def cpu_line() -> str:
-    from grpo_rl.model.precision import cpu_flags
-
-    load = os.getloadavg()
-    return f"CPU: {cpu_flags()}, {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def overrides(args, model: str, run_dir: Path) -> list[str]:
-    out = [f"model.name={model}", f"output_dir={run_dir}", f"train.steps={args.steps}", "logger.backend=none",
+def overrides(args, model: str) -> list[str]:
+    out = [f"model.name={model}", f"train.steps={args.steps}", "logger.backend=none",
            "logger.num_examine=0", "eval.every=0", f"inference_model.num_devices={args.collectors}",
            f"env.prompts_per_step={args.prompts}", f"env.group_size={args.group}",
            f"sampling.max_new_tokens={args.max_new_tokens}", f"pipeline.max_restarts={args.max_restarts}",
@@ -112,32 +99,20 @@ class Killer(threading.Thread):
 
 
 def run_once(args, model: str, run_dir: Path, killer: Killer | None) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "PYTHONUNBUFFERED": "1"}
-    env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     log_path = run_dir.with_suffix(".log")
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "sota" / "grpo-async.py"),
-                                 *overrides(args, model, run_dir)], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    if killer is not None:
+        killer.start()  # it waits for the run's first logged step
+    try:
+        run = run_script("grpo-async.py", overrides(args, model), run_dir=run_dir, log=log_path,
+                         timeout=args.run_timeout, check=False)
+    finally:
         if killer is not None:
-            killer.start()
-        try:
-            proc.wait(timeout=args.run_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        finally:
-            if killer is not None:
-                killer.done.set()
-    wall = time.perf_counter() - t0
+            killer.done.set()
     records = read_jsonl(run_dir / "trained.jsonl")
-    rows = read_jsonl(run_dir / "metrics.jsonl")
     restarts = read_jsonl(run_dir / "restarts.jsonl")
     ends = [r["time"] for r in records]
     throughput = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 else float("nan")
-    return {"returncode": proc.returncode, "log": str(log_path), "wall_seconds": wall, "steps": len(rows),
+    return {"returncode": run.returncode, "log": str(log_path), "wall_seconds": run.seconds, "steps": len(run.rows),
             "throughput_steps_per_second": throughput, "restarts": restarts,
             "restart_seconds": [r["seconds"] for r in restarts], "kills": killer.kills if killer else [],
             "exactly_once": exactly_once(run_dir, records, args.steps)}
@@ -198,7 +173,7 @@ def main() -> None:
     args.roles = args.roles.split(",")
     if args.quick:
         args.steps, args.roles, args.max_new_tokens, args.prompts = 24, ["collector"], 16, 2
-    print(cpu_line(), flush=True)
+    announce_machine()
     work = Path(tempfile.mkdtemp(prefix="grpo_chaos_"))
     model = tiny_model(work) if args.quick else args.model
     results = {"cpu": cpu_line(), "args": {k: v for k, v in vars(args).items() if k != "out"}}

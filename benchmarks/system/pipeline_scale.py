@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,34 +44,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
-from benchmarks.common import RESULTS, ROOT  # noqa: E402
+from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common.machine import announce_machine, cpu_line  # noqa: E402
+from benchmarks.common.runner import read_jsonl, run_script  # noqa: E402
+
 SIZES = [(c, r) for r in (1, 2, 4) for c in (1, 2, 4, 8, 16)]
-
-
-def cpu_line() -> str:
-    from grpo_rl.model.precision import cpu_flags
-
-    load = os.getloadavg()
-    return f"CPU: {cpu_flags()}, {os.cpu_count()} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-
-
-def run_phase(overrides: list[str], timeout: float) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
-    proc = subprocess.run([sys.executable, str(ROOT / "sota" / "grpo-async.py"), *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"grpo-async.py failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     run_dir = out / f"c{collectors}_r{ranks}"
     common = [
-        f"model.name={model}", f"output_dir={run_dir}", "logger.backend=none", "logger.num_examine=0",
+        f"model.name={model}", "logger.backend=none", "logger.num_examine=0",
         "eval.every=0", "simulate.enabled=true", f"simulate.generation_seconds={args.generation}",
         f"simulate.reference_seconds={args.reference}", f"simulate.training_seconds={args.training}",
         f"simulate.jitter={args.jitter}", f"inference_model.num_devices={collectors}",
@@ -88,10 +69,10 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     else:
         common += ["policy.kl_coef=0"]
     t0 = time.perf_counter()
-    run_phase(common + [f"train.steps={args.steps}"], args.timeout)
-    run_phase(common + [f"train.steps={2 * args.steps}", "resume=auto"], args.timeout)
+    run_script("grpo-async.py", common + [f"train.steps={args.steps}"], run_dir=run_dir, timeout=args.timeout)
+    rows = run_script("grpo-async.py", common + [f"train.steps={2 * args.steps}", "resume=auto"], run_dir=run_dir,
+                      timeout=args.timeout).rows
     wall = time.perf_counter() - t0
-    rows = read_jsonl(run_dir / "metrics.jsonl")
     records = read_jsonl(run_dir / "trained.jsonl")
     trained = [b for r in records for b in r["batch_index"]]
     # Wall time per step: between the ends of consecutive steps of one process (trained.jsonl's times). The first
@@ -164,7 +145,7 @@ def main() -> None:
 
     from grpo_rl.model.loading import build_tiny_model, resolve_model
 
-    print(cpu_line(), flush=True)
+    announce_machine()
     print(f"stage seconds per batch: generation {args.generation} (per collector), reference {args.reference}, "
           f"training {args.training} (one rank), jitter {args.jitter}; {args.steps} + {args.steps} steps "
           f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}; long tail {args.long_tail}, "

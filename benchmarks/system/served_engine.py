@@ -30,14 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
 from benchmarks.common import RESULTS  # noqa: E402
-from benchmarks.common.machine import machine  # noqa: E402
-from benchmarks.system.sync_vs_async import run_loop  # noqa: E402
+from benchmarks.common.machine import announce_machine, machine  # noqa: E402
+from benchmarks.common.runner import run_script  # noqa: E402
 
 
 def run_sync(engine: str, steps: int, run_dir: Path, extra: list[str]) -> list[dict]:
     overrides = [f"inference_model.engine={engine}", f"train.steps={steps}", "eval.every=0", "logger.backend=none",
                  *extra]
-    return run_loop("grpo.py", overrides, run_dir, timeout=3600)[0]
+    return run_script("grpo.py", overrides, run_dir=run_dir, timeout=3600).rows
 
 
 def summarize(rows: list[dict], warmup: int) -> dict:
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both runs")
     args = parser.parse_args()
     info = {**machine(), "loadavg_before": os.getloadavg()}
-    print(f"CPU: {info['cpu']}, {info['cores']} cores, {' '.join(info['isa'])}; load average {info['loadavg_before']}")
+    announce_machine()
     result = {"machine": info, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="served_engine-") as tmp:
         tmp = Path(tmp)

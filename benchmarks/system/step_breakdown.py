@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
-from benchmarks.common import RESULTS, ROOT  # noqa: E402
+from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common.machine import announce_machine  # noqa: E402
+from benchmarks.common.runner import run_script  # noqa: E402
 
 COLUMNS = [
     ("step_seconds", "step s"),
@@ -41,24 +40,13 @@ COLUMNS = [
 
 
 def run(overrides: list[str], steps: int) -> dict:
-    out = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING")
-    shared = ROOT.parent / "shared" / "data"
-    if "GRPO_DATA_DIR" not in env and shared.exists():
-        env["GRPO_DATA_DIR"] = str(shared)
-    cmd = [sys.executable, str(ROOT / "sota" / "grpo.py"), f"output_dir={out}", f"train.steps={steps}",
-           "logger.backend=none", *overrides]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"run failed ({' '.join(overrides) or 'defaults'}):\n{proc.stderr[-3000:]}")
-    banner = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("  precision: ")]
+    run = run_script("grpo.py", [f"train.steps={steps}", "logger.backend=none", *overrides])
+    banner = [line for line in run.output.splitlines() if line.startswith("  precision: ")]
     precision = banner[0].split(":", 1)[1].strip() if banner else "unknown"
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = run.rows
     timed = rows[1:] if len(rows) > 1 else rows
     mean = {key: sum(r[key] for r in timed) / len(timed) for key, _ in COLUMNS}
-    return {"overrides": overrides, "precision": precision, "steps_timed": len(timed), "wall_seconds": wall,
+    return {"overrides": overrides, "precision": precision, "steps_timed": len(timed), "wall_seconds": run.seconds,
             "mean": mean, "per_step": rows, "load_average": os.getloadavg()}
 
 
@@ -70,12 +58,11 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="overrides applied to every run")
     args = parser.parse_args()
 
-    from grpo_rl.model.precision import cpu_flags
-
+    announce_machine()  # imports grpo_rl, which sets its OpenMP defaults before torch loads
     import torch
 
-    cpu = cpu_flags()
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    from grpo_rl.model.precision import cpu_flags
+
     gpu = None
     if torch.cuda.is_available():
         gpu = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}"
@@ -95,7 +82,7 @@ def main() -> None:
         print(f"precision of {r['name']}: {r['precision']}")
     out = RESULTS / "step_breakdown.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu, "gpu": gpu, "cores": os.cpu_count(), "runs": results}, indent=2))
+    out.write_text(json.dumps({"cpu": cpu_flags(), "gpu": gpu, "cores": os.cpu_count(), "runs": results}, indent=2))
     print(f"wrote {out}")
 
 

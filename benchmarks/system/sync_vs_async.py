@@ -19,7 +19,7 @@ its two busy processes one thread, and on a 2-core machine that other jobs also 
 far more than a 1-thread one (busy_neighbour.py), so that run separates the gain from overlapping generation with
 training from the gain of avoiding thread contention.
 
-Prints a table and writes JSON (per-step times included). Never asserts a time.
+Prints the CPU line, a table, and writes JSON (per-step times included). Never asserts a time.
 """
 from __future__ import annotations
 
@@ -27,15 +27,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
 from benchmarks.common import RESULTS, ROOT  # noqa: E402
+from benchmarks.common.runner import run_script  # noqa: E402
 
 
 def build_model(out: Path, hidden: int, layers: int, heads: int) -> Path:
@@ -43,22 +42,6 @@ def build_model(out: Path, hidden: int, layers: int, heads: int) -> Path:
 
     return build_tiny_model(resolve_model("embedded:smollm2-135m-instruct"), out, hidden_size=hidden,
                             num_layers=layers, num_heads=heads, intermediate_size=2 * hidden)
-
-
-def run_loop(script: str, overrides: list[str], run_dir: Path, timeout: float,
-             threads: int | None = None) -> tuple[list[dict], float]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    env.setdefault("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "sota" / script), *overrides, f"output_dir={run_dir}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return rows, wall
 
 
 def summarize(rows: list[dict], warmup: int, samples_per_step: int) -> dict:
@@ -124,9 +107,9 @@ def main() -> None:
         results = {"overrides": overrides, "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg()}
         modes = [("sync", "grpo.py", None)] + ([("sync_1thread", "grpo.py", 1)] if args.sync_one_thread else [])
         for mode, script, threads in modes + [("async", "grpo-async.py", None)]:
-            rows, wall = run_loop(script, overrides, tmp / mode, args.timeout, threads)
-            results[mode] = {**summarize(rows, args.warmup, samples_per_step), "process_seconds": wall}
-            print(f"{mode}: done in {wall:.0f}s", flush=True)
+            run = run_script(script, overrides, run_dir=tmp / mode, timeout=args.timeout, threads=threads)
+            results[mode] = {**summarize(run.rows, args.warmup, samples_per_step), "process_seconds": run.seconds}
+            print(f"{mode}: done in {run.seconds:.0f}s", flush=True)
         results["load_average_end"] = os.getloadavg()
     results["speedup"] = results["async"]["samples_per_second"] / results["sync"]["samples_per_second"]
     shown = [m for m in ("sync", "sync_1thread", "async") if m in results]
