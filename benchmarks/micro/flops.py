@@ -121,7 +121,7 @@ def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, d
             pairs = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for m, k, n in shapes]
             work = sum(2 * m * k * n for m, k, n in shapes)
 
-            def large():
+            def large(pairs=pairs):  # bound as defaults (here and below): the names are deleted after timing
                 for a, b in pairs:
                     a @ b
             rates[name] = work / _time_best(large, repeats)
@@ -132,7 +132,7 @@ def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, d
                 weights.append(torch.randn(vocab, d, dtype=dtype) * 0.02)
                 inputs = {i: torch.randn(decode_rows, i, dtype=dtype) for i in (d, ff)}
 
-                def decode_step():
+                def decode_step(weights=weights, inputs=inputs):
                     for w in weights:
                         F.linear(inputs[w.shape[1]], w)
                 seconds = _time_best(decode_step, repeats)

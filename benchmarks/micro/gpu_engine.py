@@ -92,13 +92,15 @@ def profile(path: str, dev: torch.device) -> None:
     batch = None
     for dtype in ("bfloat16", "float32"):
         eng = TransformersEngine(path, dev, dtype=dtype)
-        t = timed(lambda: eng.generate(prompts(), N, spec), reps=2)
+        # The timed lambdas take eng (and learner below) as defaults: each turn of the loop deletes them at its end.
+        t = timed(lambda eng=eng: eng.generate(prompts(), N, spec), reps=2)
         print(f"engine generate {dtype}: {t:.2f} s for {P * N}x{LR} tokens ({t / LR * 1000:.1f} ms a decoding step)",
               flush=True)
         batch = batch if batch is not None else eng.generate(prompts(), N, spec)
         ids = torch.tensor(prompts(), device=dev).repeat_interleave(N, 0)
-        t = timed(lambda: eng.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                             max_new_tokens=LR, min_new_tokens=LR, pad_token_id=2), reps=2)
+        t = timed(lambda eng=eng: eng.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                     do_sample=True, max_new_tokens=LR, min_new_tokens=LR,
+                                                     pad_token_id=2), reps=2)
         print(f"  bare HF generate {dtype}: {t:.2f} s", flush=True)
         with torch.profiler.profile(activities=activities) as prof:
             eng.generate(prompts(), N, SamplingSpec(max_new_tokens=16, temperature=1.0, seed=1))
@@ -115,7 +117,7 @@ def profile(path: str, dev: torch.device) -> None:
             model = load_causal_lm(path, dev, "float32", trainable=True)
             learner = Learner(model, dev, LossSettings(kl_coef=0.01), lr=1e-6, micro_batch_tokens=4096,
                               bf16_autocast=bf16, share_prompt=share)
-            t = timed(lambda: learner.train_step(batch.clone().to(dev)))
+            t = timed(lambda learner=learner: learner.train_step(batch.clone().to(dev)))
             print(f"train_step bf16={bf16} share_prompt={share}: {t * 1000:.0f} ms", flush=True)
             if share:
                 with torch.profiler.profile(activities=activities) as prof:
