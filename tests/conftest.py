@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # One torch thread: the tiny models gain nothing from more, and on a 2-core machine shared with another busy
-# process two threads slowed matmuls 10 to 30x (benchmarks/busy_neighbour.py). GRPO_TEST_THREADS overrides it.
+# process two threads slowed matmuls 10 to 30x (benchmarks/micro/busy_neighbour.py). GRPO_TEST_THREADS overrides it.
 torch.set_num_threads(int(os.environ.get("GRPO_TEST_THREADS", "1")))
 
 

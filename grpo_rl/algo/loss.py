@@ -41,7 +41,7 @@ Departures from the paper and from TRL:
 * The KL term is GRPO's plain k3 per token. TRL 1.16 by default (``use_bias_correction_kl=True``) multiplies each
   token's k3 by the ratio ``pi / pi_old``, which carries a gradient: the losses agree on-policy, the KL gradients
   do not (adding ``kl_coef * aggregate(k3 * (ratio - 1))`` here reproduces TRL's to 1e-9;
-  ``benchmarks/trl_objectives.py``).
+  ``benchmarks/versus_trl/trl_objectives.py``).
 """
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ import torch
 from grpo_rl.algo.engine_correction import EngineCorrection, EngineWeights, engine_weights, weight_quantiles
 from grpo_rl.algo.objectives import PolicyObjective, PolicyTerm, policy_term
 
-if TYPE_CHECKING:  # the config package needs Hydra; the loss itself needs only torch (benchmarks/trl_objectives.py)
+# The config package needs Hydra; the loss itself needs only torch (benchmarks/versus_trl/trl_objectives.py).
+if TYPE_CHECKING:
     from grpo_rl.config.schema import PolicyConfig, SamplingConfig
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]

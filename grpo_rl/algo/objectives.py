@@ -15,7 +15,8 @@ engine importance weight and aggregates. With ``r_t = pi(y_t) / pi_old(y_t)``:
 * ``gspo_token``: the paper's GSPO-token, ``s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]``: the value
   (and so the clip decision) is ``s_i`` for every token, the gradient flows per token, ``s_i grad log pi(y_t)``,
   and the advantage may differ per token. With one advantage per answer its gradient equals GSPO's (checked against
-  TRL 1.16's GSPO in ``benchmarks/trl_objectives.py``; TRL 1.16 no longer ships its ``sequence_token`` level).
+  TRL 1.16's GSPO in ``benchmarks/versus_trl/trl_objectives.py``; TRL 1.16 no longer ships its ``sequence_token``
+  level).
 * ``cispo``: CISPO (MiniMax, 2025, "MiniMax-M1"): ``-sg[clip(r_t, ratio_min, ratio_max)] A log pi(y_t)``, a
   REINFORCE term weighted by a clipped, stop-gradient ratio, so every token keeps a gradient. The bounds are
   absolute weights, as TRL's ``cispo`` takes ``epsilon_high`` (recommended 5.0, ScaleRL's ``eps_max``); the

@@ -149,7 +149,7 @@ class InferenceModelConfig(RoleDevices):
     """engine=transformers on a GPU: a static KV cache, whose decoding step transformers compiles (CUDA graphs).
     Prompts are left-padded to a multiple of 64 tokens so that few shapes compile; each new shape compiles once
     (tens of seconds the first time). Eager decoding is bound by the host's kernel launches, so where vLLM is not
-    installed this pays back its compile within a few steps (measured; see benchmarks/gpu_engine.py)."""
+    installed this pays back its compile within a few steps (measured; see benchmarks/micro/gpu_engine.py)."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache (GPU only)."""
     kv_cache_gb: float = 1.0
@@ -199,7 +199,7 @@ class ArithmeticConfig:
 
     operations: list[str] = field(default_factory=lambda: ["add"])
     """Any of add, sub (the larger operand first: no negative results), mul. The default, 2-digit addition, is
-    where SmolLM2-135M-Instruct starts at 13% greedy accuracy (benchmarks/arithmetic_probe.py)."""
+    where SmolLM2-135M-Instruct starts at 13% greedy accuracy (benchmarks/learning/arithmetic_probe.py)."""
     digits: int = 2
     """Digits of every operand of add and sub, and of the first factor of mul (1 to 9)."""
     mul_digits: int = 1
@@ -483,8 +483,8 @@ class TrainConfig:
     """torch.compile the decoder layers of the learner and the reference: false | true | auto. auto starts eager
     and compiles after the first steps when the time it expects to save over the steps left exceeds the time
     compiling takes (grpo_rl/model/compile.py). Off by default: where it was measured (a CPU), it sped up a training
-    pass timed alone but not the whole step (benchmarks/kernels.py compile, benchmarks/trl_compare.py). LoRA and
-    FSDP learners stay eager."""
+    pass timed alone but not the whole step (benchmarks/micro/kernels.py compile, benchmarks/versus_trl/trl_compare.py).
+    LoRA and FSDP learners stay eager."""
     checkpoint_frequency: int = 0
     """Save every N steps (0: only at the end)."""
     keep_checkpoints: int = 2
@@ -584,7 +584,7 @@ class PipelineConfig:
 @dataclass
 class SimulateConfig:
     """Timed stand-ins for the engine, the reference and the learner (grpo_rl/training/simulated.py): the real
-    orchestration without the models, for benchmarks/pipeline_scale.py. Off in every real run."""
+    orchestration without the models, for benchmarks/system/pipeline_scale.py. Off in every real run."""
 
     enabled: bool = False
     generation_seconds: float = 1.0

@@ -10,7 +10,7 @@ is no KV-cache reuse across a group's answers.
 On a GPU, eager decoding of a small model is bound by the host launching kernels, not by the GPU.
 ``inference_model.compile`` gives ``generate`` a static KV cache, whose decoding step transformers compiles into
 CUDA graphs: generation many times faster after a compile of tens of seconds (measured; see
-``benchmarks/gpu_engine.py`` and benchmarks/README.md, "One GPU").
+``benchmarks/micro/gpu_engine.py`` and benchmarks/README.md, "One GPU").
 """
 from __future__ import annotations
 

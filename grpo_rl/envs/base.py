@@ -30,7 +30,7 @@ transforms (``TransformedEnv(env, RewardScaling(...))``). The training collector
 groups the engine's rows with :func:`group_answers` and puts the rewards back on them with
 :func:`rewards_per_answer` (both by ``group_id``). torchrl's base class adds well under a millisecond to a
 reset + step, against seconds per training step, since it checks no data against the specs (measured; see
-``benchmarks/env_overhead.py``).
+``benchmarks/micro/env_overhead.py``).
 
 The prompt stream is a seeded permutation of the data set, reshuffled every epoch; its position is what
 :meth:`PromptEnv.state_dict` holds, so a resumed run sees the same prompts in the same order.

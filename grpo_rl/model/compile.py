@@ -2,15 +2,15 @@
 
 ``torch.compile`` fuses the elementwise work between the matmuls of a decoder layer (norms, rotary embeddings,
 activations, casts) into generated kernels, which speeds up a packed training forward + backward timed alone
-(measured; see ``benchmarks/kernels.py compile``). The price is the compilation: Dynamo traces a layer and Inductor
-generates and builds its kernels, seconds to a minute on the first call, which a short run never earns back.
+(measured; see ``benchmarks/micro/kernels.py compile``). The price is the compilation: Dynamo traces a layer and
+Inductor generates and builds its kernels, seconds to a minute on the first call, which a short run never earns back.
 Each decoder layer is compiled on its own (``dynamic=True``: micro-batches of every shape share one graph; the
 layers share their code, so one trace serves all of them); the LM head stays eager (:mod:`grpo_rl.model.vocab`
 already chunks it).
 
 Whether it pays is a measurement, not a given: on a CPU where the pass timed alone gained, the whole step did not
-(``benchmarks/trl_compare.py``; benchmarks/README.md, "Levers"). So the default is ``false``; measure your own step
-with ``true``.
+(``benchmarks/versus_trl/trl_compare.py``; benchmarks/README.md, "Levers"). So the default is ``false``; measure your
+own step with ``true``.
 
 ``train.compile``:
 
@@ -45,7 +45,7 @@ DECIDE_AFTER = 2
 """Steps timed eagerly before ``auto`` decides (the first step of a process carries one-off costs)."""
 SAVING = 0.2
 """Share of the reference + training time compilation saves: ``1 - 1 / speedup`` of the pass timed alone, between
-its fp32 and bf16 values (``benchmarks/kernels.py compile``; benchmarks/README.md, "Levers")."""
+its fp32 and bf16 values (``benchmarks/micro/kernels.py compile``; benchmarks/README.md, "Levers")."""
 COMPILE_COST_S = 60.0
 """What ``auto`` budgets for compiling: the first compiled forward + backward and the reference's no-grad graph."""
 

@@ -7,7 +7,7 @@ bits (2 bytes per parameter instead of 8: 0.75 GiB less for a 135M model), dequa
 inside one compiled kernel per parameter; bf16 weights (``train_model.dtype``) take each update with stochastic
 rounding, so that updates below a weight's last bf16 bit are kept in expectation instead of lost. It is the
 optimizer of the ``lowmem`` preset (``+preset=lowmem``): it trades a much slower step than fused AdamW's for the
-memory (measured; see ``benchmarks/optimizer_step.py``).
+memory (measured; see ``benchmarks/micro/optimizer_step.py``).
 
 Why torchao: it is PyTorch's own library, runs on the CPU through ``torch.compile``, rounds bf16 weights
 stochastically, and its state is tensor subclasses that ``torch.save``/``torch.load(weights_only=True)`` round-trip,

@@ -2,7 +2,7 @@
 
 On CPUs the cost of a bf16 matmul varies by two orders of magnitude between machines of one kind: with AMX or
 avx512_bf16 oneDNN runs it several times faster than fp32, while on an AVX2-only CPU it falls back to a path tens
-of times slower (rates per CPU in benchmarks/README.md; ``benchmarks/flops.py`` measures them). A default that
+of times slower (rates per CPU in benchmarks/README.md; ``benchmarks/micro/flops.py`` measures them). A default that
 assumes either one is wrong on the other, so ``precision: auto`` (the default of the learner, the reference and the
 engine) decides from a measurement:
 

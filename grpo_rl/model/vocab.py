@@ -7,7 +7,7 @@ log-normaliser and recomputes each chunk's logits in the backward pass, as Liger
 It is the same function: the same forward per token, and the analytic gradient
 ``d log p(y) / d z = onehot(y) - softmax(z)`` over ``temperature``. The entropy ``H = logsumexp(z) - sum_k p_k z_k``
 has a gradient only when asked for (an entropy bonus), then ``d H / d z_k = -p_k (z_k - sum_j p_j z_j)`` joins the
-same pass. Chunking saves memory, not time (``benchmarks/kernels.py lm-head``). Under autocast the matmuls run in
+same pass. Chunking saves memory, not time (``benchmarks/micro/kernels.py lm-head``). Under autocast the matmuls run in
 the autocast dtype and the rest in fp32, as ``head(hidden).float()`` does.
 
 Every chunk's ``[c, V]`` intermediates are written into scratch buffers allocated once per call
@@ -17,12 +17,12 @@ weight gradient's per-chunk cast and sum were three passes over ``V x H``. The f
 its ``logsumexp`` for the entropy (``H = logZ - sum_k e_k z_k / sum_k e_k``, ``e = exp(z - max z)``) instead of a
 second ``exp`` pass. Same values: the log-prob and the gradients as before bit for bit in bf16, the entropy to
 rounding (closer to a float64 reference than ``logZ - sum_k p_k z_k`` on peaked distributions, where both cancel);
-measured faster in ``benchmarks/learner_levers.py`` (benchmarks/README.md, levers table).
+measured faster in ``benchmarks/micro/learner_levers.py`` (benchmarks/README.md, levers table).
 
 **Sampling truncation.** With ``top_k > 0`` or ``top_p < 1`` the engine reports log-probs of the truncated
 distribution (vLLM's ``processed_logprobs``, transformers' processed scores: tempered, then top-k, then top-p, the
 kept tokens renormalised by their mass ``Z``). Scored untruncated, each sampled token's learner/engine ratio would
-be ``Z < 1``, which the engine correction reads as drift (``benchmarks/truncation_ratio.py``).
+be ``Z < 1``, which the engine correction reads as drift (``benchmarks/micro/truncation_ratio.py``).
 :class:`TruncatedTokenLogprob` scores under the same truncation, with the kept set of vLLM v1's
 ``apply_top_k_top_p`` (:func:`truncation_threshold`): ``log p~(y) = z_y - logsumexp(z over the kept set)``, gradient
 ``onehot(y) - p~`` (the set a constant) over ``temperature``, the entropy the truncated distribution's. Departure
@@ -43,8 +43,8 @@ the KL is not 0: ``log(ref / policy) = log Z`` for every sampled token, k1 reads
 Cost: without truncation :class:`ChunkedTokenLogprob` runs unchanged. With it, the forward pass also finds each
 chunk's kept set with ``topk`` (the whole vocabulary sorted only for rows whose top-p set outgrows
 :data:`TOP_P_CANDIDATES`; with flat distributions top-p costs about that sort), and both passes mask the
-``[c, V]`` logits. Measured by ``benchmarks/kernels.py truncation`` (benchmarks/README.md, "Sampling truncation and
-the importance ratio").
+``[c, V]`` logits. Measured by ``benchmarks/micro/kernels.py truncation`` (benchmarks/README.md, "Sampling truncation
+and the importance ratio").
 """
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def is_truncated(top_p: float, top_k: int) -> bool:
 
 TOP_P_CANDIDATES = (256, 4096)
 """Top-p alone looks for its kept set among the 256 largest logits of each row (``topk`` is far cheaper than a sort
-of the vocabulary; ``benchmarks/kernels.py truncation``), then among the 4096 largest for rows that keep more, and
+of the vocabulary; ``benchmarks/micro/kernels.py truncation``), then among the 4096 largest for rows that keep more, and
 sorts the rest whole (at once when more than half the rows are left: flat distributions)."""
 
 

@@ -26,7 +26,7 @@ only its own device, so neither the engine nor the learner can land on the other
 for servers in both loops; in the asynchronous loop each collector actor then drives its own server.
 
 Threads: when roles compute at the same time, more torch threads than cores in total make OpenMP's barriers
-stall and small matmuls many times slower (measured; see benchmarks/busy_neighbour.py). In the synchronous loop
+stall and small matmuls many times slower (measured; see benchmarks/micro/busy_neighbour.py). In the synchronous loop
 the roles in the driver take turns and use every core; workers that compute at once (learner ranks, reference
 replicas, and in the asynchronous loop the collectors next to the learner) split the cores between them, one
 thread at least.

@@ -12,7 +12,7 @@ anything. Files added after the manifest was written (an evaluation's ``eval_res
 
 SHA-256 rather than a cheaper checksum (CRC-32): ``sha256sum`` checks the same numbers by hand and a changed byte is
 never missed by chance, for a cost measured small against a run's time between checkpoints where the CPU has SHA
-extensions (``benchmarks/checkpoint_manifest.py``; the figures and the trade-off are in ``benchmarks/README.md``).
+extensions (``benchmarks/micro/checkpoint_manifest.py``; the figures and the trade-off are in ``benchmarks/README.md``).
 Files are hashed in parallel threads (hashlib releases the GIL). A folder found intact or damaged is not hashed
 again while none of its files changes (same size, modification time and inode), so the checks of one resume (the
 run folder at start, then the load) read it once.

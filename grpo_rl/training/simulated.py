@@ -5,7 +5,7 @@ real run: the same scripts, collector actors, environments and rewards, buffer, 
 learner ranks with their collectives, weight pushes of the real (tiny) model's tensors, checkpoints and resume.
 Each stand-in sleeps for its role's seconds per batch (``simulate.*_seconds``), scaled by ``1 + jitter * z`` with
 ``z`` standard normal (clipped at 0; drawn afresh in every process, so that replicas and a resumed run do not repeat
-each other's draws), so ``benchmarks/pipeline_scale.py`` can set the stage times and see what the
+each other's draws), so ``benchmarks/system/pipeline_scale.py`` can set the stage times and see what the
 pipeline makes of them at any number of collectors and learner ranks on one small machine: a sleeping worker needs
 no core, so ``num_devices`` is not limited by the cores here.
 """

@@ -18,7 +18,7 @@ optimizer steps): ``push(weights, version)``. Three implementations:
 Why numpy arrays in the object store, not torch tensors or safetensors bytes: numpy arrays are written once into
 shared memory and read without a copy; pickled tensors are copied on both sides, and safetensors serialises into a
 bytes object (one copy), which Ray then copies into the store and the receiver copies out again. Of the three it
-was measured fastest end to end (pack + transfer + unpack; see ``benchmarks/weight_transport.py``).
+was measured fastest end to end (pack + transfer + unpack; see ``benchmarks/micro/weight_transport.py``).
 
 Tied weights (``lm_head`` = ``embed_tokens``) cross once and arrive under both names: vLLM's in-place reload
 must see ``lm_head.weight`` too, or it puts the LM head's old kernel tensors back ("ParallelLMHead: Failed

@@ -1,14 +1,10 @@
-"""The FLOP accounting behind the benchmarks' bound and floor (``benchmarks/flops.py``): the decoding share of
+"""The FLOP accounting behind the benchmarks' bound and floor (``benchmarks/micro/flops.py``): the decoding share of
 generation, and a floor that charges only that share at the decoding rate."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from flops import StepFlops, best_rates, bounds, matmul_rates, step_flops  # noqa: E402
+from benchmarks.micro.flops import StepFlops, best_rates, bounds, matmul_rates, step_flops
 
 # SmolLM2-135M's dimensions.
 CFG = {"hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152,

@@ -21,7 +21,7 @@ PROBE = """
 import json, os, sys
 sys.path.insert(0, %r)
 import grpo_rl, torch
-from _bench_common import malloc_gib
+from benchmarks.common.machine import malloc_gib
 def in_use():
     return malloc_gib()[0] * 1024
 torch.set_num_threads(1)
@@ -34,7 +34,7 @@ for n in range(300):
     torch.nn.functional.linear(x, w).sum().backward()
     w.grad = None
 print(json.dumps({"grown_mib": in_use() - marks[0], "env": {k: os.environ.get(k) for k in %r}}))
-""" % (str(Path(__file__).resolve().parents[3] / "benchmarks"), CAPS)
+""" % (str(Path(__file__).resolve().parents[3]), CAPS)
 
 
 def probe(**env_given: str) -> dict:
