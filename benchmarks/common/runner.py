@@ -34,12 +34,12 @@ class ScriptRun:
     seconds: float  # wall time of the process, start-up included
     returncode: int  # negative: killed by that signal (-9 at the timeout)
     output: str  # stdout and stderr interleaved; empty when they went to a log file
-    peak_rss_gib: float  # ru_maxrss of the script's process (its Ray and vLLM workers not included)
+    peak_rss_gib: float  # ru_maxrss of the script's process and the children it reaped (not Ray's workers)
 
 
 def script_env(threads: int | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a benchmark's run: this environment with Hugging Face offline and ``GRPO_DATA_DIR`` set
-    to the data folder beside the checkout, unless the user set them; this checkout's ``grpo_rl`` first on
+    """The environment of a benchmark's run: the caller's, with Hugging Face offline and ``GRPO_DATA_DIR`` set to
+    the data folder beside the checkout unless the user set them; this checkout's ``grpo_rl`` first on
     ``PYTHONPATH``; output unbuffered (the log of a killed run ends where it was); ``OMP_NUM_THREADS`` when
     ``threads`` is given; then ``extra``."""
     env = dict(os.environ)
