@@ -251,7 +251,7 @@ class PromptEnv(EnvBase):
     def _reward_keys(self) -> tuple[str, ...]:
         """The ``reward_<name>`` keys a step writes: one per component, and ``unscaled`` (the weighted sum before
         ``reward.scale`` and ``reward.bias``) when those change it."""
-        unscaled = ("unscaled",) if getattr(self.reward, "rescales", False) else ()
+        unscaled = ("unscaled",) if self.reward.rescales else ()
         return (*(c.name for c in self.reward.components), *unscaled)
 
     # -- the prompt stream ---------------------------------------------------------------------------------------
