@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from grpo_rl.config.schema import needs_reference_model
-from grpo_rl.config.torchrl_keys import describe_torchrl_keys
+from grpo_rl.config.torchrl_keys import describe_torchrl_keys, resolve_torchrl_keys
 from grpo_rl.envs import make_env
 from grpo_rl.envs.rewards.custom import RewardFunction
 from grpo_rl.model.loading import check_model_folder, load_tokenizer, resolve_model
@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[RewardFunction] = ()) -> RunContext:
-    """Validate the config and the run folder, allocate devices, resolve the model and the precisions, and log
-    what the run is; everything here fails fast, before any engine or Ray starts.
+    """Derive the settings other settings decide, validate the config and the run folder, allocate devices, resolve
+    the model and the precisions, and log what the run is; everything here fails fast, before any engine or Ray
+    starts. What TorchRL's keys map to (:func:`~grpo_rl.config.torchrl_keys.resolve_torchrl_keys`) is set before the
+    checks, which only verify it.
 
     Args:
         cfg: the run config.
@@ -38,6 +40,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     """
     started = time.monotonic()
     rewards = tuple(rewards)
+    resolve_torchrl_keys(cfg)  # first: the settings TorchRL's keys decide are then checked like the others
     validate(cfg, rewards, mode=mode)
     # Simulated workers sleep: they need no core of their own (grpo_rl/training/simulated.py).
     devices = allocate_devices(cfg, need_ref=needs_reference_model(cfg), num_cpus=1024 if cfg.simulate.enabled else None)
