@@ -266,6 +266,9 @@ class RunContext:
     """The vLLM servers given to this process's engine: the user's (``inference_model.urls``) in the driver, its own
     one in a collector actor; empty otherwise. Servers the run starts are the
     :class:`~grpo_rl.engines.server.ServerFleet`'s, which holds their addresses."""
+    train_env: Any = None
+    """The training environment when :func:`~grpo_rl.run.setup.make_run` had to build it (``train.prompt_epochs``
+    counts its prompts); None otherwise: :func:`~grpo_rl.run.setup.make_train_env` builds it. The driver's only."""
 
     @property
     def uses_ref(self) -> bool:
