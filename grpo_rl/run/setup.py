@@ -1,6 +1,6 @@
 """The run's start: work out the settings other settings decide, check everything that can be checked
 (:mod:`grpo_rl.run.preflight`), place the roles, load the tokenizer and the training environment, and say what the
-run is; nothing here starts an engine or Ray. The config is final once :func:`make_run` returns."""
+run is; nothing here starts an engine or Ray. The config is final and read-only once :func:`make_run` returns."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from omegaconf import OmegaConf
 
 from grpo_rl.config.schema import needs_reference_model
 from grpo_rl.config.torchrl_keys import describe_torchrl_keys, resolve_torchrl_keys
@@ -31,10 +32,10 @@ log = logging.getLogger(__name__)
 def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[RewardFunction] = ()) -> RunContext:
     """Derive the settings other settings decide, validate the config and the run folder, allocate devices, resolve
     the model and the precisions, and log what the run is; everything here fails fast, before any engine or Ray
-    starts. On return ``cfg`` is final: what TorchRL's keys map to
-    (:func:`~grpo_rl.config.torchrl_keys.resolve_torchrl_keys`) is set before the checks, which only verify it, and
-    ``train.steps`` from ``train.prompt_epochs`` once the training environment is built (:func:`build_train_env`,
-    which then travels in :attr:`RunContext.train_env`).
+    starts. On return ``cfg`` is final and read-only (``OmegaConf.set_readonly``): what TorchRL's keys map to
+    (:func:`~grpo_rl.config.torchrl_keys.resolve_torchrl_keys`) is set before the checks, and ``train.steps`` from
+    ``train.prompt_epochs`` once the training environment is built (:func:`build_train_env`, which then travels in
+    :attr:`RunContext.train_env`). A part of the run that needs other settings makes a copy of its own.
 
     Args:
         cfg: the run config.
@@ -68,6 +69,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     log.info("%s", describe_run(run, mode))
     if cfg.train.prompt_epochs is not None:  # the steps count the prompts: the training environment is built now
         run = replace(run, train_env=build_train_env(cfg, tokenizer, devices=devices, rewards=rewards))
+    OmegaConf.set_readonly(cfg, True)  # the run's config from here on: nothing changes it
     return run
 
 
