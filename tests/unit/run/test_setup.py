@@ -48,6 +48,17 @@ def test_the_config_and_the_context_are_final_once_make_run_returns(tiny_model_d
     assert cfg.train.steps == 4
 
 
+def test_evaluation_changes_a_copy_of_its_own(tiny_model_dir, tmp_path):
+    from grpo_rl.rollout.evaluation import eval_config
+    from grpo_rl.run.setup import make_run
+
+    run = make_run(_cfg(tiny_model_dir, tmp_path, "eval.num_prompts=5"), tmp_path / "run")
+    before = OmegaConf.to_container(run.cfg)
+    ev = eval_config(run.cfg)
+    assert (ev.env.shuffle, ev.env.prompts_per_step) == (False, 5) and OmegaConf.is_readonly(ev)
+    assert OmegaConf.to_container(run.cfg) == before
+
+
 def test_without_prompt_epochs_the_training_environment_is_built_later(tiny_model_dir, tmp_path):
     from grpo_rl.run.setup import make_run, make_train_env
 
