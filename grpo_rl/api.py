@@ -207,7 +207,8 @@ class Trainer:
             ``reward.model_path``.
         reward_tokenizer: the reward model's tokenizer; None: the one in its folder.
 
-    The config is composed and checked here (:attr:`cfg`, editable before :meth:`train`); the reward functions'
+    The config is composed and checked here (:attr:`cfg`, editable before :meth:`train`, read-only once the run
+    has started); the reward functions'
     signatures and the data are checked when :meth:`train` starts, before any engine. Model objects are written once
     into the run folder, where they stay as the run's models (:mod:`grpo_rl.run.model_objects`), and after training
     the final weights are loaded back into a plain ``model`` object, in place (a ``peft`` model is left as it was:

@@ -19,6 +19,8 @@ length, the fraction cut at the token limit and one answer; the table names the 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import logging
 import os
@@ -52,6 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    from omegaconf import OmegaConf
+
     from grpo_rl.api import compose
     from grpo_rl.run.preflight import validate
     from grpo_rl.rollout.evaluation import make_evaluator
@@ -75,8 +79,10 @@ def main() -> None:
         engine_seconds = time.perf_counter() - t0
         try:
             for text, spec in zip(args.specs, specs):
-                run.cfg.env.arithmetic.update(spec)
-                evaluator = make_evaluator(run, engine, every=1)
+                case = copy.deepcopy(run.cfg)  # the run's config is read-only: each spec evaluates a copy
+                OmegaConf.set_readonly(case, False)
+                case.env.arithmetic.update(spec)
+                evaluator = make_evaluator(dataclasses.replace(run, cfg=case), engine, every=1)
                 m = evaluator.evaluate()
                 n = int(m["eval/num_prompts"])
                 correct = round(m["eval/accuracy"] * n)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from grpo_rl.config.schema import (AGGREGATIONS, COMPILE_MODES, DATASETS, ENGINE_CORRECTIONS, IFEVAL_COMPONENTS,
                                    LOSS_TYPES, OPTIMIZERS, parse_compile_mode)
-from grpo_rl.config.torchrl_keys import resolve_torchrl_keys
+from grpo_rl.config.torchrl_keys import check_torchrl_keys
 from grpo_rl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def _finite(key: str, value: float) -> None:
 def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix.
     ``rewards``: reward functions given as Python objects (they count as the run's reward)."""
-    resolve_torchrl_keys(cfg)  # first: the settings TorchRL's keys decide are then checked like the others
+    check_torchrl_keys(cfg)  # first: the settings TorchRL's keys decide are then checked like the others
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _choice("inference_model.engine", cfg.inference_model.engine, ("vllm", "vllm_server", "transformers"))
     for role in ("train_model", "ref_model", "inference_model"):

@@ -37,7 +37,7 @@ replaces ``train.steps``. :func:`describe_torchrl_keys` gives the start-up log's
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, Optional
 
 from grpo_rl.errors import ConfigError
@@ -59,6 +59,8 @@ def command_line_keys() -> set[str]:
 
 def resolve_torchrl_keys(cfg: Any, given: Optional[Collection[str]] = None) -> None:
     """Set what each TorchRL key that is set maps to (the module's table), in place. Calling it again is harmless.
+    A run's config is derived once, by :func:`grpo_rl.run.setup.make_run` (and :func:`grpo_rl.api.compose`); the
+    checks only verify it (:func:`check_torchrl_keys`).
 
     Args:
         cfg: the run config.
@@ -70,28 +72,56 @@ def resolve_torchrl_keys(cfg: Any, given: Optional[Collection[str]] = None) -> N
             disagrees with a setting given explicitly, naming both keys and the fix.
     """
     given = command_line_keys() if given is None else set(given)
+    for key, value, source, why in torchrl_settings(cfg):  # each is set before the next is worked out
+        _set(cfg, key, value, given, source, why)
+
+
+def check_torchrl_keys(cfg: Any) -> None:
+    """Check that the config holds what each TorchRL key that is set maps to, writing nothing.
+
+    Raises:
+        ConfigError: a TorchRL key that cannot be mapped (as :func:`resolve_torchrl_keys`), or a mapped setting
+            the config holds with another value (the config was not derived: :func:`resolve_torchrl_keys`).
+    """
+    for key, value, source, why in torchrl_settings(cfg):
+        group, name = key.split(".")
+        current = getattr(getattr(cfg, group), name)
+        if current != value:
+            raise ConfigError(f"{source} gives {key}={value} ({why}), but the config holds {key}={current}: the "
+                              "TorchRL keys were not resolved (grpo_rl.config.torchrl_keys.resolve_torchrl_keys)")
+
+
+def torchrl_settings(cfg: Any) -> Iterator[tuple[str, int, str, str]]:
+    """``(key, value, source, why)`` for each TorchRL key that is set: the setting ``key`` it maps to, its
+    ``value``, the TorchRL key as ``source`` (``"env.num_envs=16"``) and the reason; reads the config only.
+
+    Raises:
+        ConfigError: a TorchRL key below 1 or that does not divide into whole prompts or steps, naming the fix.
+    """
     env, train = cfg.env, cfg.train
     if env.group_size < 1 or env.prompts_per_step < 1:
         return  # nothing to divide by: grpo_rl.config.checks names the bad setting
+    prompts = env.prompts_per_step
     if env.num_envs is not None:
         n, g = _at_least_one("env.num_envs", env.num_envs), env.group_size
         if n % g:
             raise ConfigError(f"env.num_envs={n} is not a multiple of env.group_size={g}: it counts the answers "
                               "generated together, here env.prompts_per_step prompts x env.group_size answers each; "
                               f"use env.num_envs={_multiples(n, g)}, or an env.group_size that divides {n}")
-        _set(cfg, "env.prompts_per_step", n // g, given, f"env.num_envs={n}", f"{n} answers / env.group_size={g}")
+        prompts = n // g
+        yield "env.prompts_per_step", prompts, f"env.num_envs={n}", f"{n} answers / env.group_size={g}"
     if train.total_dialog_turns is not None:
         total = _at_least_one("train.total_dialog_turns", train.total_dialog_turns)
         if train.prompt_epochs is not None:
             raise ConfigError(f"train.total_dialog_turns={total} and train.prompt_epochs={train.prompt_epochs:g} both "
                               "set the run's length; keep one of them (the other null)")
-        per_step = env.prompts_per_step * env.group_size
+        per_step = prompts * env.group_size
         if total % per_step:
             raise ConfigError(f"train.total_dialog_turns={total} is not a whole number of steps of {per_step} answers "
-                              f"(env.prompts_per_step={env.prompts_per_step} x env.group_size={env.group_size}); use "
+                              f"(env.prompts_per_step={prompts} x env.group_size={env.group_size}); use "
                               f"train.total_dialog_turns={_multiples(total, per_step)}")
-        _set(cfg, "train.steps", total // per_step, given, f"train.total_dialog_turns={total}",
-             f"{total} answers / {per_step} a step")
+        yield ("train.steps", total // per_step, f"train.total_dialog_turns={total}",
+               f"{total} answers / {per_step} a step")
     if train.optim_batch_size is not None:
         size = _at_least_one("train.optim_batch_size", train.optim_batch_size)
         if train.share_prompt and size < env.group_size:
@@ -99,8 +129,8 @@ def resolve_torchrl_keys(cfg: Any, given: Optional[Collection[str]] = None) -> N
                               "train.share_prompt=true a micro-batch holds whole groups (their prompt runs once); set "
                               f"train.optim_batch_size to {env.group_size} or more, or train.share_prompt=false")
         width, _ = answer_tokens(cfg)
-        _set(cfg, "train.micro_batch_tokens", size * width, given, f"train.optim_batch_size={size}",
-             f"{size} answers x {width} tokens")
+        yield ("train.micro_batch_tokens", size * width, f"train.optim_batch_size={size}",
+               f"{size} answers x {width} tokens")
 
 
 def answer_tokens(cfg: Any) -> tuple[int, str]:

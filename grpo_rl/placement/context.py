@@ -244,10 +244,11 @@ def reference_as_actors(cfg, devices: DeviceAllocation, mode: str) -> bool:
     return placement == "actor"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
     """What every component of a run shares: the config, the devices and where each role runs, the precisions,
-    the model and tokenizer."""
+    the model and tokenizer. Fixed once built, as its config is (read-only): a part of the run that needs other
+    settings makes a copy of its own (``dataclasses.replace``, a writable copy of the config)."""
 
     cfg: Any
     run_dir: Path
@@ -266,6 +267,9 @@ class RunContext:
     """The vLLM servers given to this process's engine: the user's (``inference_model.urls``) in the driver, its own
     one in a collector actor; empty otherwise. Servers the run starts are the
     :class:`~grpo_rl.engines.server.ServerFleet`'s, which holds their addresses."""
+    train_env: Any = None
+    """The training environment when :func:`~grpo_rl.run.setup.make_run` had to build it (``train.prompt_epochs``
+    counts its prompts); None otherwise: :func:`~grpo_rl.run.setup.make_train_env` builds it. The driver's only."""
 
     @property
     def uses_ref(self) -> bool:
@@ -309,7 +313,8 @@ class ActorSpec:
     engine_urls: tuple[str, ...] = ()
 
     def enter(self) -> RunContext:
-        """Set this process's threads and return its :class:`RunContext`, with every role on the actor's device.
+        """Set this process's threads and return its :class:`RunContext`, with every role on the actor's device and
+        the driver's config, read-only.
 
         The devices were allocated by the driver; inside an actor Ray exposes just the actor's own GPU, so the
         allocation is not redone (a reward model shares its collector's device).
@@ -321,6 +326,7 @@ class ActorSpec:
 
         torch.set_num_threads(self.threads)
         cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), self.cfg)
+        OmegaConf.set_readonly(cfg, True)  # the driver's config, final: read-only here too
         d = (self.device,)
         devices = DeviceAllocation(train=d, ref=d, inference=d, reward_model=d if cfg.reward.model_path else ())
         own = RolePlacement(self.role, d, self.threads, actors=False)

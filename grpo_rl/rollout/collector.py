@@ -132,7 +132,7 @@ def oldest_token_version(batch: TensorDict, default: int) -> torch.Tensor:
 
 def make_collector(run: RunContext, engine, env=None) -> Collector:
     cfg = run.cfg
-    # An actor's own copy of the environment: its cfg already holds the driver's train.steps (make_train_env).
+    # An actor's own copy of the environment: its cfg already holds the driver's train.steps (make_run).
     env = env if env is not None else make_env(cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
     return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
                      max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,

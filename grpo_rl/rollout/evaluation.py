@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from grpo_rl.envs.tasks import task_of
 from grpo_rl.rollout.collector import Collector
@@ -66,12 +67,15 @@ def success_component(cfg) -> str | None:
 
 
 def eval_config(cfg):
-    """A copy of ``cfg`` whose ``env`` serves the held-out prompts in file order, ``eval.num_prompts`` at a time."""
+    """A copy of ``cfg`` whose ``env`` serves the held-out prompts in file order, ``eval.num_prompts`` at a time
+    (read-only as ``cfg`` is: the run's config is)."""
     ev = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(ev, False)  # a copy of its own to change; the run's config stays as it is
     ev.env.shuffle = False
     ev.env.prompts_per_step = cfg.eval.num_prompts
     if task_of(cfg.env.dataset).success_component is not None:
         ev.reward.model_path = None  # the success component does not need a reward model; do not load another
+    OmegaConf.set_readonly(ev, OmegaConf.is_readonly(cfg))
     return ev
 
 

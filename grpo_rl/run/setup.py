@@ -1,19 +1,22 @@
-"""The run's start: check everything that can be checked (:mod:`grpo_rl.run.preflight`), place the roles, load the
-tokenizer and the training environment, and say what the run is; nothing here starts an engine or Ray."""
+"""The run's start: work out the settings other settings decide, check everything that can be checked
+(:mod:`grpo_rl.run.preflight`), place the roles, load the tokenizer and the training environment, and say what the
+run is; nothing here starts an engine or Ray. The config is final and read-only once :func:`make_run` returns."""
 from __future__ import annotations
 
 import logging
 import math
 import os
 import time
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from omegaconf import OmegaConf
 
 from grpo_rl.config.schema import needs_reference_model
-from grpo_rl.config.torchrl_keys import describe_torchrl_keys
+from grpo_rl.config.torchrl_keys import describe_torchrl_keys, resolve_torchrl_keys
 from grpo_rl.envs import make_env
 from grpo_rl.envs.rewards.custom import RewardFunction
 from grpo_rl.model.loading import check_model_folder, load_tokenizer, resolve_model
@@ -27,8 +30,12 @@ log = logging.getLogger(__name__)
 
 
 def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[RewardFunction] = ()) -> RunContext:
-    """Validate the config and the run folder, allocate devices, resolve the model and the precisions, and log
-    what the run is; everything here fails fast, before any engine or Ray starts.
+    """Derive the settings other settings decide, validate the config and the run folder, allocate devices, resolve
+    the model and the precisions, and log what the run is; everything here fails fast, before any engine or Ray
+    starts. On return ``cfg`` is final and read-only (``OmegaConf.set_readonly``): what TorchRL's keys map to
+    (:func:`~grpo_rl.config.torchrl_keys.resolve_torchrl_keys`) is set before the checks, and ``train.steps`` from
+    ``train.prompt_epochs`` once the training environment is built (:func:`build_train_env`, which then travels in
+    :attr:`RunContext.train_env`). A part of the run that needs other settings makes a copy of its own.
 
     Args:
         cfg: the run config.
@@ -38,6 +45,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     """
     started = time.monotonic()
     rewards = tuple(rewards)
+    resolve_torchrl_keys(cfg)  # first: the settings TorchRL's keys decide are then checked like the others
     validate(cfg, rewards, mode=mode)
     # Simulated workers sleep: they need no core of their own (grpo_rl/training/simulated.py).
     devices = allocate_devices(cfg, need_ref=needs_reference_model(cfg), num_cpus=1024 if cfg.simulate.enabled else None)
@@ -59,6 +67,9 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
                      rewards=rewards, engine_urls=tuple(cfg.inference_model.urls or ()))
     torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
     log.info("%s", describe_run(run, mode))
+    if cfg.train.prompt_epochs is not None:  # the steps count the prompts: the training environment is built now
+        run = replace(run, train_env=build_train_env(cfg, tokenizer, devices=devices, rewards=rewards))
+    OmegaConf.set_readonly(cfg, True)  # the run's config from here on: nothing changes it
     return run
 
 
@@ -90,11 +101,20 @@ def describe_run(run: RunContext, mode: str) -> str:
 
 
 def make_train_env(run: RunContext):
-    """The training environment: ``cfg.env``'s task with the run's reward functions, on the run's devices. Built
-    once by the driver before any engine starts; with ``train.prompt_epochs`` set it then fixes ``cfg.train.steps``
-    (:func:`resolve_prompt_epochs`), which everything after it reads (stopping, evaluation, actors' copies)."""
-    env = make_env(run.cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
-    resolve_prompt_epochs(run.cfg, len(env))
+    """The training environment: ``cfg.env``'s task with the run's reward functions, on the run's devices, built
+    once by the driver before any engine starts: the one :func:`make_run` built (with ``train.prompt_epochs``),
+    else built now."""
+    if run.train_env is not None:
+        return run.train_env
+    return make_env(run.cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
+
+
+def build_train_env(cfg, tokenizer, *, devices=None, rewards: Sequence[RewardFunction] = ()):
+    """The training environment of :func:`make_train_env`, built before the config is final: with
+    ``train.prompt_epochs`` set it then fixes ``cfg.train.steps`` from its prompts (:func:`resolve_prompt_epochs`),
+    which everything after it reads (stopping, evaluation, actors' copies)."""
+    env = make_env(cfg, tokenizer, devices=devices, rewards=rewards)
+    resolve_prompt_epochs(cfg, len(env))
     return env
 
 

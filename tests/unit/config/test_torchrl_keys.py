@@ -128,10 +128,19 @@ def test_override_keys():
     assert override_keys(["train.steps=5", "+a.b=1", "++c.d=x=y", "~e.f"]) == {"train.steps", "a.b", "c.d", "e.f"}
 
 
-def test_check_values_resolves_them():
-    cfg = _cfg(**{"train.total_dialog_turns": 320})
+def test_check_values_checks_them_and_writes_nothing():
+    cfg = _cfg(**{"env.num_envs": 16, "train.total_dialog_turns": 960, "train.optim_batch_size": 8})
+    with pytest.raises(ConfigError, match=r"env.num_envs=16 gives env.prompts_per_step=2 .* holds "
+                                          r"env.prompts_per_step=4: the TorchRL keys were not resolved"):
+        check_values(cfg)  # not derived: the checks say so, and set nothing
+    assert (cfg.env.prompts_per_step, cfg.train.steps, cfg.train.micro_batch_tokens) == (4, 30, 4096)
+    resolve_torchrl_keys(cfg, given=())  # what make_run does before the checks
+    derived = OmegaConf.to_container(cfg)
     check_values(cfg)
-    assert cfg.train.steps == 10  # 320 / 32
+    assert OmegaConf.to_container(cfg) == derived  # the checks only check
+    assert (cfg.env.prompts_per_step, cfg.train.steps, cfg.train.micro_batch_tokens) == (2, 60, 3840)
+    with pytest.raises(ConfigError, match="env.num_envs=30 is not a multiple"):
+        check_values(_cfg(**{"env.num_envs": 30}))  # a key that cannot be mapped: the checks name the fix too
 
 
 def test_compose_refuses_an_override_that_contradicts_one():

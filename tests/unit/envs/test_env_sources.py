@@ -84,24 +84,26 @@ def test_held_out_prompts_may_be_fewer(tmp_path, tokenizer):
 
 @pytest.mark.parametrize(("epochs", "steps"), [("2", 20), ("0.1", 1), ("1.05", 11)])
 def test_prompt_epochs_set_the_steps_from_the_prompts_left_after_loading(tmp_path, tokenizer, caplog, epochs, steps):
-    from grpo_rl.run.setup import make_train_env
+    from grpo_rl.run.setup import build_train_env
 
     rows = _rows("a", 30) + [{"prompt": "word " * 400, "ground_truth": "x"}]  # 31 rows, one skipped as too long
     cfg = _file_cfg(f"env.path={write_jsonl(tmp_path / 'a.jsonl', rows)}", "env.prompts_per_step=3",
                     f"train.prompt_epochs={epochs}", "train.steps=7")
     with caplog.at_level(logging.INFO, logger="grpo_rl.run.setup"):
-        env = make_train_env(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, devices=None, rewards=()))
+        env = build_train_env(cfg, tokenizer)  # as make_run builds it, before the config is final
     assert len(env) == 30 and cfg.train.steps == steps  # ceil(epochs * 30 / 3); 0.1 is one step, not two
     assert f"train.steps = {steps} (train.prompt_epochs={float(epochs):g} over 30 prompts, 3 per step)" in caplog.text
 
 
 def test_without_prompt_epochs_the_steps_stay(tmp_path, tokenizer):
-    from grpo_rl.run.setup import make_train_env
+    from grpo_rl.run.setup import build_train_env, make_train_env
 
     cfg = _file_cfg(f"env.path={write_jsonl(tmp_path / 'a.jsonl', _rows('a', 4))}", "env.prompts_per_step=2",
                     "train.steps=7")
-    make_train_env(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, devices=None, rewards=()))
+    build_train_env(cfg, tokenizer)
     assert cfg.train.steps == 7
+    env = make_train_env(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, devices=None, rewards=(), train_env=None))
+    assert len(env) == 4 and cfg.train.steps == 7
 
 
 HUB_ROWS = [{"question": f"Say b{i}.", "answer": f"b{i}", "level": i} for i in range(3)]
