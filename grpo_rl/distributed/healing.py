@@ -9,6 +9,7 @@ one (role, replica, cause, the seconds it cost) in the run's log, in ``restarts.
 Past the budget the owner raises :class:`~grpo_rl.errors.RoleFailed` as before: the run ends after a checkpoint at its
 last step boundary.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,15 @@ class Restarts:
         who = "learner group" if role == "learner" else f"{role} replica {replica}"
         log.warning("%s replaced (%d so far) in %.1f s: %s", who, count, seconds, cause)
         if self.path is not None:
-            row = {"time": time.time(), "role": role, "replica": replica, "cause": cause,
-                   "seconds": round(seconds, 3), "count": count, **extra}
+            row = {
+                "time": time.time(),
+                "role": role,
+                "replica": replica,
+                "cause": cause,
+                "seconds": round(seconds, 3),
+                "count": count,
+                **extra,
+            }
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 

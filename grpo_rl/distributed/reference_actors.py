@@ -6,6 +6,7 @@ asynchronous loop it sits between the buffer and the learner (:class:`~grpo_rl.d
 and scores the next batch while the learner trains on the current one. A batch is cut into whole groups, about
 equal in rows, one shard per replica (:func:`~grpo_rl.distributed.data_parallel.shard_batch`).
 """
+
 from __future__ import annotations
 
 import logging

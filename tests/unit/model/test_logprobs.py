@@ -1,4 +1,5 @@
 """Tests for grpo_rl.model.logprobs.sequence_logprobs against a plain, unpadded HF forward of each sequence."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,13 @@ def padded_batch(prompts=PROMPTS, responses=RESPONSES, pad=PAD) -> TensorDict:
     """Prompts left-padded, answers right-padded, as every engine returns them."""
     lp, lr = max(map(len, prompts)), max(map(len, responses))
     n = len(prompts)
-    out = {k: torch.full((n, w), pad if "ids" in k else 0, dtype=torch.long)
-           for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))}
+    out = {
+        k: torch.full((n, w), pad if "ids" in k else 0, dtype=torch.long)
+        for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))
+    }
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        out["prompt_ids"][i, lp - len(p):] = torch.tensor(p)
-        out["prompt_mask"][i, lp - len(p):] = 1
+        out["prompt_ids"][i, lp - len(p) :] = torch.tensor(p)
+        out["prompt_mask"][i, lp - len(p) :] = 1
         out["response_ids"][i, : len(r)] = torch.tensor(r)
         out["response_mask"][i, : len(r)] = 1
     return TensorDict(out, batch_size=[n])
@@ -51,8 +54,8 @@ def test_matches_unpadded_forward(tiny_model, temperature):
         torch.testing.assert_close(out.logprobs[i, : len(r)], want_lp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(out.entropy[i, : len(r)], want_ent, atol=1e-5, rtol=1e-5)
         # zero at answer padding
-        assert (out.logprobs[i, len(r):] == 0).all()
-        assert (out.entropy[i, len(r):] == 0).all()
+        assert (out.logprobs[i, len(r) :] == 0).all()
+        assert (out.entropy[i, len(r) :] == 0).all()
     assert (out.entropy >= 0).all()
     assert (out.logprobs <= 0).all()
 

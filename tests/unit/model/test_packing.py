@@ -1,13 +1,14 @@
 """Shared-prompt packing (grpo_rl.model.packing): the layout by hand, and log-probs/gradients equal to the unpacked forward."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.training.reference import RefScorer
 from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.model.packing import group_micro_batches, group_spans, pack_groups
+from grpo_rl.training.reference import RefScorer
 
 PAD = 0
 
@@ -18,11 +19,13 @@ def grouped_batch(groups: list[tuple[list[int], list[list[int]]]]) -> TensorDict
     rows = [(p, a) for p, answers in groups for a in answers]
     lp, lr = max(len(p) for p, _ in rows), max(1, max(len(a) for _, a in rows))
     n = len(rows)
-    out = {k: torch.full((n, w), PAD, dtype=torch.long)
-           for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))}
+    out = {
+        k: torch.full((n, w), PAD, dtype=torch.long)
+        for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))
+    }
     for i, (p, a) in enumerate(rows):
-        out["prompt_ids"][i, lp - len(p):] = torch.tensor(p)
-        out["prompt_mask"][i, lp - len(p):] = 1
+        out["prompt_ids"][i, lp - len(p) :] = torch.tensor(p)
+        out["prompt_mask"][i, lp - len(p) :] = 1
         if a:
             out["response_ids"][i, : len(a)] = torch.tensor(a)
             out["response_mask"][i, : len(a)] = 1
@@ -166,6 +169,10 @@ def test_rows_of_a_group_must_share_the_prompt():
 def test_ref_scorer_packs_by_group_id(tiny_model):
     tiny_model.eval()
     batch = grouped_batch(GROUPS)
-    scores = [RefScorer(tiny_model, torch.device("cpu"), micro_batch_tokens=16, share_prompt=share)
-              .score(batch.clone())["ref_logprobs"] for share in (False, True)]
+    scores = [
+        RefScorer(tiny_model, torch.device("cpu"), micro_batch_tokens=16, share_prompt=share).score(batch.clone())[
+            "ref_logprobs"
+        ]
+        for share in (False, True)
+    ]
     torch.testing.assert_close(scores[1], scores[0], atol=1e-5, rtol=1e-5)
