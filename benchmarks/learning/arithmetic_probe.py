@@ -77,7 +77,7 @@ def main() -> None:
         engine = make_engine(run)
         engine_seconds = time.perf_counter() - t0
         try:
-            for text, spec in zip(args.specs, specs):
+            for text, spec in zip(args.specs, specs, strict=True):
                 run.cfg.env.arithmetic.update(spec)
                 evaluator = make_evaluator(run, engine, every=1)
                 m = evaluator.evaluate()

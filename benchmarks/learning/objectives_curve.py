@@ -8,9 +8,9 @@ gmpo and grpo with IcePop's engine band mask; and of the ``lowmem`` preset again
 Each arm is ``sota/grpo.py`` on the embedded default (config/grpo_gsm8k.yaml: 4 prompts x 8 answers per step, the
 same seed, so the same prompt stream and sampling seeds) with only the objective changed, run one after the other
 in a subprocess. Reported per arm: mean reward of the first 5 and of the last 10 steps, the mean reward over all
-steps, wall time (model loading included), seconds per step and the run's peak RSS (``ru_maxrss`` of its process). With dynamic sampling a step may draw several
-batches of prompts (``sampling_rounds``), so that arm sees more prompts and takes longer per step; its
-``reward_mean`` is over every answer it sampled, like the others'.
+steps, wall time (model loading included), seconds per step and the run's peak RSS (``ru_maxrss`` of its process). With
+dynamic sampling a step may draw several batches of prompts (``sampling_rounds``), so that arm sees more prompts and
+takes longer per step; its ``reward_mean`` is over every answer it sampled, like the others'.
 
 The arms:
 

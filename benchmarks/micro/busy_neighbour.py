@@ -5,11 +5,11 @@
 
 Each setting runs in a fresh process (OpenMP reads its environment once, at torch's import): ``--reps`` timed
 matmuls of ``[M, K] @ [K, N]`` fp32 (default the shape of one SmolLM2-135M MLP projection over 2048 tokens), after a
-warm-up, reporting the median and the mean. Every setting is measured idle and with a neighbour: one process spinning a plain
-Python busy loop, started by this script and killed after. ``--neighbour torch``: a process doing fp32 matmuls with a thread per core, as another training job
-would. Settings: torch threads 1 and all available cores,
-each with the default OpenMP wait policy and with ``OMP_WAIT_POLICY=PASSIVE``. Prints the CPU flags and the load
-average before the run; the machine must otherwise be idle. Never asserts a time.
+warm-up, reporting the median and the mean. Every setting is measured idle and with a neighbour: one process spinning a
+plain Python busy loop, started by this script and killed after. ``--neighbour torch``: a process doing fp32 matmuls
+with a thread per core, as another training job would. Settings: torch threads 1 and all available cores, each with the
+default OpenMP wait policy and with ``OMP_WAIT_POLICY=PASSIVE``. Prints the CPU flags and the load average before the
+run; the machine must otherwise be idle. Never asserts a time.
 """
 
 from __future__ import annotations

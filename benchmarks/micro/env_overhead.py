@@ -49,7 +49,7 @@ class CharTokenizer:
 
 
 def exact(responses, references, **_):
-    return [float(r.strip() == ref) for r, ref in zip(responses, references)]
+    return [float(r.strip() == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def make_env(num_prompts: int) -> PromptEnv:
@@ -158,7 +158,7 @@ def main() -> None:
         print(f"  {name:8s} median {med[name]:9.1f} us/call   (10th-90th percentile {q[0]:.1f} .. {q[-1]:.1f})")
 
     def paired(a: str, b: str) -> float:
-        return statistics.median(x - y for x, y in zip(times[a], times[b]))
+        return statistics.median(x - y for x, y in zip(times[a], times[b], strict=True))
 
     print(
         f"  EnvBase's own cost, median of paired differences (envbase - private): "

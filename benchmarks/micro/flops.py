@@ -48,7 +48,7 @@ class StepFlops:
     def mean(items: list[StepFlops]) -> StepFlops:
         n = max(1, len(items))
         return (
-            StepFlops(*(sum(values) / n for values in zip(*map(astuple, items))))
+            StepFlops(*(sum(values) / n for values in zip(*map(astuple, items), strict=True)))
             if items
             else StepFlops(*(0.0 for _ in fields(StepFlops)))
         )

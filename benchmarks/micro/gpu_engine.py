@@ -109,7 +109,7 @@ def profile(path: str, dev: torch.device) -> None:
         batch = batch if batch is not None else eng.generate(prompts(), N, spec)
         ids = torch.tensor(prompts(), device=dev).repeat_interleave(N, 0)
         t = timed(
-            lambda eng=eng: eng.model.generate(
+            lambda eng=eng, ids=ids: eng.model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 do_sample=True,

@@ -106,7 +106,7 @@ def lm_head() -> None:
     print(f"{tokens} tokens, fwd + bwd")
     print(f"plain           {timed(plain):.2f} s")
     for chunk in (128, (1 << 24) // VOCAB, 1024):
-        print(f"chunk {chunk:5d}     {timed(lambda: chunked(chunk)):.2f} s")
+        print(f"chunk {chunk:5d}     {timed(lambda chunk=chunk: chunked(chunk)):.2f} s")
 
 
 def truncation() -> None:
@@ -178,7 +178,7 @@ def truncation() -> None:
     flat = torch.randn(chunk, vocab, generator=torch.Generator().manual_seed(0))
     for label, logits in (("GSM8K", z), ("flat", flat)):
         for name, top_p, top_k in cases[1:]:
-            t = timed(lambda: truncation_threshold(logits, top_p, top_k), 5)
+            t = timed(lambda logits=logits, top_p=top_p, top_k=top_k: truncation_threshold(logits, top_p, top_k), 5)
             print(
                 f"kept set only, {label:5s} {name:20s} {t * 1e3:7.1f} ms per chunk of {chunk} "
                 f"({t * tokens / chunk:.2f} s per {tokens} tokens)"
@@ -218,7 +218,7 @@ def attention() -> None:
     )
     for dtype in (torch.bfloat16, torch.float32):  # the kernel's own speed: plain causal attention, no mask
         qc = torch.randn(GROUPS, HEADS, s, HEAD_DIM, dtype=dtype, requires_grad=True)
-        causal = timed(lambda: F.scaled_dot_product_attention(qc, qc, qc, is_causal=True).sum().backward(), 3)
+        causal = timed(lambda qc=qc: F.scaled_dot_product_attention(qc, qc, qc, is_causal=True).sum().backward(), 3)
         print(f"plain causal, {str(dtype).removeprefix('torch.')}: {causal * LAYERS:.2f} s")
 
 
@@ -244,12 +244,13 @@ def linear_backward() -> None:
         flops = sum(2 * rows * w.numel() for w in weights)
         autocast = mode == "bf16 autocast"
 
-        def forward():
+        # the loop's tensors bound as defaults (B023), although each function is timed within its own turn
+        def forward(weights=weights, inputs=inputs, autocast=autocast):
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 for w in weights:
                     F.linear(inputs[w.shape[1]], w)
 
-        def forward_backward():
+        def forward_backward(weights=weights, inputs=inputs, autocast=autocast):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 outs = [F.linear(inputs[w.shape[1]], w) for w in weights]
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -278,7 +279,7 @@ def compiled() -> None:
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
     for _ in range(3):
         for name in times:
-            for layer, call in zip(layers, compiled_calls):
+            for layer, call in zip(layers, compiled_calls, strict=True):
                 layer._compiled_call_impl = call if name == "compiled" else None
             t0 = time.perf_counter()
             step()

@@ -153,7 +153,7 @@ def vocab(repeats: int) -> list[dict]:
         before, now = run(PerChunkTokenLogprob), run(vocab_mod.ChunkedTokenLogprob)
         diffs = {
             k: float((x - y).abs().max())
-            for k, x, y in zip(("logprob", "entropy", "grad_hidden", "grad_weight"), before, now)
+            for k, x, y in zip(("logprob", "entropy", "grad_hidden", "grad_weight"), before, now, strict=True)
         }
         times = alternate(
             {"before": lambda: run(PerChunkTokenLogprob), "now": lambda: run(vocab_mod.ChunkedTokenLogprob)}, repeats
@@ -348,7 +348,7 @@ def weights(repeats: int) -> list[dict]:
         res = sequence_logprobs(low, batch, with_entropy=True, share_prompt=True)
         res.logprobs.sum().backward()
         with torch.no_grad():
-            for p, m in zip(low.parameters(), masters):
+            for p, m in zip(low.parameters(), masters, strict=True):
                 m.grad = p.grad.float()  # the fp32 optimizer's input
                 p.copy_(m)  # its output rounded back into the bf16 weights
         return res.logprobs.detach()

@@ -70,7 +70,7 @@ def group_stats(batch) -> list[list[int]]:
     r_len = batch["response_mask"].sum(-1).tolist()
     gid = batch["group_id"].tolist()
     groups: dict[int, list[int]] = {}
-    for g, p, r in zip(gid, p_len, r_len):
+    for g, p, r in zip(gid, p_len, r_len, strict=True):
         groups.setdefault(g, [int(p)]).append(int(r))
     return list(groups.values())
 
@@ -144,7 +144,7 @@ def main() -> None:
         engine.update_weights(learner.named_weights())
         t4 = time.perf_counter()
         extra = numerics_check(learner, ref, batch) if step == 0 else {}
-        prompt_of_group = dict(zip(batch["group_id"].tolist(), batch["prompt_index"].tolist()))
+        prompt_of_group = dict(zip(batch["group_id"].tolist(), batch["prompt_index"].tolist(), strict=True))
         seen = [prompt_of_group[g] for g in sorted(prompt_of_group)]
         want = expected[step * cfg.env.prompts_per_step : (step + 1) * cfg.env.prompts_per_step]
         emit(

@@ -101,7 +101,7 @@ def main() -> None:
         f, b = format_(texts, answer), brevity(texts)
         rewards.extend(
             REWARD_WEIGHTS["correct"] * x + REWARD_WEIGHTS["format"] * y + REWARD_WEIGHTS["brevity"] * z
-            for x, y, z in zip(r, f, b)
+            for x, y, z in zip(r, f, b, strict=True)
         )
         return r
 

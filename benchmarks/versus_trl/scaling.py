@@ -17,8 +17,8 @@ The grid, one factor at a time around a shared base point (the 135M shape, group
 * model size: random-weight models with the shapes of SmolLM2-135M and SmolLM2-360M, and a ~1B model
   (group size 4, 64 tokens).
 
-The base point is shared, so the full grid is 9 points (``--axes`` defaults to the first three axes' 7). ``--axes`` picks axes, ``--models`` the model-size
-axis's models (the other two axes always run at the 135M shape).
+The base point is shared, so the full grid is 9 points (``--axes`` defaults to the first three axes' 7). ``--axes``
+picks axes, ``--models`` the model-size axis's models (the other two axes always run at the 135M shape).
 
 Workload: trl_compare.py's at equal precision, ``ours:fp32`` against ``trl:fp32`` (fp32 weights, activations
 and engine on both sides), the same GSM8K prompts in the same order (``prepare_prompts`` at the chosen
@@ -63,13 +63,13 @@ point are not balanced out here: the load average is printed before every point 
 Printed: the CPU and load average at the start and per point; per axis a table of ours and TRL's s/step, the
 ratio TRL / ours, peak RSS of each worker, completion tokens per step, and ours' step against its matmul bound
 (flops.py, with the matmul rate measured here for each model's shapes) and its floor (the bound with decoding
-charged at the rate of one decoding step at the point's prompts x G rows, as trl_compare.py does); the phases of every point; and where
-the ratio shrinks along an axis, which phases grew on each side (the "why" to write up). Written:
+charged at the rate of one decoding step at the point's prompts x G rows, as trl_compare.py does); the phases of every
+point; and where the ratio shrinks along an axis, which phases grew on each side (the "why" to write up). Written:
 ``benchmarks/results/scaling-<time>.json`` (machine, command, models, matmul rates, every point with trl_compare's
 per-arm summaries; rewritten after every point, so a run cut short keeps its finished points) and
-``benchmarks/results/scaling-<time>.png`` (matplotlib: one column per axis, s/step of both sides on a log scale
-above with ours' floor dotted, the ratio below). ``--plot-only JSON`` redraws the figure (and reprints the tables) from a JSON file.
-Never asserts a time.
+``benchmarks/results/scaling-<time>.png`` (matplotlib: one column per axis, s/step of both sides on a log scale above
+with ours' floor dotted, the ratio below). ``--plot-only JSON`` redraws the figure (and reprints the tables) from a JSON
+file. Never asserts a time.
 
 Time: estimated from the step times of benchmarks/README.md (135M, 4 prompts x 4 answers x 64 tokens, 2 threads,
 fp32: TRL ~60 s/step, ours ~20 s/step) scaled by each side's matmul FLOPs (ours: distinct tokens, the prompt once
@@ -450,7 +450,7 @@ PHASES = {
 def trend_notes(pts: list[dict]) -> list[str]:
     """Where the ratio shrinks from one point of an axis to the next: how much each side's step and phases grew."""
     notes = []
-    for a, b in zip(pts, pts[1:]):
+    for a, b in zip(pts, pts[1:], strict=False):  # each point with the next: one pair fewer than points
         if not (a.get("ratio") and b.get("ratio")) or b["ratio"] >= 0.97 * a["ratio"]:
             continue
         parts = []
@@ -493,21 +493,32 @@ def plot(result: dict, png: Path) -> None:
             ("ours", "floor_total_s", "ours' floor", "o:"),
             ("trl", "s_per_step", "TRL (fp32)", "s--"),
         ):
-            got = [(x, _get(p, side, key)) for x, p in zip(xs, pts) if _get(p, side, key)]
+            got = [(x, _get(p, side, key)) for x, p in zip(xs, pts, strict=True) if _get(p, side, key)]
             if got:
-                top.plot(*zip(*got), style, label=label, color="tab:blue" if side == "ours" else "tab:orange")
+                top.plot(
+                    *zip(*got, strict=True), style, label=label, color="tab:blue" if side == "ours" else "tab:orange"
+                )
         hi = 0.0
         for values, label, style, color in (
-            ([(x, p["ratio"]) for x, p in zip(xs, pts) if p.get("ratio")], "TRL / ours", "d-", "tab:green"),
             (
-                [(x, _get(p, "ours", "over_floor")) for x, p in zip(xs, pts) if _get(p, "ours", "over_floor")],
+                [(x, p["ratio"]) for x, p in zip(xs, pts, strict=True) if p.get("ratio")],
+                "TRL / ours",
+                "d-",
+                "tab:green",
+            ),
+            (
+                [
+                    (x, _get(p, "ours", "over_floor"))
+                    for x, p in zip(xs, pts, strict=True)
+                    if _get(p, "ours", "over_floor")
+                ],
                 "ours / floor",
                 "o:",
                 "tab:blue",
             ),
         ):
             if values:
-                bottom.plot(*zip(*values), style, color=color, label=label)
+                bottom.plot(*zip(*values, strict=True), style, color=color, label=label)
                 for x, r in values:
                     bottom.annotate(
                         f"{r:.2f}", (x, r), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8

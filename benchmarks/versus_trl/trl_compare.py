@@ -141,7 +141,7 @@ def prepare_prompts(total_steps: int, path: Path, prompts_per_step: int | None =
     rows = []
     for _ in range(total_steps):
         td = env.reset()
-        for idx, ref in zip(td["prompt_index"].tolist(), list(td["reference"])):
+        for idx, ref in zip(td["prompt_index"].tolist(), list(td["reference"]), strict=True):
             rows.append(
                 {
                     "prompt_index": idx,
@@ -349,7 +349,8 @@ def print_table(summaries: list[dict], rates: dict) -> None:
             + " ".join(f"{g:.3g}" for g in s["grad_norms"])
         )
     print(
-        f"\nbest matmul rate measured here ({rates['threads']} threads, model shapes, threads sleeping or spinning): fp32 {rates['fp32'] / 1e9:.0f} "
+        f"\nbest matmul rate measured here ({rates['threads']} threads, model shapes, threads sleeping or spinning): "
+        f"fp32 {rates['fp32'] / 1e9:.0f} "
         f"GFLOP/s, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s at 512 rows; a decoding step at {rates['decode_rows']} "
         f"rows: fp32 {rates['fp32_decode'] / 1e9:.0f} GFLOP/s, bf16 {rates['bf16_decode'] / 1e9:.0f} GFLOP/s"
     )

@@ -3,8 +3,8 @@
     bash benchmarks/versus_trl/setup_trl_env.sh          # once: TRL's own venv in benchmarks/.venv-trl
     benchmarks/.venv-trl/bin/python benchmarks/versus_trl/trl_objectives.py   # ~10 s; -> results/trl_objectives.json
 
-Runs in TRL's venv. ``grpo_rl.algo.loss``, ``grpo_rl.algo.objectives`` and ``grpo_rl.algo.engine_correction`` need only torch
-(2.13.0 in both venvs), so they are imported from the source tree; both sides see the same tensors in one process.
+Runs in TRL's venv. ``grpo_rl.algo.loss``, ``grpo_rl.algo.objectives`` and ``grpo_rl.algo.engine_correction`` need only
+torch (2.13.0 in both venvs), so they are imported from the source tree; both sides see the same tensors in one process.
 
 Inputs (fixed seed, fp32): 8 groups x 4 answers of 4-64 tokens, right-padded to 64 (the padding holds random
 log-probs, so a side that forgot the mask would show it); group-normalised advantages (one group all equal:

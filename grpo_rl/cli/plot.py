@@ -59,10 +59,10 @@ def plot_runs(run_dirs: list[Path], out: str | Path, *, smooth: int = 1, title: 
     keys = varying_keys(summaries)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (run_dir, summary) in enumerate(zip(run_dirs, summaries)):
+    for i, (run_dir, summary) in enumerate(zip(run_dirs, summaries, strict=True)):
         records = read_jsonl(metrics_dir(run_dir) / "metrics.jsonl")
         label, color = run_label(summary, keys), colors[i % len(colors)]
-        for ax, (key, name) in zip(axes.flat, PANELS):
+        for ax, (key, name) in zip(axes.flat, PANELS, strict=True):
             if key == "accuracy":
                 _accuracy(ax, records, label, color, smooth)
             else:

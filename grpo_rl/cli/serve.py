@@ -58,7 +58,7 @@ def vllm_argv(args: list[str], *, on_cpu: bool = False) -> list[str]:
     cache; the rest is always set)."""
     argv = [a for a in args if a != CLEARTEXT_FLAG] + list(REQUIRED)
     if _value(args, "--weight-transfer-config") is None:
-        argv += ["--weight-transfer-config", '{"backend": "%s"}' % BACKEND]
+        argv += ["--weight-transfer-config", f'{{"backend": "{BACKEND}"}}']
     if _value(args, "--host") is None and _value(args, "--uds") is None:
         argv += ["--host", "127.0.0.1"]
     if on_cpu and _value(args, "--kv-cache-memory-bytes") is None:

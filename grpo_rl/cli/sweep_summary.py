@@ -153,9 +153,9 @@ def format_table(runs: list[RunSummary]) -> str:
     lines = []
     if common:
         lines.append("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
 
 

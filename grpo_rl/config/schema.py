@@ -253,7 +253,8 @@ class EnvConfig:
     training batch, where TorchRL fills its training batches separately, and each engine of sota/grpo-async.py
     (inference_model.num_devices) generates that many (grpo_rl/config/torchrl_keys.py)."""
     max_prompt_tokens: int = 320
-    """Prompts longer than this (in tokens, after the chat template) are rejected (too_long_prompts=error) or skipped."""
+    """Prompts longer than this (in tokens, after the chat template) are rejected (too_long_prompts=error) or
+    skipped."""
     too_long_prompts: str = "skip"
     """skip | error: what to do with a prompt over max_prompt_tokens."""
     shuffle: bool = True
@@ -264,9 +265,10 @@ class EnvConfig:
     extra_columns: list[str] | None = None
     """env.dataset=file: columns passed to the reward as keyword lists; null: every column but the ground truth."""
     tools: list[ToolConfig] = field(default_factory=list)
-    """Tools the model may call (grpo_rl/envs/multiturn.py): ``[{name: calculator}, {path: my_tools.py, name: lookup}]``.
-    The system prompt gets their descriptions and the call format (``<tool_call>{"name": ..., "arguments": {...}}
-    </tool_call>``); each call's result comes back as a ``tool`` message. Needs max_turns > 1."""
+    """Tools the model may call (grpo_rl/envs/multiturn.py):
+    ``[{name: calculator}, {path: my_tools.py, name: lookup}]``. The system prompt gets their descriptions and the call
+    format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); each call's result comes back as a ``tool``
+    message. Needs max_turns > 1."""
     max_turns: int = 1
     """Model turns per episode, at most; 1: one answer per prompt (no tools). A turn ends at a tool call's end or
     the model's end of turn; each turn samples up to sampling.max_new_tokens."""
@@ -342,7 +344,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of top tokens holding this much probability; 1: off. The learner
-    scores the answers under the same truncation (grpo_rl/model/vocab.py), so the importance ratio is not biased by it."""
+    scores the answers under the same truncation (grpo_rl/model/vocab.py), so the importance ratio is not biased by
+    it."""
     top_k: int = 0
     """Keep only the k most probable tokens before top_p; 0: off (vLLM's -1/0). Scored as top_p is."""
 
@@ -350,15 +353,15 @@ class SamplingConfig:
 @dataclass
 class PolicyConfig:
     loss_type: str = "grpo"
-    """The policy objective (grpo_rl/algo/objectives.py): grpo (clipped surrogate per token) | gspo (one length-normalised
-    ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo (REINFORCE weighted
-    by a clipped, stop-gradient ratio; no token loses its gradient) | sapo (a soft sigmoid gate on the token ratio
-    instead of the clip) | gmpo (the geometric mean of the answer's token ratios, each clipped in log space). Also the
-    TRL/verl names that choose grpo's objective with a fixed aggregation: dapo (token_mean), bnpo (token_mean: TRL
-    normalises by the tokens of each micro-batch, which is token_mean when the batch is one micro-batch; here every
-    micro-batch is weighted by its share of the batch's tokens, so it is always the batch's token mean), dr_grpo
-    (seq_mean_token_sum_norm).
-    Note: TRL's loss_type=grpo is grpo with aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
+    """The policy objective (grpo_rl/algo/objectives.py): grpo (clipped surrogate per token) | gspo (one
+    length-normalised ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo
+    (REINFORCE weighted by a clipped, stop-gradient ratio; no token loses its gradient) | sapo (a soft sigmoid gate on
+    the token ratio instead of the clip) | gmpo (the geometric mean of the answer's token ratios, each clipped in log
+    space). Also the TRL/verl names that choose grpo's objective with a fixed aggregation: dapo (token_mean), bnpo
+    (token_mean: TRL normalises by the tokens of each micro-batch, which is token_mean when the batch is one
+    micro-batch; here every micro-batch is weighted by its share of the batch's tokens, so it is always the batch's
+    token mean), dr_grpo (seq_mean_token_sum_norm). Note: TRL's loss_type=grpo is grpo with
+    aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
     kl_coef: float = 0.01
     """Weight of the KL penalty to the reference model; 0 disables the reference model."""
     kl_estimator: str = "k3"

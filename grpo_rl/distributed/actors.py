@@ -24,7 +24,7 @@ from grpo_rl.quiet import quiet_logging, quiet_start
 # An actor's process imports this module first: drop the known notices of the imports below before they print.
 quiet_logging()
 
-import torch  # noqa: E402
+import torch
 
 from grpo_rl.distributed.buffer import RolloutBuffer
 from grpo_rl.engines.build import make_engine

@@ -26,7 +26,7 @@ from grpo_rl.quiet import quiet_logging, quiet_start
 # A learner rank's process imports this module first: drop the known notices of the imports below before they print.
 quiet_logging()
 
-import torch  # noqa: E402
+import torch
 
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
 from grpo_rl.distributed.healing import died_how, record_pids
@@ -220,7 +220,9 @@ class LearnerGroup:
         """``train.updates_per_batch`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the
         ranks by whole groups."""
         shards = shard_batch(batch, len(self.ranks))
-        results = self._get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)], "a training step")
+        results = self._get(
+            [r.train_step.remote(s) for r, s in zip(self.ranks, shards, strict=True)], "a training step"
+        )
         metrics = combine_rank_metrics(results)
         self.version, self.skipped_steps = metrics.pop("version"), metrics.pop("skipped_steps")
         return metrics

@@ -3,11 +3,11 @@
 :class:`AsyncRollouts` is a :class:`~grpo_rl.rollout.source.RolloutSource`. It starts one collector actor per
 inference device and a buffer actor, hands the learner the next batch that passes the staleness gate with the
 role metrics, and stops everything in :meth:`AsyncRollouts.close`. The collectors' counters and failing reward
-calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step costs
-the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
-(``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference
-actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch
-``k``; the staleness gate applies where the learner takes, at the version it trains with.
+calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step
+costs the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
+(``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference actors
+into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch ``k``; the
+staleness gate applies where the learner takes, at the version it trains with.
 
 Nothing hangs, and losses heal. A collector whose loop ended with an error (its actor died, its engine or engine
 server failed), or that has been inside one engine call for longer than ``pipeline.timeout_seconds`` when no batch

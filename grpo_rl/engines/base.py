@@ -21,10 +21,11 @@ key                    shape       meaning
 =====================  ==========  ===========================================================
 
 ``group_id`` is the one definition of a group (the answers to one prompt) everywhere downstream: group
-advantages (:mod:`grpo_rl.algo.advantages`), the zero-variance filter (:func:`grpo_rl.algo.advantages.assign_advantages`),
-the staleness gate (:mod:`grpo_rl.distributed.buffer`), shared-prompt packing (:mod:`grpo_rl.model.packing`) and data-parallel
-sharding. No training stage infers groups from row positions or from equal prompts. Filters keep or drop whole
-groups, so the groups left are whole and their rows consecutive, but the ids left need not be ``0 .. P-1``.
+advantages (:mod:`grpo_rl.algo.advantages`), the zero-variance filter
+(:func:`grpo_rl.algo.advantages.assign_advantages`), the staleness gate (:mod:`grpo_rl.distributed.buffer`),
+shared-prompt packing (:mod:`grpo_rl.model.packing`) and data-parallel sharding. No training stage infers groups from
+row positions or from equal prompts. Filters keep or drop whole groups, so the groups left are whole and their rows
+consecutive, but the ids left need not be ``0 .. P-1``.
 """
 
 from __future__ import annotations

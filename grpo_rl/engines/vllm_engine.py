@@ -119,7 +119,7 @@ class VLLMEngine:
             for completion in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(completion.token_ids)
                 responses.append(ids)
-                logprobs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
+                logprobs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids, strict=True)])
                 truncated.append(completion.finish_reason == "length")  # "stop": an end token or stop string
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 

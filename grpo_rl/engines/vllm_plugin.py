@@ -4,8 +4,8 @@ Loaded inside the server's processes, never by the learner:
 
 * :func:`register` is a vLLM general plugin (the ``vllm.general_plugins`` entry point in ``pyproject.toml``), which
   vLLM calls in every process it starts (API server, engine core, workers). It registers
-  :class:`~grpo_rl.engines.file_transfer.SharedFileWeightTransfer` as the weight-transfer backend ``grpo_rl_file``, chosen on the command line with
-  ``--weight-transfer-config '{"backend": "grpo_rl_file"}'``.
+  :class:`~grpo_rl.engines.file_transfer.SharedFileWeightTransfer` as the weight-transfer backend ``grpo_rl_file``,
+  chosen on the command line with ``--weight-transfer-config '{"backend": "grpo_rl_file"}'``.
 * :class:`RequireKey` is the ASGI middleware given with ``--middleware grpo_rl.engines.vllm_plugin.RequireKey``.
   vLLM's own ``--api-key`` guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``: the weight-update routes
   (``/pause``, ``/update_weights``, ``/collective_rpc``, ...) stay open, so anyone who reaches the port could replace

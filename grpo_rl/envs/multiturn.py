@@ -162,7 +162,7 @@ def _rows(batch: TensorDict) -> list[tuple[list[int], list[float], bool]]:
     """The engine batch's answers as ``(ids, logprobs, truncated)`` per row, padding removed."""
     out = []
     for ids, mask, lp, trunc in zip(
-        batch["response_ids"], batch["response_mask"], batch["behavior_logprobs"], batch["truncated"]
+        batch["response_ids"], batch["response_mask"], batch["behavior_logprobs"], batch["truncated"], strict=True
     ):
         n = int(mask.sum())
         out.append((ids[:n].tolist(), lp[:n].tolist(), bool(trunc)))
@@ -196,7 +196,7 @@ def run_episodes(
     rows = _rows(first)
     for turn in range(max_turns):
         going = []
-        for j, (ids, lps, truncated) in zip(pending, rows):
+        for j, (ids, lps, truncated) in zip(pending, rows, strict=True):
             ep = episodes[j]
             ep.add_turn(ids, lps)
             if truncated:
@@ -279,5 +279,5 @@ def tool_metrics(batch: TensorDict) -> dict[str, float]:
         "tool_call_rate": float((batch["tool_calls"] > 0).float().mean()),
         "tool_errors": float(kinds.sum()),
     }
-    out.update({f"tool_errors_{kind}": float(c) for kind, c in zip(ERROR_KINDS, kinds.tolist()) if c})
+    out.update({f"tool_errors_{kind}": float(c) for kind, c in zip(ERROR_KINDS, kinds.tolist(), strict=True) if c})
     return out

@@ -42,7 +42,7 @@ class EnginePolicy(TensorDictModuleBase):
         prompts = tensordict.get("prompt_tokens").tolist()
         batch = self.engine.generate(prompts, self.group_size, self.sampling)
         texts = self.tokenizer.batch_decode(
-            [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])],
+            [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"], strict=True)],
             skip_special_tokens=True,
         )
         tensordict.set("response_text", group_answers(texts, self.group_size))

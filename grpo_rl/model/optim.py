@@ -46,7 +46,8 @@ def _adamw8bit_class():
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
-            from torchao.optim import AdamW8bit
+            # torchao is the optional lowmem extra: absent from a plain install, hence the ImportError below
+            from torchao.optim import AdamW8bit  # pyright: ignore[reportMissingImports]
     except ImportError as e:
         raise ConfigError(
             f"optimizer.name=adamw8bit (the lowmem preset) needs torchao ({e}): install the lowmem "
@@ -54,7 +55,7 @@ def _adamw8bit_class():
             "optimizer.name=adamw"
         ) from None
     finally:
-        for logger, level in zip(quiet, levels):
+        for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return AdamW8bit
 

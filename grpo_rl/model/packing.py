@@ -61,7 +61,7 @@ def group_spans(group_id: torch.Tensor) -> list[tuple[int, int]]:
     if b == 0:
         return []
     starts = [0] + [i + 1 for i in torch.nonzero(group_id[1:] != group_id[:-1]).flatten().tolist()]
-    return list(zip(starts, starts[1:] + [b]))
+    return list(zip(starts, starts[1:] + [b], strict=True))
 
 
 def _check_shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, spans: list[tuple[int, int]]) -> None:

@@ -222,7 +222,8 @@ def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
                 if {a, b} == {"train_model", "ref_model"} and share:
                     continue
                 raise ConfigError(
-                    f"{a} {assigned[a]} and {b} {assigned[b]} share GPUs {sorted(set(assigned[a]) & set(assigned[b]))}; "
+                    f"{a} {assigned[a]} and {b} {assigned[b]} share GPUs "
+                    f"{sorted(set(assigned[a]) & set(assigned[b]))}; "
                     f"give them disjoint devices (ref_model.share_with_train=true allows train/ref overlap)"
                 )
     return _cuda_allocation(assigned)

@@ -108,7 +108,9 @@ class Collector:
         prompt_tokens = list(prompts["prompt_tokens"])
         if self.tools is None:
             batch = self.engine.generate(prompt_tokens, n, sampling)
-            answers = [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])]
+            answers = [
+                ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"], strict=True)
+            ]
         else:  # the reward scores each episode's last turn
             decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
             episodes = run_episodes(

@@ -169,7 +169,12 @@ class Evaluator:
             count_P = torch.bincount(group_N)  # [P]
             correct_P = torch.bincount(group_N, weights=solved(samples, self.success_component).double())  # [P]
             metrics[f"eval/pass@{self.pass_k}"] = float(
-                np.mean([pass_at_k(int(n), int(c), self.pass_k) for n, c in zip(count_P.tolist(), correct_P.tolist())])
+                np.mean(
+                    [
+                        pass_at_k(int(n), int(c), self.pass_k)
+                        for n, c in zip(count_P.tolist(), correct_P.tolist(), strict=True)
+                    ]
+                )
             )
             metrics["eval/sample_accuracy"] = float(correct_P.sum() / count_P.sum())
         metrics["eval/seconds"] = time.perf_counter() - t0

@@ -89,7 +89,10 @@ def write_manifest(folder: Path) -> Path:
     manifest = folder / MANIFEST_NAME
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p != manifest)
     hashes = _hash_all(files)
-    entries = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": h} for f, h in zip(files, hashes)}
+    entries = {
+        f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": h}
+        for f, h in zip(files, hashes, strict=True)
+    }
     manifest.write_text(json.dumps({"format": FORMAT, "hash": "sha256", "files": entries}, indent=1) + "\n")
     return manifest
 
@@ -160,7 +163,7 @@ def _compare(folder: Path, entries: dict[str, dict]) -> Damage | None:
                 file, f"is {size} bytes, but {entry['size']} were written (cut short or changed after the save)"
             )
     names = list(entries)
-    for name, found in zip(names, _hash_all([folder / n for n in names])):
+    for name, found in zip(names, _hash_all([folder / n for n in names]), strict=True):
         expected = str(entries[name]["sha256"])
         if found != expected:
             return Damage(

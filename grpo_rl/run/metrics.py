@@ -3,9 +3,9 @@ on request, and a console line.
 
 Every step writes one JSON object to ``<run_dir>/metrics.jsonl``; sample tables go to
 ``<run_dir>/samples.jsonl`` and, one line each, to the console (:mod:`grpo_rl.run.sample_log`); ``logger.csv`` adds
-``metrics.csv`` and ``logger.tensorboard`` adds ``<run_dir>/tensorboard/``. A resumed run cuts all of them back to its checkpoint's step
-(:meth:`RunLogger.rewind`). wandb is imported lazily, runs in offline mode when no ``WANDB_API_KEY`` is set
-(``WANDB_MODE`` still wins if the user set it), and writes under ``<run_dir>/wandb``.
+``metrics.csv`` and ``logger.tensorboard`` adds ``<run_dir>/tensorboard/``. A resumed run cuts all of them back to its
+checkpoint's step (:meth:`RunLogger.rewind`). wandb is imported lazily, runs in offline mode when no ``WANDB_API_KEY``
+is set (``WANDB_MODE`` still wins if the user set it), and writes under ``<run_dir>/wandb``.
 """
 
 from __future__ import annotations

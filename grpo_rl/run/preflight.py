@@ -132,8 +132,8 @@ def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode:
     if mode == "sync" and len(devices.inference) > 1 and not served:
         raise ConfigError(
             f"inference_model.num_devices={len(devices.inference)}: engine replicas run in sota/grpo-async.py (one "
-            "collector actor each), or as servers (inference_model.engine=vllm_server); the synchronous loop drives one "
-            "in-process engine, use inference_model.num_devices=1"
+            "collector actor each), or as servers (inference_model.engine=vllm_server); the synchronous loop drives "
+            "one in-process engine, use inference_model.num_devices=1"
         )
     check_optimizer(cfg.optimizer.name, devices.train[0].type)
     check_learner_dtype(cfg, precision.train.bf16)

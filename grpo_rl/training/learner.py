@@ -250,7 +250,8 @@ class Learner:
         return sums
 
     def shutdown(self) -> None:
-        """Nothing to release in-process (a :class:`~grpo_rl.distributed.learner_group.LearnerGroup` stops its ranks)."""
+        """Nothing to release in-process (a :class:`~grpo_rl.distributed.learner_group.LearnerGroup` stops its
+        ranks)."""
 
     def named_weights(self):
         """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights`` (LoRA: merged, out of place)."""

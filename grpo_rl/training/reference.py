@@ -1,11 +1,12 @@
 """The reference scorer: log-probs of the sampled answers under the frozen reference model.
 
-It adds ``ref_logprobs`` ``[N, Lr]`` to the batch (:mod:`grpo_rl.rollout.collector` lists every stage's keys), for the KL
-penalty of the loss or of the reward. A LoRA run's reference is the learner's own model with its adapters off
+It adds ``ref_logprobs`` ``[N, Lr]`` to the batch (:mod:`grpo_rl.rollout.collector` lists every stage's keys), for the
+KL penalty of the loss or of the reward. A LoRA run's reference is the learner's own model with its adapters off
 (:class:`grpo_rl.training.reference.AdapterDisabledRefScorer`).
 
 The reference log-probs are untruncated even when the engine samples with top-k / top-p (the policy's are truncated):
-the reference's own truncated set could exclude a sampled token; :mod:`grpo_rl.model.vocab` explains the KL that results.
+the reference's own truncated set could exclude a sampled token; :mod:`grpo_rl.model.vocab` explains the KL that
+results.
 """
 
 from __future__ import annotations

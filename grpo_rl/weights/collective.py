@@ -259,7 +259,7 @@ class WeightBroadcast:
             self._broadcast(raw, "the layout")
             self._layout, self._layout_bytes = layout, layout_bytes
         per_buffer: list[list[tuple[TensorSlot, torch.Tensor]]] = [[] for _ in layout.buffers]
-        for slot, t in zip(layout.slots, tensors):
+        for slot, t in zip(layout.slots, tensors, strict=True):
             per_buffer[slot.buffer].append((slot, t))
         for index, (dtype, numel) in enumerate(layout.buffers):
             if numel == 0:

@@ -52,7 +52,7 @@ def test_logprobs_and_gradients_on_cuda_equal_the_cpu(tiny_model, share_prompt):
     assert _relative(got.logprobs, want.logprobs) < 1e-5
     assert _relative(got.entropy, want.entropy) < 1e-5
     assert (got.logprobs.cpu()[batch["response_mask"] == 0] == 0).all()
-    for g_got, g_want in zip(got_grads, want_grads):
+    for g_got, g_want in zip(got_grads, want_grads, strict=True):
         assert _relative(g_got, g_want) < 1e-4
 
 

@@ -110,7 +110,7 @@ def test_user_errors_are_one_line_before_any_engine(kwargs, expected, tmp_path):
     """
     proc = run_python(code, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("USER ERROR")), proc.stdout[-2000:])
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("USER ERROR")), proc.stdout[-2000:])
     assert expected in line, line
     assert "engine imported: False" in proc.stdout
 
@@ -135,7 +135,7 @@ def test_the_model_objects_example_trains_the_callers_model(tiny_model_dir, tmp_
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if "parameter tensors of `model` changed" in l)
+    line = next(ln for ln in proc.stdout.splitlines() if "parameter tensors of `model` changed" in ln)
     changed, total = int(line.split()[0]), int(line.split()[2])
     assert 0 < changed <= total
     assert (out / "initial_model" / "config.json").is_file() and (out / "final_model" / "config.json").is_file()
@@ -182,7 +182,7 @@ def test_model_objects_reach_every_role_and_the_weights_come_back(tiny_model_dir
         "env.ground_truth_column=null",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT ") :])
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT ") :])
     assert result["equal_final"] and result["changed"] > 0
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     assert [r["step"] for r in rows] == [1, 2]

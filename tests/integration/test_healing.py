@@ -242,7 +242,7 @@ def test_a_lost_learner_rank_restarts_the_synchronous_run_with_the_losses_of_an_
     a, b = read_metrics(tmp_path / "broken"), read_metrics(tmp_path / "unbroken")
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, steps + 1))
     assert any(r["grad_norm"] > 0 for r in b)  # the comparison can fail: the updates are not zero
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         for key in ("loss", "loss_policy", "reward_mean", "reward_std", "grad_norm", "entropy", "clip_fraction"):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (x["step"], key, x[key], y[key])
 

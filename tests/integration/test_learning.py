@@ -2,8 +2,8 @@
 
 Toy task: the reward is the fraction of the answer's characters that are upper-case ASCII letters. A randomly
 initialised model samples nearly uniformly over SmolLM2's 49k-token vocabulary, a small part of which is
-upper case, so rewards are low but vary within every group and GRPO has signal from the first step. With a fixed seed the mean reward must rise
-clearly; the assertion is on the trend, never on time.
+upper case, so rewards are low but vary within every group and GRPO has signal from the first step. With a fixed seed
+the mean reward must rise clearly; the assertion is on the trend, never on time.
 """
 
 from __future__ import annotations

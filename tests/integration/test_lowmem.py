@@ -80,7 +80,7 @@ def test_lowmem_trains_and_resumes_bit_for_bit(varied_model_dir, tmp_path):
     assert rest.returncode == 0, rest.stderr[-3000:]
     b = read_metrics(parts)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         assert {k: ra[k] for k in COMPARED} == {k: rb[k] for k in COMPARED}, (ra["step"], ra, rb)
     wa, wb = (load_file(d / "final_model" / "model.safetensors") for d in (whole, parts))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -3,10 +3,10 @@
 Run A trains a tiny model for 6 steps without interruption. Run B is the same run with a checkpoint after every
 step; it is stopped at a random moment inside a step (after step k appears in metrics.jsonl, at a random delay),
 by SIGKILL (nothing runs after it) or by SIGTERM (a scheduler's preemption: the script must abandon or finish
-the step, checkpoint its last completed step and exit 0), then restarted with ``resume=auto`` in the same folder. B's metrics.jsonl
-must then hold each step once, with the same losses, rewards and diagnostics as A's, and B's final weights must
-equal A's bit for bit. Both evaluate every 2 steps on the same engine, which must not disturb training (and
-gives the same results).
+the step, checkpoint its last completed step and exit 0), then restarted with ``resume=auto`` in the same folder. B's
+metrics.jsonl must then hold each step once, with the same losses, rewards and diagnostics as A's, and B's final weights
+must equal A's bit for bit. Both evaluate every 2 steps on the same engine, which must not disturb training (and gives
+the same results).
 
 The reward is a user reward function (the share of the answer's letters in a-m) added to GSM8K's: a random
 tiny model never earns GSM8K's reward, and with all-zero rewards every update is zero and nothing would be
@@ -199,7 +199,7 @@ def test_stop_and_resume_matches_uninterrupted_run(
     a, b = _metrics(uninterrupted), _metrics(b_dir)
 
     assert [r["step"] for r in b] == list(range(1, STEPS + 1)), "duplicate, missing or garbled steps after resume"
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         for key in COMPARED:
             if key.startswith("eval/") and ra["step"] % 2:
                 assert key not in ra and key not in rb

@@ -92,7 +92,7 @@ def test_served_answers_equal_the_in_process_engines(engine, tiny_model_dir, tok
         in_process = [local.generate(prompts, 4, s) for s in specs]
     finally:
         local.shutdown()
-    for a, b in zip(served, in_process):
+    for a, b in zip(served, in_process, strict=True):
         for key in ("prompt_ids", "response_ids", "response_mask", "group_id", "truncated"):
             assert torch.equal(a[key], b[key]), key
         torch.testing.assert_close(a["behavior_logprobs"], b["behavior_logprobs"], rtol=0, atol=1e-5)
@@ -216,7 +216,9 @@ def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob
         engine.update_weights(a.state_dict().items(), va)
         out = {}
         spec = SamplingSpec(max_new_tokens=MAX_MODEL_LEN - 4, seed=trial)
-        thread = threading.Thread(target=lambda: out.setdefault("batch", engine.generate(prompts, 1, spec)))
+        thread = threading.Thread(
+            target=lambda out=out, spec=spec: out.setdefault("batch", engine.generate(prompts, 1, spec))
+        )
         thread.start()
         time.sleep(wait)
         wait = wait / 2 if not thread.is_alive() else wait * 1.5  # too late: earlier next time; too early: later
@@ -230,7 +232,9 @@ def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob
         pytest.fail("no push landed while an answer was in flight")
     batch = out["batch"]
     assert {int(v) for _, _, v in rows for v in v.unique()} == {va, vb}
-    for prompt, (row_ids, row_behavior, row_versions) in zip(prompts, rows):  # answers begun after the push: B's
+    for prompt, (row_ids, row_behavior, row_versions) in zip(
+        prompts, rows, strict=True
+    ):  # answers begun after the push: B's
         if (row_versions == vb).all():
             torch.testing.assert_close(row_behavior, learner_logprobs(b, prompt, row_ids), rtol=0, atol=1e-4)
         elif (row_versions == va).all():

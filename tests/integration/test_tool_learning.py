@@ -99,7 +99,7 @@ def fit_two_branches(model_dir, out_dir, tokenizer):
     prompts = make_env(cfg, tokenizer).reset()
     messages, eos = ToolMessages(tokenizer), tokenizer.eos_token_id
     rows = []
-    for prompt, question in zip(prompts["prompt_tokens"], prompts["prompt"]):
+    for prompt, question in zip(prompts["prompt_tokens"], prompts["prompt"], strict=True):
         a, b = (int(x) for x in re.search(r"What is (\d+) \* (\d+)\?", question).groups())
         call = tokenizer.encode(format_tool_call("calculator", {"expression": f"{a}*{b}"}), add_special_tokens=False)
         answer = tokenizer.encode(f"#### {a * b}", add_special_tokens=False) + [eos]
@@ -208,7 +208,7 @@ def test_a_stopped_and_resumed_multi_turn_run_logs_what_the_uninterrupted_one_do
     assert "resumed from" in resumed.stdout + resumed.stderr
     a, b = read_metrics(uninterrupted), read_metrics(out)
     assert [r["step"] for r in b] == list(range(1, STEPS + 1))
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         for key in COMPARED:
             assert rb[key] == pytest.approx(ra[key], rel=1e-6, abs=1e-6), f"step {ra['step']}: {key}"
 

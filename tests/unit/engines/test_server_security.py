@@ -41,7 +41,9 @@ SQUATTER = textwrap.dedent("""
                 data = conn.recv(65536)
                 out.write(data)
                 out.flush()
-                conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n{}")
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n{}"
+                )
             except OSError:
                 pass
             conn.close()

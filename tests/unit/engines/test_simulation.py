@@ -1,5 +1,5 @@
-"""The timed stand-ins of grpo_rl/training/simulated.py: the engine's batch layout, the shares of a sharded stage, and the
-settings that choose roles and placements."""
+"""The timed stand-ins of grpo_rl/training/simulated.py: the engine's batch layout, the shares of a sharded stage, and
+the settings that choose roles and placements."""
 
 from __future__ import annotations
 

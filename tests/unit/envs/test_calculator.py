@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_rl.envs.tools.calculator import KINDS, CalculatorError, Limits, calculator, evaluate, format_number
+from grpo_rl.envs.tools.calculator import (
+    DEFAULT_LIMITS,
+    KINDS,
+    CalculatorError,
+    Limits,
+    calculator,
+    evaluate,
+    format_number,
+)
 
 
-def kind_of(expression, limits: Limits = Limits()) -> str:
+def kind_of(expression, limits: Limits = DEFAULT_LIMITS) -> str:
     with pytest.raises(CalculatorError) as info:
         evaluate(expression, limits)
     assert info.value.kind in KINDS

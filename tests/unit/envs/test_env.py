@@ -17,7 +17,7 @@ RECORDS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "topic": f"
 
 def exact(responses, references, **_):
     """1 for the reference answer; ignores extra columns (every component receives them)."""
-    return [float(r.strip() == ref) for r, ref in zip(responses, references)]
+    return [float(r.strip() == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def topic_bonus(responses, references, *, topic):
@@ -55,7 +55,7 @@ def test_reset_contract(tokenizer):
     assert list(td["reference"]) == ["0", "2", "4"]
     assert td["done"].shape == (3, 1) and not td["done"].any()
     prompts, tokens = list(td["prompt"]), list(td["prompt_tokens"])
-    for i, (text, toks) in enumerate(zip(prompts, tokens)):
+    for i, (text, toks) in enumerate(zip(prompts, tokens, strict=True)):
         # the chat template was applied, with the generation prompt, and the tokens are that text
         assert RECORDS[i]["question"] in text
         assert text.endswith("<|im_start|>assistant\n")
@@ -180,7 +180,7 @@ def test_gsm8k_env_on_real_data(tokenizer):
 
     prompts = env.reset()
     refs = list(prompts["reference"])
-    for idx, text, ref in zip(prompts["prompt_index"].tolist(), prompts["prompt"], refs):
+    for idx, text, ref in zip(prompts["prompt_index"].tolist(), prompts["prompt"], refs, strict=True):
         assert records[idx]["question"] in text
         assert SYSTEM_PROMPTS["hash"] in text
         assert ref == reference_answer(records[idx]["answer"])
@@ -198,5 +198,5 @@ def test_gsm8k_env_on_real_data(tokenizer):
     assert fmt == [1.0, 0.0, 0.0, 1.0]
     total = td["next", "reward"].flatten().tolist()
     assert total == pytest.approx(
-        [c * cfg.reward.correctness_weight + f * cfg.reward.format_weight for c, f in zip(correct, fmt)]
+        [c * cfg.reward.correctness_weight + f * cfg.reward.format_weight for c, f in zip(correct, fmt, strict=True)]
     )

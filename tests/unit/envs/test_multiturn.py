@@ -97,13 +97,13 @@ def test_episodes_are_token_exact(tokenizer):
         model = batch["loss_mask"][row, :n].bool().tolist()
         lps = batch["behavior_logprobs"][row, :n].tolist()
         prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
-        model_ids = [t for t, m in zip(ids, model) if m]
-        model_lps = [x for x, m in zip(lps, model) if m]
+        model_ids = [t for t, m in zip(ids, model, strict=True) if m]
+        model_lps = [x for x, m in zip(lps, model, strict=True) if m]
         assert model_ids == [t for c in calls for t in engine.calls[c]["ids"]]
         assert torch.allclose(
             torch.tensor(model_lps), torch.tensor([x for c in calls for x in engine.calls[c]["logprobs"]])
         )
-        assert all(x == 0.0 for x, m in zip(lps, model) if not m)
+        assert all(x == 0.0 for x, m in zip(lps, model, strict=True) if not m)
         assert len(model_ids) < n or len(calls) == 1
         offset = 0
         for c in calls:

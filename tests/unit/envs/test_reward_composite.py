@@ -12,7 +12,7 @@ REFERENCES = ["42", "7", "13", "42"]
 
 
 def exact(responses, references):
-    return [float(r == ref) for r, ref in zip(responses, references)]
+    return [float(r == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def length(responses, references):

@@ -38,7 +38,7 @@ PROMPTS = ["What is the capital of Canada?"] * 2 + ["Name a large Canadian city.
 
 def test_scores_a_batch_like_one_at_a_time(scorer):
     batched = scorer(RESPONSES, [None] * 4, prompt=PROMPTS)  # two forward passes of 2, padded
-    single = [scorer([r], [None], prompt=[p])[0] for r, p in zip(RESPONSES, PROMPTS)]
+    single = [scorer([r], [None], prompt=[p])[0] for r, p in zip(RESPONSES, PROMPTS, strict=True)]
     assert len(batched) == 4 and all(isinstance(v, float) for v in batched)
     torch.testing.assert_close(torch.tensor(batched), torch.tensor(single), rtol=1e-5, atol=1e-5)
     assert len(set(batched)) == 4

@@ -24,7 +24,7 @@ ARITHMETIC = [
 
 
 def exact(responses, references):
-    return [float(r == ref) for r, ref in zip(responses, references)]
+    return [float(r == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def test_scale_and_bias_apply_to_the_weighted_sum():

@@ -77,7 +77,7 @@ def test_compiled_layers_give_the_eager_logprobs_and_gradients(tiny_model):
             outs.append(lp)
         torch.testing.assert_close(outs[1].logprobs, outs[0].logprobs, rtol=1e-4, atol=1e-5)
         assert torch.count_nonzero(outs[0].logprobs) > 0
-        for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-6, msg=name)
 
 

@@ -21,7 +21,7 @@ def padded_batch(prompts=PROMPTS, responses=RESPONSES, pad=PAD) -> TensorDict:
         k: torch.full((n, w), pad if "ids" in k else 0, dtype=torch.long)
         for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))
     }
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         out["prompt_ids"][i, lp - len(p) :] = torch.tensor(p)
         out["prompt_mask"][i, lp - len(p) :] = 1
         out["response_ids"][i, : len(r)] = torch.tensor(r)
@@ -47,7 +47,7 @@ def test_matches_unpadded_forward(tiny_model, temperature):
     with torch.no_grad():
         out = sequence_logprobs(tiny_model, batch, temperature=temperature, with_entropy=True)
     assert out.logprobs.shape == out.entropy.shape == batch["response_ids"].shape
-    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
         want_lp, want_ent = reference_logprobs(tiny_model, p, r, temperature)
         # Values near ln(49152) = 10.8: fp32 kernels that sum in another order (AVX2 vs AVX-512 builds of the same
         # op) differ by about 1e-6 relative, so the tolerance is relative too.

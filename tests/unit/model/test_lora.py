@@ -118,7 +118,7 @@ def test_lora_checkpoint_round_trip(tiny_model, tiny_model_dir, tokenizer, tmp_p
 
     fresh = _lora(load_causal_lm(str(tiny_model_dir), CPU))
     load_model_weights(path, fresh)
-    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="LoRA"):
         load_model_weights(path, load_causal_lm(str(tiny_model_dir), CPU))

@@ -65,7 +65,7 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
 
 def _steps(opt, params, grads) -> None:
     for grad in grads:
-        for p, g in zip(params, grad):
+        for p, g in zip(params, grad, strict=True):
             p.grad = g.clone()
         opt.step()
 
@@ -104,7 +104,7 @@ def test_adamw8bit_state_round_trips_a_checkpoint_and_resumes_bit_for_bit():
     more = [[torch.randn_like(p) for p in params] for _ in range(2)]
     _steps(opt, params, more)
     _steps(resumed, copy, more)
-    assert all(torch.equal(p, q) for p, q in zip(params, copy))
+    assert all(torch.equal(p, q) for p, q in zip(params, copy, strict=True))
 
 
 def test_adamw8bit_without_a_compiler_is_a_config_error(monkeypatch):

@@ -1,4 +1,5 @@
-"""Shared-prompt packing (grpo_rl.model.packing): the layout by hand, and log-probs/gradients equal to the unpacked forward."""
+"""Shared-prompt packing (grpo_rl.model.packing): the layout by hand, and log-probs/gradients equal to the unpacked
+forward."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_layout_by_hand():
     assert packed.attention_mask[0, 0].int().tolist() == want
     # Answer 1: token 1 predicted at position 1 (last prompt token), token 2 at 2; answer 2: token 3 at 1.
     assert packed.source_index.tolist() == [1, 2, 1]
-    assert list(zip(packed.target_row.tolist(), packed.target_col.tolist())) == [(0, 0), (0, 1), (1, 0)]
+    assert list(zip(packed.target_row.tolist(), packed.target_col.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 0)]
     assert packed.target_ids.tolist() == [1, 2, 3]
 
 
@@ -103,7 +104,7 @@ def test_packed_gradients_equal_unpacked(tiny_model):
 
     want, got = grads(False), grads(True)
     assert any(g.abs().sum() > 0 for g in want)
-    for g_want, g_got in zip(want, got):
+    for g_want, g_got in zip(want, got, strict=True):
         torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=1e-4)
 
 

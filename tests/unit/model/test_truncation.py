@@ -1,5 +1,5 @@
-"""Scoring under the engine's sampling truncation (top-k, top-p): grpo_rl.model.vocab, grpo_rl.model.logprobs, the loss mask,
-and the engine/learner ratio on the tiny model."""
+"""Scoring under the engine's sampling truncation (top-k, top-p): grpo_rl.model.vocab, grpo_rl.model.logprobs, the loss
+mask, and the engine/learner ratio on the tiny model."""
 
 from __future__ import annotations
 

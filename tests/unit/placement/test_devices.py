@@ -1,4 +1,5 @@
-"""Tests for grpo_rl.placement.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU count)."""
+"""Tests for grpo_rl.placement.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU
+count)."""
 
 from __future__ import annotations
 

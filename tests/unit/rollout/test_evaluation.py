@@ -48,7 +48,7 @@ class ScriptedEngine:
 
 
 def _exact(responses, references):
-    return [1.0 if r.strip() == ref else 0.0 for r, ref in zip(responses, references)]
+    return [1.0 if r.strip() == ref else 0.0 for r, ref in zip(responses, references, strict=True)]
 
 
 def _env(tokenizer, num_prompts: int) -> PromptEnv:
@@ -174,7 +174,7 @@ def test_make_evaluator_uses_the_first_test_prompts_in_file_order(tokenizer, tin
     ev = make_evaluator(run, engine=None, every=1)
     prompts = list(ev.env.reset()["prompt"])
     assert len(prompts) == 3
-    for prompt, record in zip(prompts, records[:3]):
+    for prompt, record in zip(prompts, records[:3], strict=True):
         assert record["question"] in prompt
 
 

@@ -50,7 +50,7 @@ def test_saved_model_loads_with_the_same_weights(ckpt, tiny_model, tokenizer):
 
     path = _save(ckpt, 5, tiny_model, tokenizer)
     loaded = AutoModelForCausalLM.from_pretrained(path / "model")
-    for (name, a), b in zip(tiny_model.state_dict().items(), loaded.state_dict().values()):
+    for (name, a), b in zip(tiny_model.state_dict().items(), loaded.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, atol=0, rtol=0, msg=name)
     assert AutoTokenizer.from_pretrained(path / "model").encode("Hello there") == tokenizer.encode("Hello there")
 

@@ -27,7 +27,7 @@ def make_batch(prompt_lens, response_lens, *, lp=None, lr=None, seed=0, vocab=10
     prompt_mask = torch.zeros(n, lp, dtype=torch.long)
     response_ids = torch.zeros(n, lr, dtype=torch.long)
     response_mask = torch.zeros(n, lr, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
         prompt_ids[i, lp - p :] = torch.randint(1, vocab, (p,), generator=g)
         prompt_mask[i, lp - p :] = 1
         response_ids[i, :r] = torch.randint(1, vocab, (r,), generator=g)
@@ -224,7 +224,7 @@ def test_state_dict_round_trip(tiny_model):
     # The same next step from the same state gives the same weights.
     a.train_step(batch)
     b.train_step(batch)
-    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(pb, pa, atol=0, rtol=0, msg=name)
 
 

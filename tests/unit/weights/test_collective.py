@@ -122,7 +122,7 @@ def test_threads_roundtrip_dtypes_aliases_and_layout_changes():
     sender.close()
     assert not errors and not thread.is_alive(), errors
     assert [version for version, _ in got] == [1, 2, 3]
-    for (_, pairs), expected in zip(got, sent):
+    for (_, pairs), expected in zip(got, sent, strict=True):
         out = dict(pairs)
         assert set(out) == set(expected)
         for name, t in expected.items():

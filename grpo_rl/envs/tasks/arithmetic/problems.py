@@ -3,8 +3,8 @@
 A problem such as ``What is 47 + 38?`` is the record ``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``,
 so GSM8K's prompt templates and reward (the final number's correctness plus the ``#### N`` format,
 :mod:`grpo_rl.envs.tasks.gsm8k.reward`) apply unchanged, with or without the calculator tool. The difficulty is set
-by the operations and the operands' digits (``env.arithmetic``; benchmarks/learning/arithmetic_probe.py measures the base
-model's accuracy per setting).
+by the operations and the operands' digits (``env.arithmetic``; benchmarks/learning/arithmetic_probe.py measures the
+base model's accuracy per setting).
 
 Each split is drawn from a seed of its own. Within a split the questions are distinct, and the train split
 never holds a question among the first ``held_out`` of the test stream, so every test split of up to

@@ -87,9 +87,11 @@ class IFEvalScorer:
     def evaluate(self, responses: Sequence[str], references: Sequence[Mapping[str, Any]]) -> list[IFEvalResult]:
         if len(responses) != len(references):
             raise ValueError(f"got {len(responses)} responses but {len(references)} references")
-        key = tuple((r, ref["prompt"], tuple(ref["instruction_id_list"])) for r, ref in zip(responses, references))
+        key = tuple(
+            (r, ref["prompt"], tuple(ref["instruction_id_list"])) for r, ref in zip(responses, references, strict=True)
+        )
         if key != self._key:
-            self._results = [self._evaluate_one(r, ref) for r, ref in zip(responses, references)]
+            self._results = [self._evaluate_one(r, ref) for r, ref in zip(responses, references, strict=True)]
             self._key = key
         return self._results
 
