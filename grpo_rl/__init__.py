@@ -3,6 +3,7 @@
 ``from grpo_rl import Trainer`` builds a run from Python objects (:mod:`grpo_rl.api`); ``sota/grpo.py`` and
 ``sota/grpo-async.py`` run the same loops from the command line.
 """
+
 from __future__ import annotations
 
 import os as _os

@@ -30,13 +30,14 @@ the environments of the collector actors (``mode="async"``) get them pickled by 
 function. A user error (a bad override, a reward whose signature matches no convention, a missing column) raises
 :class:`~grpo_rl.errors.UserError` with the one-line message the scripts print.
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 from grpo_rl.envs.rewards.custom import RewardFunction
 
@@ -91,12 +92,18 @@ def train(cfg, run_dir: str | Path, *, mode: str = "sync", rewards: Sequence[Rew
 
     outcome = run_loop(cfg, Path(run_dir), mode, tuple(rewards))
     print(outcome.summary, flush=True)
-    return RunResult(run_dir=Path(outcome.run_dir), steps=outcome.steps, final_reward=outcome.final_reward,
-                     stopped_because=outcome.stopped_because, summary=outcome.summary)
+    return RunResult(
+        run_dir=Path(outcome.run_dir),
+        steps=outcome.steps,
+        final_reward=outcome.final_reward,
+        stopped_because=outcome.stopped_because,
+        summary=outcome.summary,
+    )
 
 
-def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), *,
-            config_dir: str | Path | None = None):
+def compose(
+    config: str | Mapping | None = None, overrides: Iterable[str] = (), *, config_dir: str | Path | None = None
+):
     """The run config: a YAML of ``config_dir`` (default ``config/``) by name, or a mapping merged over the schema's
     defaults, then Hydra ``overrides`` (``"train.steps=20"``), checked against the schema as on the command line.
 
@@ -112,9 +119,9 @@ def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), 
     from omegaconf.errors import OmegaConfBaseException
 
     from grpo_rl.cli.entry import check_overrides
-    from grpo_rl.errors import ConfigError
     from grpo_rl.config.schema import GRPOConfig, register_configs
     from grpo_rl.config.torchrl_keys import override_keys, resolve_torchrl_keys
+    from grpo_rl.errors import ConfigError
 
     overrides = [str(o) for o in overrides]
     check_overrides(overrides)
@@ -123,8 +130,10 @@ def compose(config: str | Mapping | None = None, overrides: Iterable[str] = (), 
         if config is None or isinstance(config, str):
             folder = Path(config_dir or CONFIG_DIR).resolve()
             if not folder.is_dir():
-                raise ConfigError(f"config_dir={folder} does not exist; pass config_dir=<folder of the YAML configs> "
-                                  "or config=<a dict of settings>")
+                raise ConfigError(
+                    f"config_dir={folder} does not exist; pass config_dir=<folder of the YAML configs> "
+                    "or config=<a dict of settings>"
+                )
             with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
                 cfg = hydra_compose(config or "grpo_gsm8k", overrides=overrides)
         else:
@@ -158,8 +167,10 @@ def reward_functions(rewards) -> tuple[RewardFunction, ...]:
         else:
             from grpo_rl.errors import ConfigError
 
-            raise ConfigError(f"rewards[{i}] is a {type(r).__name__}, not a function; pass functions, "
-                              "{label: (function, weight)}, or RewardFunction objects")
+            raise ConfigError(
+                f"rewards[{i}] is a {type(r).__name__}, not a function; pass functions, "
+                "{label: (function, weight)}, or RewardFunction objects"
+            )
     return tuple(out)
 
 
@@ -177,8 +188,10 @@ def prompt_rows(prompts, prompt_column: str = "prompt") -> list[dict]:
         elif isinstance(p, Mapping):
             rows.append(dict(p))
         else:
-            raise ConfigError(f"prompts[{i}] is a {type(p).__name__}; give strings, or rows such as "
-                              f"{{{prompt_column!r}: ..., 'ground_truth': ...}}")
+            raise ConfigError(
+                f"prompts[{i}] is a {type(p).__name__}; give strings, or rows such as "
+                f"{{{prompt_column!r}: ..., 'ground_truth': ...}}"
+            )
     if not rows:
         raise ConfigError("prompts is empty; give at least env.prompts_per_step prompts")
     return rows
@@ -215,17 +228,34 @@ class Trainer:
     the trained model is ``result.final_model``).
     """
 
-    def __init__(self, config: str | Mapping | None = None, *, overrides: Iterable[str] = (), prompts=None,
-                 rewards: Callable | Sequence | Mapping | None = None, run_dir: str | Path | None = None,
-                 mode: str = "sync", config_dir: str | Path | None = None, model=None, tokenizer=None,
-                 ref_model=None, reward_model=None, reward_tokenizer=None):
+    def __init__(
+        self,
+        config: str | Mapping | None = None,
+        *,
+        overrides: Iterable[str] = (),
+        prompts=None,
+        rewards: Callable | Sequence | Mapping | None = None,
+        run_dir: str | Path | None = None,
+        mode: str = "sync",
+        config_dir: str | Path | None = None,
+        model=None,
+        tokenizer=None,
+        ref_model=None,
+        reward_model=None,
+        reward_tokenizer=None,
+    ):
         if mode not in ("sync", "async"):
             raise ValueError(f"mode={mode!r}: choose sync or async")
         from grpo_rl.run.model_objects import ModelObjects
 
         self.cfg = compose(config, overrides, config_dir=config_dir)
-        self.models = ModelObjects(model=model, tokenizer=tokenizer, ref_model=ref_model, reward_model=reward_model,
-                                   reward_tokenizer=reward_tokenizer)
+        self.models = ModelObjects(
+            model=model,
+            tokenizer=tokenizer,
+            ref_model=ref_model,
+            reward_model=reward_model,
+            reward_tokenizer=reward_tokenizer,
+        )
         self.models.check()
         self.rewards = reward_functions(rewards)
         self.prompts = None if prompts is None else prompt_rows(prompts, self.cfg.env.prompt_column)

@@ -5,6 +5,7 @@ run folder), not the code: its message names the input and the fix. The entry sc
 without a traceback, and exit with status 2 (:func:`grpo_rl.cli.entry.run_entry`). Every other exception keeps its
 traceback. This module is the bottom layer: it imports nothing from the package.
 """
+
 from __future__ import annotations
 
 

@@ -6,6 +6,7 @@ say nothing about this run (Triton absent on a CPU, tcmalloc not preloaded, eage
 message dropped here is listed by a fragment of its text; anything not listed still prints, so a new or real
 warning is never hidden. ``GRPO_VERBOSE=1`` turns all of this off.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,10 @@ BENIGN = (
     "does not officially support disabling chunked prefill",  # disabled on purpose (seeded CPU sampling)
     "Enforce eager set",
     "Inductor compilation was disabled",
-    "Triton is not installed", "Triton not installed", "Triton not available", "Model Runner V2 requires Triton",
+    "Triton is not installed",
+    "Triton not installed",
+    "Triton not available",
+    "Model Runner V2 requires Triton",
     "Reset SSM cache type",
     "is not found in LD_PRELOAD",
     "leaving Torch threads at",
@@ -32,7 +36,8 @@ BENIGN = (
     "is an Enum subclass and is now natively supported by torch.compile",  # torchao's enums (optimizer.name)
     # torchao, where it is installed (the lowmem extra), is imported by vLLM and transformers whether or not its
     # optimizer is chosen; on a CPU it notes its absent CUDA kernels and Triton.
-    "torchao/_C_", "Detected no triton",
+    "torchao/_C_",
+    "Detected no triton",
     "Token authentication is enabled for this Ray cluster",  # Ray's default for a local instance, kept on purpose
 )
 _PATTERN = re.compile("|".join(re.escape(fragment) for fragment in BENIGN))
@@ -81,12 +86,23 @@ def vllm_logging_config() -> None:
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {"benign": {"()": f"{__name__}.BenignMessageFilter"}},
-        "formatters": {"vllm": {
-            "()": "vllm.logging_utils.NewLineFormatter", "datefmt": "%m-%d %H:%M:%S",
-            "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] "
-                      "%(message)s"}},
-        "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": level,
-                              "stream": "ext://sys.stdout", "filters": ["benign"]}},
+        "formatters": {
+            "vllm": {
+                "()": "vllm.logging_utils.NewLineFormatter",
+                "datefmt": "%m-%d %H:%M:%S",
+                "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] "
+                "%(message)s",
+            }
+        },
+        "handlers": {
+            "vllm": {
+                "class": "logging.StreamHandler",
+                "formatter": "vllm",
+                "level": level,
+                "stream": "ext://sys.stdout",
+                "filters": ["benign"],
+            }
+        },
         "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False}},
     }
     path = Path(tempfile.gettempdir()) / f"grpo_rl-vllm-logging-{level.lower()}.json"
@@ -117,8 +133,15 @@ def quiet_logging() -> None:
     filter_handlers()
     # A logger's own filter drops its records before any handler sees them, even Python's last-resort handler (a
     # Ray worker's torchao notices); a handler's filter also covers the records of the loggers below it.
-    for name in ("torch", "torch._library.triton", "vllm", "vllm.triton_utils.importing", "torchao",
-                 "torchao.kernel.intmm", "ray._private.authentication.authentication_token_setup"):
+    for name in (
+        "torch",
+        "torch._library.triton",
+        "vllm",
+        "vllm.triton_utils.importing",
+        "torchao",
+        "torchao.kernel.intmm",
+        "ray._private.authentication.authentication_token_setup",
+    ):
         filter_handlers(name)
     warnings.filterwarnings("ignore", message=r".*reduce_op.* is deprecated", category=FutureWarning)
     os.environ.setdefault("WANDB_SILENT", "true")  # the run's banner already says where wandb writes

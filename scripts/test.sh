@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Install everything and run the whole test suite. Extra arguments go to pytest (e.g. -m "not slow").
+# Install everything, check lint, formatting and types (ruff, pyright), and run the whole test suite. Extra arguments
+# go to pytest (e.g. -m "not slow").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GRPO_EXTRAS=lowmem bash scripts/setup.sh   # the tests cover the lowmem preset's optimizer too
 source scripts/env.sh
+# Lint, formatting and types first: a new violation fails the run before the tests start.
+.venv/bin/ruff check grpo_rl sota tests benchmarks
+.venv/bin/ruff format --check grpo_rl sota tests benchmarks
+.venv/bin/pyright
 exec .venv/bin/python -m pytest tests "$@"

@@ -20,6 +20,7 @@ step boundary and shuts down the Ray instance this script started.
 The loop itself is in grpo_rl/run/loop.py, shared with the Python API (``grpo_rl.Trainer``); this script gives it
 Hydra's config, overrides and run folder.
 """
+
 from __future__ import annotations
 
 import hydra

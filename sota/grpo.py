@@ -11,6 +11,7 @@ in its loop. See config/grpo_gsm8k.yaml and grpo_rl/config/schema.py for every s
 The loop itself is in grpo_rl/run/loop.py, shared with the Python API (``grpo_rl.Trainer``); this script gives it
 Hydra's config, overrides and run folder.
 """
+
 from __future__ import annotations
 
 import hydra

@@ -6,6 +6,7 @@ a 2-layer Llama with hidden size 64 and 2 heads (head size 32, which vLLM's CPU 
 that tokenizer, written once per test session. Without the package the tests that need it are skipped, and fail
 under ``CI=true``: a CI that cannot run them must not pass.
 """
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 routes, the weight version) with made-up tokens, so the client and the runs that use it can be tested without vLLM.
 Like vLLM with the file transport it reads the weights it is sent from the folder it was told at
 ``/init_weight_transfer_engine``, and refuses an update before it was told one."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,15 @@ class StandIn:
     request (``/pause?mode=keep``); ``weights``, the tensors of the last ``/update_weights`` as read from the file
     (aliases included, by name); ``weight_dir``, the folder it was told."""
 
-    def __init__(self, *, takes_updates: bool = True, delay: float = 0.0, key: str = "k",
-                 generations: int | None = None, model: dict | None = None):
+    def __init__(
+        self,
+        *,
+        takes_updates: bool = True,
+        delay: float = 0.0,
+        key: str = "k",
+        generations: int | None = None,
+        model: dict | None = None,
+    ):
         self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
         self.generations = generations  # answer this many generation calls, then go away (a server that died)
         self.queries: list[tuple[str, dict]] = []
@@ -99,12 +107,21 @@ class StandIn:
                     raise ConnectionAbortedError("gone")
             n, prompt = body["sampling_params"]["n"], body["token_ids"]
             # answer k of a prompt: k + 1 tokens; the last one sampled after a push to version 7
-            return {"choices": [{"index": k, "token_ids": [prompt[0] + k + j for j in range(k + 1)],
-                                 "finish_reason": "length" if k == n - 1 else "stop",
-                                 "logprobs": {"content": [{"logprob": -0.5 - j} for j in range(k + 1)]},
-                                 "weight_versions": [{"version": "3", "start": 0, "end": k},
-                                                     {"version": "7", "start": k, "end": k + 1}]}
-                                for k in reversed(range(n))]}  # out of order: the client sorts by index
+            return {
+                "choices": [
+                    {
+                        "index": k,
+                        "token_ids": [prompt[0] + k + j for j in range(k + 1)],
+                        "finish_reason": "length" if k == n - 1 else "stop",
+                        "logprobs": {"content": [{"logprob": -0.5 - j} for j in range(k + 1)]},
+                        "weight_versions": [
+                            {"version": "3", "start": 0, "end": k},
+                            {"version": "7", "start": k, "end": k + 1},
+                        ],
+                    }
+                    for k in reversed(range(n))
+                ]
+            }  # out of order: the client sorts by index
         return {}
 
     def read_weights(self, info: dict) -> dict:

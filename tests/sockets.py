@@ -3,6 +3,7 @@
 A TCP socket listens in state LISTEN; a UDP socket "listens" when it is bound and not connected (it takes datagrams
 from anyone). :attr:`Listening.loopback` tells those whose local address is 127.0.0.0/8, ::1 or ::ffff:127.x.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -36,7 +37,7 @@ def _address(hex_address: str) -> str:
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
     # /proc prints an IPv6 address as four 32-bit words, each in host (little-endian) order
-    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
 def listening_sockets() -> dict[int, Listening]:

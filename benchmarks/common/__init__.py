@@ -7,6 +7,7 @@
   TRL's worker imports it in ``benchmarks/.venv-trl``);
 * ``stats``: intervals for the accuracies of the learning benchmarks.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

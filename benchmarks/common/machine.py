@@ -3,6 +3,7 @@
 Standard library at import (the TRL worker imports it in ``benchmarks/.venv-trl``); heavier imports stay inside
 the functions that need them.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,9 +53,21 @@ def peak_rss_gib() -> float:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def malloc_gib() -> tuple[float, float]:

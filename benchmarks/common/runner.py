@@ -5,6 +5,7 @@
 with its folder, wall time, exit status, output and peak RSS. Before the first run it prints the CPU line
 (:func:`~benchmarks.common.machine.announce_machine`), so every launching benchmark names the CPU it measured on.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,9 +63,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_script(script: str, overrides: Sequence[str], *, run_dir: Path | None = None, log: Path | None = None,
-               timeout: float | None = None, threads: int | None = None, env: Mapping[str, str] | None = None,
-               check: bool = True) -> ScriptRun:
+def run_script(
+    script: str,
+    overrides: Sequence[str],
+    *,
+    run_dir: Path | None = None,
+    log: Path | None = None,
+    timeout: float | None = None,
+    threads: int | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> ScriptRun:
     """Run ``sota/<script>`` with the Hydra ``overrides`` and ``output_dir=<run_dir>`` (a new temporary folder when
     None; an existing one, with ``resume=auto``, resumes) and return what the run left.
 
@@ -77,11 +86,12 @@ def run_script(script: str, overrides: Sequence[str], *, run_dir: Path | None = 
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     cmd = [sys.executable, str(ROOT / "sota" / script), *overrides, f"output_dir={run_dir}"]
     timed_out = threading.Event()
-    with (open(log, "w") if log else tempfile.TemporaryFile("w+", errors="replace")) as out:
+    with open(log, "w") if log else tempfile.TemporaryFile("w+", errors="replace") as out:
         t0 = time.perf_counter()
         # A process group of its own, so that a timeout or an interrupt ends its workers with it.
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=script_env(threads, env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=script_env(threads, env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
         def kill_at_timeout() -> None:
             timed_out.set()
@@ -109,10 +119,13 @@ def run_script(script: str, overrides: Sequence[str], *, run_dir: Path | None = 
     if check and proc.returncode != 0:
         killed = f", killed after {timeout:g} s" if timed_out.is_set() else ""
         tail = "\n".join((Path(log).read_text(errors="replace") if log else output).splitlines()[-40:])
-        raise RuntimeError(f"{script} {' '.join(overrides)} failed (exit {proc.returncode}{killed}); the end of "
-                           f"{log or 'its output'}:\n{tail}")
-    return ScriptRun(read_jsonl(run_dir / "metrics.jsonl"), run_dir, seconds, proc.returncode, output,
-                     usage.ru_maxrss / 2**20)
+        raise RuntimeError(
+            f"{script} {' '.join(overrides)} failed (exit {proc.returncode}{killed}); the end of "
+            f"{log or 'its output'}:\n{tail}"
+        )
+    return ScriptRun(
+        read_jsonl(run_dir / "metrics.jsonl"), run_dir, seconds, proc.returncode, output, usage.ru_maxrss / 2**20
+    )
 
 
 def _kill_group(pid: int) -> None:

@@ -1,4 +1,5 @@
 """Intervals for the accuracies the learning benchmarks report."""
+
 from __future__ import annotations
 
 import math

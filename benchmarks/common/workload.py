@@ -4,6 +4,7 @@ This file is imported by the TRL worker too, which runs in ``benchmarks/.venv-tr
 dependencies: it uses the standard library only, and loads grpo_rl's GSM8K reward module (plain ``re`` and
 ``fractions``) straight from its file.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -20,6 +20,7 @@ the run and so lowers the steps done in the time), and writes them to ``--out`` 
 ``benchmarks/results/arithmetic_learning[_tools].json``). The work folder (run, logs) is removed unless ``--keep``
 or a phase failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,15 +70,32 @@ def base_model_folder(model_name: str, out: Path) -> Path:
 
 def evaluate(model_dir: Path, config_name: str, overrides: list[str], log_path: Path, what: str) -> dict:
     """``python -m grpo_rl.cli.evaluate`` on ``model_dir``; its ``eval_results.json`` plus the wall seconds."""
-    seconds = run_logged([sys.executable, "-m", "grpo_rl.rollout.evaluation", f"checkpoint={model_dir}",
-                          "--config-name", config_name, *overrides], log_path, what)
+    seconds = run_logged(
+        [
+            sys.executable,
+            "-m",
+            "grpo_rl.rollout.evaluation",
+            f"checkpoint={model_dir}",
+            "--config-name",
+            config_name,
+            *overrides,
+        ],
+        log_path,
+        what,
+    )
     result = json.loads((model_dir / "eval_results.json").read_text())
     n = int(result["eval/num_prompts"])
     correct = round(result["eval/accuracy"] * n)
-    return {"accuracy": result["eval/accuracy"], "correct": correct, "prompts": n, "wilson95": list(wilson(correct, n)),
-            "format_mean": result.get("eval/reward_format_mean"),
-            "response_tokens_mean": result["eval/response_length_mean"], "wall_seconds": seconds,
-            "eval_seconds": result["eval/seconds"]}
+    return {
+        "accuracy": result["eval/accuracy"],
+        "correct": correct,
+        "prompts": n,
+        "wilson95": list(wilson(correct, n)),
+        "format_mean": result.get("eval/reward_format_mean"),
+        "response_tokens_mean": result["eval/response_length_mean"],
+        "wall_seconds": seconds,
+        "eval_seconds": result["eval/seconds"],
+    }
 
 
 def main() -> None:
@@ -101,42 +119,70 @@ def main() -> None:
     cfg = compose(config_name, eval_overrides)
     if cfg.env.arithmetic.test_size < args.eval_prompts:
         eval_overrides.insert(1, f"env.arithmetic.test_size={args.eval_prompts}")
-    train_overrides = [f"train.max_time_minutes={args.minutes}", "train.steps=100000", "eval.every=0",
-                       "logger.backend=none", *eval_overrides]
+    train_overrides = [
+        f"train.max_time_minutes={args.minutes}",
+        "train.steps=100000",
+        "eval.every=0",
+        "logger.backend=none",
+        *eval_overrides,
+    ]
 
     work = Path(tempfile.mkdtemp(prefix="arithmetic-learning-"))
     started, load_start = time.time(), os.getloadavg()
-    print(f"config {config_name}, {args.minutes:g} min, {args.eval_prompts} held-out problems; work folder {work}",
-          flush=True)
+    print(
+        f"config {config_name}, {args.minutes:g} min, {args.eval_prompts} held-out problems; work folder {work}",
+        flush=True,
+    )
     finished = False
     try:
-        before = evaluate(base_model_folder(cfg.model.name, work / "base_model"), config_name, eval_overrides,
-                          work / "eval_before.log", "evaluate the base model")
+        before = evaluate(
+            base_model_folder(cfg.model.name, work / "base_model"),
+            config_name,
+            eval_overrides,
+            work / "eval_before.log",
+            "evaluate the base model",
+        )
         print(f"  before: accuracy {before['accuracy']:.3f}", flush=True)
         run_dir = work / "run"
-        print(f"[{time.strftime('%H:%M:%S')}] train for {args.minutes:g} min: sota/grpo.py --config-name {config_name} "
-              f"{' '.join(train_overrides)}", flush=True)
-        run = run_script("grpo.py", ["--config-name", config_name, *train_overrides], run_dir=run_dir,
-                         log=work / "train.log")
+        print(
+            f"[{time.strftime('%H:%M:%S')}] train for {args.minutes:g} min: sota/grpo.py --config-name {config_name} "
+            f"{' '.join(train_overrides)}",
+            flush=True,
+        )
+        run = run_script(
+            "grpo.py", ["--config-name", config_name, *train_overrides], run_dir=run_dir, log=work / "train.log"
+        )
         train_seconds, rows = run.seconds, run.rows
         steps = max((int(r["step"]) for r in rows), default=0)
         if not (run_dir / "final_model" / "config.json").exists():
-            sys.exit(f"the run finished no step in {args.minutes:g} min (engine start-up counts), so it exported no "
-                     f"final model; raise --minutes (log: {work / 'train.log'})")
+            sys.exit(
+                f"the run finished no step in {args.minutes:g} min (engine start-up counts), so it exported no "
+                f"final model; raise --minutes (log: {work / 'train.log'})"
+            )
         print(f"  trained {steps} steps in {train_seconds:.0f} s", flush=True)
-        after = evaluate(run_dir / "final_model", config_name, eval_overrides, work / "eval_after.log",
-                         "evaluate the final model")
+        after = evaluate(
+            run_dir / "final_model", config_name, eval_overrides, work / "eval_after.log", "evaluate the final model"
+        )
         load_end = os.getloadavg()
         reward_first = [r["reward_mean"] for r in rows[:5]]
         reward_last = [r["reward_mean"] for r in rows[-5:]]
         result = {
-            "config": config_name, "overrides": args.overrides, "minutes": args.minutes,
-            "eval_prompts": args.eval_prompts, "cpu": cpu_flags(), "cores": os.cpu_count(),
-            "loadavg_start": load_start, "loadavg_end": load_end, "steps": steps,
-            "train_wall_seconds": train_seconds, "total_wall_seconds": time.time() - started,
+            "config": config_name,
+            "overrides": args.overrides,
+            "minutes": args.minutes,
+            "eval_prompts": args.eval_prompts,
+            "cpu": cpu_flags(),
+            "cores": os.cpu_count(),
+            "loadavg_start": load_start,
+            "loadavg_end": load_end,
+            "steps": steps,
+            "train_wall_seconds": train_seconds,
+            "total_wall_seconds": time.time() - started,
             "reward_mean_first5": sum(reward_first) / max(1, len(reward_first)),
             "reward_mean_last5": sum(reward_last) / max(1, len(reward_last)),
-            "before": before, "after": after, "accuracy_gain": after["accuracy"] - before["accuracy"],
+            "before": before,
+            "after": after,
+            "accuracy_gain": after["accuracy"] - before["accuracy"],
         }
         finished = True
     finally:
@@ -150,14 +196,20 @@ def main() -> None:
     def line(name: str, r: dict) -> str:
         low, high = r["wilson95"]
         fmt = f"{r['format_mean']:.2f}" if r["format_mean"] is not None else "n/a"
-        return (f"| {name} | {r['correct']}/{r['prompts']} | {r['accuracy']:.3f} | {low:.3f}-{high:.3f} | {fmt} | "
-                f"{r['response_tokens_mean']:.0f} |")
+        return (
+            f"| {name} | {r['correct']}/{r['prompts']} | {r['accuracy']:.3f} | {low:.3f}-{high:.3f} | {fmt} | "
+            f"{r['response_tokens_mean']:.0f} |"
+        )
 
-    print(f"\nCPU: {result['cpu']}, {result['cores']} cores; load average start "
-          f"{' '.join(f'{x:.2f}' for x in load_start)}, end {' '.join(f'{x:.2f}' for x in load_end)}")
-    print(f"{config_name}: {steps} steps in {train_seconds / 60:.1f} min of training "
-          f"(limit {args.minutes:g} min), {result['total_wall_seconds'] / 60:.1f} min in all; train reward_mean "
-          f"{result['reward_mean_first5']:.3f} (first 5 steps) -> {result['reward_mean_last5']:.3f} (last 5)")
+    print(
+        f"\nCPU: {result['cpu']}, {result['cores']} cores; load average start "
+        f"{' '.join(f'{x:.2f}' for x in load_start)}, end {' '.join(f'{x:.2f}' for x in load_end)}"
+    )
+    print(
+        f"{config_name}: {steps} steps in {train_seconds / 60:.1f} min of training "
+        f"(limit {args.minutes:g} min), {result['total_wall_seconds'] / 60:.1f} min in all; train reward_mean "
+        f"{result['reward_mean_first5']:.3f} (first 5 steps) -> {result['reward_mean_last5']:.3f} (last 5)"
+    )
     print("| model | solved | greedy accuracy | 95% Wilson | format reward | answer tokens |")
     print("|---|---|---|---|---|---|")
     print(line("base", before))

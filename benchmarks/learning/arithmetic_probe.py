@@ -16,6 +16,7 @@ group sees). Per spec it prints greedy accuracy with a 95% Wilson interval, the 
 length, the fraction cut at the token limit and one answer; the table names the CPU
 (``grpo_rl.model.precision.cpu_flags``) and the load average. Writes ``benchmarks/results/arithmetic_probe.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,14 +58,16 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from grpo_rl.api import compose
-    from grpo_rl.run.preflight import validate
-    from grpo_rl.rollout.evaluation import make_evaluator
     from grpo_rl.engines.build import make_engine
-    from grpo_rl.run.setup import make_run
     from grpo_rl.model.precision import cpu_flags
+    from grpo_rl.rollout.evaluation import make_evaluator
+    from grpo_rl.run.preflight import validate
+    from grpo_rl.run.setup import make_run
 
-    cfg = compose(args.config_name, [f"eval.num_prompts={args.prompts}", "eval.pass_k=0", "eval.every=1",
-                                     "logger.backend=none", *args.overrides])
+    cfg = compose(
+        args.config_name,
+        [f"eval.num_prompts={args.prompts}", "eval.pass_k=0", "eval.every=1", "logger.backend=none", *args.overrides],
+    )
     cfg.env.arithmetic.test_size = args.prompts  # the first problems of the test split are the same at any size
     specs = [parse_spec(s) for s in args.specs]
     for spec in specs:  # every spec must fit its sizes before the engine starts
@@ -78,7 +81,7 @@ def main() -> None:
         engine = make_engine(run)
         engine_seconds = time.perf_counter() - t0
         try:
-            for text, spec in zip(args.specs, specs):
+            for text, spec in zip(args.specs, specs, strict=True):
                 case = copy.deepcopy(run.cfg)  # the run's config is read-only: each spec evaluates a copy
                 OmegaConf.set_readonly(case, False)
                 case.env.arithmetic.update(spec)
@@ -88,43 +91,71 @@ def main() -> None:
                 correct = round(m["eval/accuracy"] * n)
                 low, high = wilson(correct, n)
                 example = evaluator.last_answers[0]
-                rows.append({"spec": text, **spec, "prompts": n, "accuracy": m["eval/accuracy"],
-                             "wilson95": [low, high], "format_mean": m.get("eval/reward_format_mean"),
-                             "response_tokens_mean": m["eval/response_length_mean"],
-                             "truncated_fraction": m["eval/truncated_fraction"], "seconds": m["eval/seconds"],
-                             **{k[5:]: v for k, v in m.items() if k.startswith(("eval/pass@", "eval/sample_"))},
-                             "example": {"question": example["prompt"].rsplit("<|im_start|>user\n", 1)[-1]
-                                         .split("<|im_end|>")[0], "response": example["response"],
-                                         "solved": example["solved"]}})
-                print(f"{text:<14} acc {m['eval/accuracy']:.3f} [{low:.3f}, {high:.3f}]  format "
-                      f"{m.get('eval/reward_format_mean', float('nan')):.2f}  tokens "
-                      f"{m['eval/response_length_mean']:.0f}  truncated {m['eval/truncated_fraction']:.2f}  "
-                      f"{m['eval/seconds']:.0f} s"
-                      + "".join(f"  {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@",
-                                                                                              "eval/sample_"))),
-                      flush=True)
+                rows.append(
+                    {
+                        "spec": text,
+                        **spec,
+                        "prompts": n,
+                        "accuracy": m["eval/accuracy"],
+                        "wilson95": [low, high],
+                        "format_mean": m.get("eval/reward_format_mean"),
+                        "response_tokens_mean": m["eval/response_length_mean"],
+                        "truncated_fraction": m["eval/truncated_fraction"],
+                        "seconds": m["eval/seconds"],
+                        **{k[5:]: v for k, v in m.items() if k.startswith(("eval/pass@", "eval/sample_"))},
+                        "example": {
+                            "question": example["prompt"].rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>")[0],
+                            "response": example["response"],
+                            "solved": example["solved"],
+                        },
+                    }
+                )
+                print(
+                    f"{text:<14} acc {m['eval/accuracy']:.3f} [{low:.3f}, {high:.3f}]  format "
+                    f"{m.get('eval/reward_format_mean', float('nan')):.2f}  tokens "
+                    f"{m['eval/response_length_mean']:.0f}  truncated {m['eval/truncated_fraction']:.2f}  "
+                    f"{m['eval/seconds']:.0f} s"
+                    + "".join(
+                        f"  {k[5:]} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/sample_"))
+                    ),
+                    flush=True,
+                )
         finally:
             engine.shutdown()
-    result = {"config": args.config_name, "overrides": args.overrides, "model": cfg.model.name,
-              "engine": cfg.inference_model.engine, "precision": run.precision.inference.dtype,
-              "max_new_tokens": cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
-              "cpu": cpu_flags(), "cores": os.cpu_count(), "loadavg": os.getloadavg(),
-              "engine_start_seconds": engine_seconds, "rows": rows}
+    result = {
+        "config": args.config_name,
+        "overrides": args.overrides,
+        "model": cfg.model.name,
+        "engine": cfg.inference_model.engine,
+        "precision": run.precision.inference.dtype,
+        "max_new_tokens": cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
+        "cpu": cpu_flags(),
+        "cores": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "engine_start_seconds": engine_seconds,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"\nCPU: {result['cpu']}, {result['cores']} cores, load average "
-          f"{' '.join(f'{x:.2f}' for x in result['loadavg'])}; engine {result['engine']} ({result['precision']}), "
-          f"greedy, max_new_tokens {result['max_new_tokens']}, config {args.config_name}")
+    print(
+        f"\nCPU: {result['cpu']}, {result['cores']} cores, load average "
+        f"{' '.join(f'{x:.2f}' for x in result['loadavg'])}; engine {result['engine']} ({result['precision']}), "
+        f"greedy, max_new_tokens {result['max_new_tokens']}, config {args.config_name}"
+    )
     print("| spec | problems | greedy accuracy | 95% Wilson | format reward | answer tokens | truncated | s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['spec']} | {r['prompts']} | {r['accuracy']:.3f} | {r['wilson95'][0]:.3f}-{r['wilson95'][1]:.3f} "
-              f"| {r['format_mean'] if r['format_mean'] is not None else float('nan'):.2f} | "
-              f"{r['response_tokens_mean']:.0f} | {r['truncated_fraction']:.2f} | {r['seconds']:.0f} |")
+        print(
+            f"| {r['spec']} | {r['prompts']} | {r['accuracy']:.3f} | {r['wilson95'][0]:.3f}-{r['wilson95'][1]:.3f} "
+            f"| {r['format_mean'] if r['format_mean'] is not None else float('nan'):.2f} | "
+            f"{r['response_tokens_mean']:.0f} | {r['truncated_fraction']:.2f} | {r['seconds']:.0f} |"
+        )
     for r in rows:
-        print(f"\n[{r['spec']}] {r['example']['question']!r} -> {r['example']['response']!r} "
-              f"({'solved' if r['example']['solved'] else 'wrong'})")
+        print(
+            f"\n[{r['spec']}] {r['example']['question']!r} -> {r['example']['response']!r} "
+            f"({'solved' if r['example']['solved'] else 'wrong'})"
+        )
     print(f"\nwrote {args.out}")
 
 

@@ -8,9 +8,9 @@ gmpo and grpo with IcePop's engine band mask; and of the ``lowmem`` preset again
 Each arm is ``sota/grpo.py`` on the embedded default (config/grpo_gsm8k.yaml: 4 prompts x 8 answers per step, the
 same seed, so the same prompt stream and sampling seeds) with only the objective changed, run one after the other
 in a subprocess. Reported per arm: mean reward of the first 5 and of the last 10 steps, the mean reward over all
-steps, wall time (model loading included), seconds per step and the run's peak RSS (``ru_maxrss`` of its process). With dynamic sampling a step may draw several
-batches of prompts (``sampling_rounds``), so that arm sees more prompts and takes longer per step; its
-``reward_mean`` is over every answer it sampled, like the others'.
+steps, wall time (model loading included), seconds per step and the run's peak RSS (``ru_maxrss`` of its process). With
+dynamic sampling a step may draw several batches of prompts (``sampling_rounds``), so that arm sees more prompts and
+takes longer per step; its ``reward_mean`` is over every answer it sampled, like the others'.
 
 The arms:
 
@@ -33,6 +33,7 @@ are noisy: differences of a few hundredths are not evidence.
 
 Prints the CPU, its flags and the load average before each arm, a table, and writes JSON. Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,11 @@ ARMS = {
     "cispo": ["policy.loss_type=cispo"],
     "sapo": ["policy.loss_type=sapo"],
     "gmpo": ["policy.loss_type=gmpo"],
-    "icepop": ["policy.engine_correction=token_band_mask", "policy.engine_correction_min=0.5",
-               "policy.engine_correction_max=5.0"],
+    "icepop": [
+        "policy.engine_correction=token_band_mask",
+        "policy.engine_correction_min=0.5",
+        "policy.engine_correction_max=5.0",
+    ],
     "lowmem": ["+preset=lowmem"],
 }
 
@@ -69,10 +73,17 @@ def run_arm(name: str, overrides: list[str], run_dir: Path, timeout: float) -> d
     rewards = [r["reward_mean"] for r in steps]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     out = {
-        "arm": name, "overrides": overrides, "steps": len(steps), "wall_seconds": run.seconds,
+        "arm": name,
+        "overrides": overrides,
+        "steps": len(steps),
+        "wall_seconds": run.seconds,
         "seconds_per_step": mean([r["step_seconds"] for r in steps]),
-        "reward_first5": mean(rewards[:5]), "reward_last10": mean(rewards[-10:]), "reward_all": mean(rewards),
-        "rewards": rewards, "load_before": load, "peak_rss_gib": run.peak_rss_gib,
+        "reward_first5": mean(rewards[:5]),
+        "reward_last10": mean(rewards[-10:]),
+        "reward_all": mean(rewards),
+        "rewards": rewards,
+        "load_before": load,
+        "peak_rss_gib": run.peak_rss_gib,
     }
     if any("sampling_rounds" in r for r in steps):
         out["sampling_rounds_mean"] = mean([r["sampling_rounds"] for r in steps])
@@ -94,26 +105,42 @@ def main() -> None:
 
     announce_machine()
     base = args.out_dir or Path(f"/tmp/objectives_curve_{int(time.time())}")
-    common = [f"train.steps={args.steps}", "train.max_time_minutes=null", "logger.backend=none", "eval.every=0",
-              *args.overrides]
+    common = [
+        f"train.steps={args.steps}",
+        "train.max_time_minutes=null",
+        "logger.backend=none",
+        "eval.every=0",
+        *args.overrides,
+    ]
     results = []
     for name in args.arms.split(","):
         print(f"{name}: load average {os.getloadavg()[0]:.2f} before the run", flush=True)
         r = run_arm(name, [*common, *ARMS[name]], base / name, args.timeout)
         results.append(r)
-        print(f"{name}: {r['steps']} steps in {r['wall_seconds'] / 60:.1f} min, reward first 5 {r['reward_first5']:.3f}"
-              f" -> last 10 {r['reward_last10']:.3f}, peak RSS {r['peak_rss_gib']:.2f} GiB", flush=True)
+        print(
+            f"{name}: {r['steps']} steps in {r['wall_seconds'] / 60:.1f} min, reward first 5 {r['reward_first5']:.3f}"
+            f" -> last 10 {r['reward_last10']:.3f}, peak RSS {r['peak_rss_gib']:.2f} GiB",
+            flush=True,
+        )
 
-    print("\n| arm | steps | reward, first 5 steps | reward, last 10 steps | all steps | wall time | s/step | peak RSS |")
+    print(
+        "\n| arm | steps | reward, first 5 steps | reward, last 10 steps | all steps | wall time | s/step | peak RSS |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         extra = f" ({r['sampling_rounds_mean']:.2f} batches/step)" if "sampling_rounds_mean" in r else ""
-        print(f"| {r['arm']}{extra} | {r['steps']} | {r['reward_first5']:.3f} | {r['reward_last10']:.3f} | "
-              f"{r['reward_all']:.3f} | {r['wall_seconds'] / 60:.1f} min | {r['seconds_per_step']:.1f} | "
-              f"{r['peak_rss_gib']:.2f} GiB |")
+        print(
+            f"| {r['arm']}{extra} | {r['steps']} | {r['reward_first5']:.3f} | {r['reward_last10']:.3f} | "
+            f"{r['reward_all']:.3f} | {r['wall_seconds'] / 60:.1f} min | {r['seconds_per_step']:.1f} | "
+            f"{r['peak_rss_gib']:.2f} GiB |"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"cpu": cpu_flags(), "cores": os.cpu_count(), "steps": args.steps,
-                                     "overrides": common, "arms": results}, indent=2))
+    args.json.write_text(
+        json.dumps(
+            {"cpu": cpu_flags(), "cores": os.cpu_count(), "steps": args.steps, "overrides": common, "arms": results},
+            indent=2,
+        )
+    )
     print(f"\nwrote {args.json}")
 
 

@@ -12,6 +12,7 @@ model (SmolLM2-135M in fp32 with an AdamW state: 1.6 GB) saved by the Checkpoint
 the two arms alternated. Each figure is the best of ``--repeats``. The ``OPENSSL_ia32cap`` line hides the CPU's SHA
 extensions from OpenSSL, for the cost on a CPU without them. Writes ``benchmarks/results/checkpoint_manifest.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,12 +104,19 @@ def main() -> None:
     for name, seconds in rows:
         print(f"{name:36} {seconds:8.3f} {args.mb / seconds:8.0f} {seconds / write_s:12.0%}")
     saves = checkpoint_saves(args.repeats)
-    print(f"checkpoint of SmolLM2-135M with its AdamW state ({saves['gb']:.2f} GB): save without the manifest "
-          f"{saves['without']:.2f} s, with it {saves['with']:.2f} s (+{saves['with'] / saves['without'] - 1:.0%})")
+    print(
+        f"checkpoint of SmolLM2-135M with its AdamW state ({saves['gb']:.2f} GB): save without the manifest "
+        f"{saves['without']:.2f} s, with it {saves['with']:.2f} s (+{saves['with'] / saves['without'] - 1:.0%})"
+    )
     out = RESULTS / "checkpoint_manifest.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"mb": args.mb, "machine": machine(), "openssl_ia32cap": os.environ.get("OPENSSL_ia32cap"),
-              "seconds": dict(rows), "checkpoint_save": saves}
+    result = {
+        "mb": args.mb,
+        "machine": machine(),
+        "openssl_ia32cap": os.environ.get("OPENSSL_ia32cap"),
+        "seconds": dict(rows),
+        "checkpoint_save": saves,
+    }
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 

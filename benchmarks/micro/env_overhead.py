@@ -18,6 +18,7 @@ variants alternate call by call, so a change in the machine's load hits them ali
 the paired differences are printed. Prompts come from a stand-in tokenizer (characters as tokens); building the
 environment is not timed. Asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,15 +49,23 @@ class CharTokenizer:
 
 
 def exact(responses, references, **_):
-    return [float(r.strip() == ref) for r, ref in zip(responses, references)]
+    return [float(r.strip() == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def make_env(num_prompts: int) -> PromptEnv:
-    records = [{"question": f"Tom has {i} apples and buys {i} more. How many apples does he have now?",
-                "answer": str(2 * i)} for i in range(256)]
-    return PromptEnv(records, CharTokenizer(), CompositeReward([RewardComponent("correct", exact)]),
-                     format_messages=lambda row: [{"role": "user", "content": row["question"]}],
-                     reference_of=lambda row: row["answer"], prompts_per_step=num_prompts, max_prompt_tokens=4096)
+    records = [
+        {"question": f"Tom has {i} apples and buys {i} more. How many apples does he have now?", "answer": str(2 * i)}
+        for i in range(256)
+    ]
+    return PromptEnv(
+        records,
+        CharTokenizer(),
+        CompositeReward([RewardComponent("correct", exact)]),
+        format_messages=lambda row: [{"role": "user", "content": row["question"]}],
+        reference_of=lambda row: row["answer"],
+        prompts_per_step=num_prompts,
+        max_prompt_tokens=4096,
+    )
 
 
 def gather(prompts: TensorDict, group_size: int) -> TensorDict:
@@ -72,17 +81,24 @@ def gather(prompts: TensorDict, group_size: int) -> TensorDict:
 def plain_step(env: PromptEnv, answers: NonTensorStack, group_size: int) -> dict[str, torch.Tensor]:
     """The pre-torchrl ``reset`` + ``step``: ``[P]`` prompts, then the answers scored as the flat batch."""
     rows = env._next_rows()
-    prompts = TensorDict({"prompt": NonTensorStack(*[r[1] for r in rows]),
-                          "prompt_tokens": NonTensorStack(*[r[2] for r in rows]),
-                          "reference": NonTensorStack(*[r[3] for r in rows]),
-                          "extra": NonTensorStack(*[r[4] for r in rows]),
-                          "prompt_index": torch.tensor([r[0] for r in rows]),
-                          "done": torch.zeros(len(rows), 1, dtype=torch.bool)}, batch_size=[len(rows)])
+    prompts = TensorDict(
+        {
+            "prompt": NonTensorStack(*[r[1] for r in rows]),
+            "prompt_tokens": NonTensorStack(*[r[2] for r in rows]),
+            "reference": NonTensorStack(*[r[3] for r in rows]),
+            "extra": NonTensorStack(*[r[4] for r in rows]),
+            "prompt_index": torch.tensor([r[0] for r in rows]),
+            "done": torch.zeros(len(rows), 1, dtype=torch.bool),
+        },
+        batch_size=[len(rows)],
+    )
     batch = gather(prompts, group_size)
     batch.set("response_text", answers)
     result = env.reward(list(batch["response_text"]), list(batch["reference"]))
-    nxt = TensorDict({"reward": result.total.unsqueeze(-1), "done": torch.ones(len(answers), 1, dtype=torch.bool)},
-                     batch_size=batch.batch_size)
+    nxt = TensorDict(
+        {"reward": result.total.unsqueeze(-1), "done": torch.ones(len(answers), 1, dtype=torch.bool)},
+        batch_size=batch.batch_size,
+    )
     for name, vals in result.components.items():
         nxt.set(f"reward_{name}", vals.unsqueeze(-1))
     batch.set("next", nxt)
@@ -127,12 +143,14 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for i in range(args.calls):
-        for name in names[i % 3:] + names[:i % 3]:  # rotate the order: each variant runs first, second and third
+        for name in names[i % 3 :] + names[: i % 3]:  # rotate the order: each variant runs first, second and third
             t0 = time.perf_counter()
             variants[name](envs[name], answers, g)
             times[name].append((time.perf_counter() - t0) * 1e6)
-    print(f"CPU: {cpu_flags()}; torch threads {torch.get_num_threads()}; {os.cpu_count()} cores; "
-          f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(
+        f"CPU: {cpu_flags()}; torch threads {torch.get_num_threads()}; {os.cpu_count()} cores; "
+        f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
     print(f"reset + step of {p} prompts x {g} answers, exact-match reward; {args.calls} calls each, interleaved")
     med = {name: statistics.median(v) for name, v in times.items()}
     for name, v in times.items():
@@ -140,10 +158,12 @@ def main() -> None:
         print(f"  {name:8s} median {med[name]:9.1f} us/call   (10th-90th percentile {q[0]:.1f} .. {q[-1]:.1f})")
 
     def paired(a: str, b: str) -> float:
-        return statistics.median(x - y for x, y in zip(times[a], times[b]))
+        return statistics.median(x - y for x, y in zip(times[a], times[b], strict=True))
 
-    print(f"  EnvBase's own cost, median of paired differences (envbase - private): "
-          f"{paired('envbase', 'private'):+.1f} us")
+    print(
+        f"  EnvBase's own cost, median of paired differences (envbase - private): "
+        f"{paired('envbase', 'private'):+.1f} us"
+    )
     print(f"  change to the training path (envbase - plain): {paired('envbase', 'plain'):+.1f} us")
 
 

@@ -23,6 +23,7 @@ Two lower bounds come from this work and the rates of :func:`matmul_rates`:
   floor is still a lower bound for autoregressive decoding: sequences that end early leave fewer rows, which is
   slower still, and attention at decode is counted at the same rate though it runs at one query row.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,13 @@ class StepFlops:
     sequences: float = 0.0  # answers sampled together: the rows of a decoding step's matmuls
 
     @staticmethod
-    def mean(items: list["StepFlops"]) -> "StepFlops":
+    def mean(items: list[StepFlops]) -> StepFlops:
         n = max(1, len(items))
-        return StepFlops(*(sum(values) / n for values in zip(*map(astuple, items)))) if items else StepFlops(
-            *(0.0 for _ in fields(StepFlops)))
+        return (
+            StepFlops(*(sum(values) / n for values in zip(*map(astuple, items), strict=True)))
+            if items
+            else StepFlops(*(0.0 for _ in fields(StepFlops)))
+        )
 
 
 def _dims(cfg: dict) -> tuple[int, int, int, int, int]:
@@ -71,21 +75,25 @@ def step_flops(cfg: dict, groups: list[list[int]]) -> StepFlops:
         answer_pairs = sum(a * p + a * (a + 1) / 2 for a in answers)
         # decoding: every sampled token after the first is fed back once (the last one needs no pass)
         fed = sum(max(0, a - 1) for a in answers)
-        step = fed * (per_token + per_head) + sum(sum(p + t + 1 for t in range(max(0, a - 1))) for a in answers) * per_pair
+        step = (
+            fed * (per_token + per_head) + sum(sum(p + t + 1 for t in range(max(0, a - 1))) for a in answers) * per_pair
+        )
         gen += step
         decode += step
         fwd += (p + n) * per_token + (prompt_pairs + answer_pairs) * per_pair + n * per_head
         tokens += p + n
-    return StepFlops(generation=gen, reference=fwd, training=3 * fwd, tokens=tokens, decode=decode,
-                     sequences=sequences)
+    return StepFlops(generation=gen, reference=fwd, training=3 * fwd, tokens=tokens, decode=decode, sequences=sequences)
 
 
 def bounds(flops: StepFlops, rates: dict, engine: str, train: str) -> dict:
     """The bound and the floor (module docstring), in seconds per phase; ``engine`` and ``train`` name the
     precision of generation and of the learner and reference, ``fp32`` or ``bf16``."""
     prefill = flops.generation - flops.decode
-    bound = {"generation_s": flops.generation / rates[engine], "reference_s": flops.reference / rates[train],
-             "training_s": flops.training / rates[train]}
+    bound = {
+        "generation_s": flops.generation / rates[engine],
+        "reference_s": flops.reference / rates[train],
+        "training_s": flops.training / rates[train],
+    }
     decode_rate = rates.get(f"{engine}_decode", rates[engine])
     floor = dict(bound, generation_s=prefill / rates[engine] + flops.decode / decode_rate)
     return {"bound": bound, "floor": floor}
@@ -124,6 +132,7 @@ def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, d
             def large(pairs=pairs):  # bound as defaults (here and below): the names are deleted after timing
                 for a, b in pairs:
                     a @ b
+
             rates[name] = work / _time_best(large, repeats)
             del pairs
             if decode_rows:
@@ -135,6 +144,7 @@ def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, d
                 def decode_step(weights=weights, inputs=inputs):
                     for w in weights:
                         F.linear(inputs[w.shape[1]], w)
+
                 seconds = _time_best(decode_step, repeats)
                 rates[f"{name}_decode"] = sum(2 * decode_rows * w.numel() for w in weights) / seconds
                 rates["decode_rows"] = decode_rows
@@ -151,12 +161,27 @@ def best_rates(cfg: dict, threads: int, decode_rows: int | None = None) -> dict:
     decoding step's small matmuls (2-core AMD EPYC: fp32 40-43 against 55-58 GFLOP/s); a lower bound must not
     carry that choice."""
     here = matmul_rates(cfg, threads, decode_rows=decode_rows)
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from flops import matmul_rates; "
-            "print(json.dumps(matmul_rates(json.loads(sys.argv[2]), int(sys.argv[3]), "
-            "decode_rows=json.loads(sys.argv[4]))))")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from flops import matmul_rates; "
+        "print(json.dumps(matmul_rates(json.loads(sys.argv[2]), int(sys.argv[3]), "
+        "decode_rows=json.loads(sys.argv[4]))))"
+    )
     env = dict(os.environ, OMP_WAIT_POLICY="ACTIVE")
     env.pop("GOMP_SPINCOUNT", None)
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), json.dumps(cfg),
-                          str(threads), json.dumps(decode_rows)], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(Path(__file__).resolve().parent),
+            json.dumps(cfg),
+            str(threads),
+            json.dumps(decode_rows),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     spinning = json.loads(out.stdout.strip().splitlines()[-1])
     return {k: v if k in ("threads", "decode_rows") else max(v, spinning[k]) for k, v in here.items()}

@@ -12,6 +12,7 @@ prints the engine's seconds per call in bf16 and fp32 with a ``torch.profiler`` 
 the median of 5 ``train_step`` calls in fp32 and under bf16 autocast, with and without shared-prompt packing,
 with a profile and the kernel-launch count of each packed one. Needs CUDA; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,15 @@ def generate(path: str, dev: torch.device) -> None:
         torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=LR,
-                           min_new_tokens=LR, pad_token_id=2, **kw)
+            model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=LR,
+                min_new_tokens=LR,
+                pad_token_id=2,
+                **kw,
+            )
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
@@ -82,10 +90,10 @@ def generate(path: str, dev: torch.device) -> None:
 def profile(path: str, dev: torch.device) -> None:
     from torch.profiler import ProfilerActivity
 
-    from grpo_rl.training.learner import Learner, LossSettings
-    from grpo_rl.model.loading import load_causal_lm
     from grpo_rl.engines.base import SamplingSpec
     from grpo_rl.engines.transformers_engine import TransformersEngine
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.training.learner import Learner, LossSettings
 
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     spec = SamplingSpec(max_new_tokens=LR, temperature=1.0, seed=1)
@@ -94,13 +102,23 @@ def profile(path: str, dev: torch.device) -> None:
         eng = TransformersEngine(path, dev, dtype=dtype)
         # The timed lambdas take eng (and learner below) as defaults: each turn of the loop deletes them at its end.
         t = timed(lambda eng=eng: eng.generate(prompts(), N, spec), reps=2)
-        print(f"engine generate {dtype}: {t:.2f} s for {P * N}x{LR} tokens ({t / LR * 1000:.1f} ms a decoding step)",
-              flush=True)
+        print(
+            f"engine generate {dtype}: {t:.2f} s for {P * N}x{LR} tokens ({t / LR * 1000:.1f} ms a decoding step)",
+            flush=True,
+        )
         batch = batch if batch is not None else eng.generate(prompts(), N, spec)
         ids = torch.tensor(prompts(), device=dev).repeat_interleave(N, 0)
-        t = timed(lambda eng=eng: eng.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                                     do_sample=True, max_new_tokens=LR, min_new_tokens=LR,
-                                                     pad_token_id=2), reps=2)
+        t = timed(
+            lambda eng=eng, ids=ids: eng.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=LR,
+                min_new_tokens=LR,
+                pad_token_id=2,
+            ),
+            reps=2,
+        )
         print(f"  bare HF generate {dtype}: {t:.2f} s", flush=True)
         with torch.profiler.profile(activities=activities) as prof:
             eng.generate(prompts(), N, SamplingSpec(max_new_tokens=16, temperature=1.0, seed=1))
@@ -115,8 +133,15 @@ def profile(path: str, dev: torch.device) -> None:
     for bf16 in (False, True):
         for share in (True, False):
             model = load_causal_lm(path, dev, "float32", trainable=True)
-            learner = Learner(model, dev, LossSettings(kl_coef=0.01), lr=1e-6, micro_batch_tokens=4096,
-                              bf16_autocast=bf16, share_prompt=share)
+            learner = Learner(
+                model,
+                dev,
+                LossSettings(kl_coef=0.01),
+                lr=1e-6,
+                micro_batch_tokens=4096,
+                bf16_autocast=bf16,
+                share_prompt=share,
+            )
             t = timed(lambda learner=learner: learner.train_step(batch.clone().to(dev)))
             print(f"train_step bf16={bf16} share_prompt={share}: {t * 1000:.0f} ms", flush=True)
             if share:
@@ -143,8 +168,9 @@ def main() -> None:
 
     path = resolve_model(args.model)
     path = random_weights(path) if args.random_weights else path
-    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}; load average {os.getloadavg()}",
-          flush=True)
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}; load average {os.getloadavg()}", flush=True
+    )
     {"generate": generate, "profile": profile}[args.what](path, torch.device("cuda", 0))
 
 

@@ -14,6 +14,7 @@ Shape (the old default step, or set with ``--groups/--group-size/--prompt/--answ
 2 threads. ``--groups 4 --group-size 4 --prompt 240 --answer 64`` is the TRL-comparison step. Prints seconds;
 asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,22 @@ def _packed_step():
     """The real model, and one bf16 packed training forward + backward over a random batch of the set shape."""
     from tensordict import TensorDict
 
-    from grpo_rl.model.logprobs import packed_sequence_logprobs
     from grpo_rl.model.loading import load_causal_lm, resolve_model
+    from grpo_rl.model.logprobs import packed_sequence_logprobs
 
     model = load_causal_lm(resolve_model("embedded:smollm2-135m-instruct"), torch.device("cpu"))
     b = GROUPS * G
     prompt = torch.randint(100, 40000, (GROUPS, PROMPT)).repeat_interleave(G, 0)
-    batch = TensorDict({"prompt_ids": prompt, "prompt_mask": torch.ones(b, PROMPT, dtype=torch.long),
-                        "response_ids": torch.randint(100, 40000, (b, ANSWER)),
-                        "response_mask": torch.ones(b, ANSWER, dtype=torch.long),
-                        "group_id": torch.arange(GROUPS).repeat_interleave(G)}, [b])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt,
+            "prompt_mask": torch.ones(b, PROMPT, dtype=torch.long),
+            "response_ids": torch.randint(100, 40000, (b, ANSWER)),
+            "response_mask": torch.ones(b, ANSWER, dtype=torch.long),
+            "group_id": torch.arange(GROUPS).repeat_interleave(G),
+        },
+        [b],
+    )
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
@@ -99,7 +106,7 @@ def lm_head() -> None:
     print(f"{tokens} tokens, fwd + bwd")
     print(f"plain           {timed(plain):.2f} s")
     for chunk in (128, (1 << 24) // VOCAB, 1024):
-        print(f"chunk {chunk:5d}     {timed(lambda: chunked(chunk)):.2f} s")
+        print(f"chunk {chunk:5d}     {timed(lambda chunk=chunk: chunked(chunk)):.2f} s")
 
 
 def truncation() -> None:
@@ -141,8 +148,10 @@ def truncation() -> None:
                 logprob = ChunkedTokenLogprob.apply(hidden, weight, targets, 1.0, True, chunk)[0]
         logprob.sum().backward()
 
-    print(f"{tokens} tokens of GSM8K text, vocabulary {vocab}, chunks of {chunk}; fwd + bwd, seconds "
-          f"(median of {ROUNDS} rounds, the cases alternated within each)")
+    print(
+        f"{tokens} tokens of GSM8K text, vocabulary {vocab}, chunks of {chunk}; fwd + bwd, seconds "
+        f"(median of {ROUNDS} rounds, the cases alternated within each)"
+    )
     cases = [("none", 1.0, 0), ("top_k=50", 1.0, 50), ("top_p=0.9", 0.9, 0), ("top_p=0.9 top_k=50", 0.9, 50)]
     arms = [(bf16, *case) for bf16 in (False, True) for case in cases]
     for arm in arms:
@@ -161,18 +170,24 @@ def truncation() -> None:
         z = (hidden[:chunk] @ weight.t()).float()
     kept = (z >= truncation_threshold(z, 0.9, 0).unsqueeze(-1)).sum(-1)
     small, large = TOP_P_CANDIDATES
-    print(f"top_p=0.9 keeps {kept.float().median():.0f} tokens (median), {int(kept.max())} at most; rows beyond "
-          f"{small} candidates {float((kept >= small).float().mean()):.1%}, beyond {large} "
-          f"{float((kept >= large).float().mean()):.1%}")
+    print(
+        f"top_p=0.9 keeps {kept.float().median():.0f} tokens (median), {int(kept.max())} at most; rows beyond "
+        f"{small} candidates {float((kept >= small).float().mean()):.1%}, beyond {large} "
+        f"{float((kept >= large).float().mean()):.1%}"
+    )
     flat = torch.randn(chunk, vocab, generator=torch.Generator().manual_seed(0))
     for label, logits in (("GSM8K", z), ("flat", flat)):
         for name, top_p, top_k in cases[1:]:
-            t = timed(lambda: truncation_threshold(logits, top_p, top_k), 5)
-            print(f"kept set only, {label:5s} {name:20s} {t * 1e3:7.1f} ms per chunk of {chunk} "
-                  f"({t * tokens / chunk:.2f} s per {tokens} tokens)")
+            t = timed(lambda logits=logits, top_p=top_p, top_k=top_k: truncation_threshold(logits, top_p, top_k), 5)
+            print(
+                f"kept set only, {label:5s} {name:20s} {t * 1e3:7.1f} ms per chunk of {chunk} "
+                f"({t * tokens / chunk:.2f} s per {tokens} tokens)"
+            )
     full = timed(lambda: z.sort(dim=-1), 3)
-    print(f"a full sort of a chunk, for comparison: {full * 1e3:.1f} ms "
-          f"({full * tokens / chunk:.2f} s per {tokens} tokens)")
+    print(
+        f"a full sort of a chunk, for comparison: {full * 1e3:.1f} ms "
+        f"({full * tokens / chunk:.2f} s per {tokens} tokens)"
+    )
 
 
 def attention() -> None:
@@ -197,11 +212,13 @@ def attention() -> None:
         F.scaled_dot_product_attention(qp, kp, kp, is_causal=True).sum().backward()
         F.scaled_dot_product_attention(qa, ka, ka, attn_mask=answer_mask).sum().backward()
 
-    print(f"fwd + bwd over {LAYERS} layers: dense {timed(dense, 3) * LAYERS:.2f} s, "
-          f"split {timed(split, 3) * LAYERS:.2f} s")
+    print(
+        f"fwd + bwd over {LAYERS} layers: dense {timed(dense, 3) * LAYERS:.2f} s, "
+        f"split {timed(split, 3) * LAYERS:.2f} s"
+    )
     for dtype in (torch.bfloat16, torch.float32):  # the kernel's own speed: plain causal attention, no mask
         qc = torch.randn(GROUPS, HEADS, s, HEAD_DIM, dtype=dtype, requires_grad=True)
-        causal = timed(lambda: F.scaled_dot_product_attention(qc, qc, qc, is_causal=True).sum().backward(), 3)
+        causal = timed(lambda qc=qc: F.scaled_dot_product_attention(qc, qc, qc, is_causal=True).sum().backward(), 3)
         print(f"plain causal, {str(dtype).removeprefix('torch.')}: {causal * LAYERS:.2f} s")
 
 
@@ -211,8 +228,15 @@ def linear_backward() -> None:
     forward's FLOPs), in fp32, with bf16 weights, and under bf16 autocast over fp32 weights: whether the backward's
     matmuls run as fast as the forward's, which the bound of ``flops.py`` assumes."""
     rows = GROUPS * (PROMPT + G * ANSWER)
-    per_layer = [(HIDDEN, HIDDEN), (192, HIDDEN), (192, HIDDEN), (HIDDEN, HIDDEN), (1536, HIDDEN), (1536, HIDDEN),
-                 (HIDDEN, 1536)]
+    per_layer = [
+        (HIDDEN, HIDDEN),
+        (192, HIDDEN),
+        (192, HIDDEN),
+        (HIDDEN, HIDDEN),
+        (1536, HIDDEN),
+        (1536, HIDDEN),
+        (HIDDEN, 1536),
+    ]
     for mode in ("fp32", "bf16 weights", "bf16 autocast"):
         dtype = torch.bfloat16 if mode == "bf16 weights" else torch.float32
         weights = [(torch.randn(o, i, dtype=dtype) * 0.02).requires_grad_() for _ in range(4) for o, i in per_layer]
@@ -220,12 +244,13 @@ def linear_backward() -> None:
         flops = sum(2 * rows * w.numel() for w in weights)
         autocast = mode == "bf16 autocast"
 
-        def forward():
+        # the loop's tensors bound as defaults (B023), although each function is timed within its own turn
+        def forward(weights=weights, inputs=inputs, autocast=autocast):
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 for w in weights:
                     F.linear(inputs[w.shape[1]], w)
 
-        def forward_backward():
+        def forward_backward(weights=weights, inputs=inputs, autocast=autocast):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 outs = [F.linear(inputs[w.shape[1]], w) for w in weights]
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -233,8 +258,10 @@ def linear_backward() -> None:
                 t.grad = None
 
         fwd, both = timed(forward, 3), timed(forward_backward, 3)
-        print(f"{mode:14s} {rows} rows: forward {flops / fwd / 1e9:5.0f} GFLOP/s, forward + backward "
-              f"{3 * flops / both / 1e9:5.0f} GFLOP/s")
+        print(
+            f"{mode:14s} {rows} rows: forward {flops / fwd / 1e9:5.0f} GFLOP/s, forward + backward "
+            f"{3 * flops / both / 1e9:5.0f} GFLOP/s"
+        )
 
 
 def compiled() -> None:
@@ -252,13 +279,17 @@ def compiled() -> None:
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
     for _ in range(3):
         for name in times:
-            for layer, call in zip(layers, compiled_calls):
+            for layer, call in zip(layers, compiled_calls, strict=True):
                 layer._compiled_call_impl = call if name == "compiled" else None
             t0 = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - t0)
-    print("packed fwd + bwd, alternated: " + ", ".join(
-        f"{name} {' '.join(f'{t:.2f}' for t in ts)} s (mean {sum(ts) / len(ts):.2f})" for name, ts in times.items()))
+    print(
+        "packed fwd + bwd, alternated: "
+        + ", ".join(
+            f"{name} {' '.join(f'{t:.2f}' for t in ts)} s (mean {sum(ts) / len(ts):.2f})" for name, ts in times.items()
+        )
+    )
 
 
 def main() -> None:
@@ -270,14 +301,24 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=G)
     parser.add_argument("--prompt", type=int, default=PROMPT)
     parser.add_argument("--answer", type=int, default=ANSWER)
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="the packed step (profile, compile): bf16 autocast or plain fp32")
+    parser.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="the packed step (profile, compile): bf16 autocast or plain fp32",
+    )
     args = parser.parse_args()
     GROUPS, G, PROMPT, ANSWER = args.groups, args.group_size, args.prompt, args.answer
     AUTOCAST = args.dtype == "bfloat16"
     torch.set_num_threads(args.threads)
-    {"profile": profile, "lm-head": lm_head, "truncation": truncation, "attention": attention,
-     "compile": compiled, "linear-backward": linear_backward}[args.what]()
+    {
+        "profile": profile,
+        "lm-head": lm_head,
+        "truncation": truncation,
+        "attention": attention,
+        "compile": compiled,
+        "linear-backward": linear_backward,
+    }[args.what]()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ how far the bf16-weight log-probs fall from the autocast ones. ``profile`` runs 
 ``train_step`` on the micro-batch (loss, backward, gradient clipping, fused AdamW; bf16 autocast and fp32), three
 times to warm up and once under ``torch.profiler``, and prints the ops by their own CPU time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -141,6 +142,7 @@ def vocab(repeats: int) -> list[dict]:
     chunk = vocab_mod.CHUNK_ELEMENTS // VOCAB
     out = []
     for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
+
         def run(fn, bf16=bf16):
             hidden.grad = weight.grad = None
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -149,10 +151,13 @@ def vocab(repeats: int) -> list[dict]:
             return lp.detach(), ent.detach(), hidden.grad, weight.grad
 
         before, now = run(PerChunkTokenLogprob), run(vocab_mod.ChunkedTokenLogprob)
-        diffs = {k: float((x - y).abs().max()) for k, x, y in zip(("logprob", "entropy", "grad_hidden", "grad_weight"),
-                                                                    before, now)}
-        times = alternate({"before": lambda: run(PerChunkTokenLogprob),
-                           "now": lambda: run(vocab_mod.ChunkedTokenLogprob)}, repeats)
+        diffs = {
+            k: float((x - y).abs().max())
+            for k, x, y in zip(("logprob", "entropy", "grad_hidden", "grad_weight"), before, now, strict=True)
+        }
+        times = alternate(
+            {"before": lambda: run(PerChunkTokenLogprob), "now": lambda: run(vocab_mod.ChunkedTokenLogprob)}, repeats
+        )
         out.append(row(f"LM head fwd+bwd, {t} tokens, {name}", times, {"max_abs_diff": diffs}))
         print(f"  max |before - now|: {diffs}")
     return out
@@ -169,21 +174,29 @@ def _batch():
     path = resolve_model("embedded:smollm2-135m-instruct")
     tok = load_tokenizer(path)
     records = load_records("gsm8k", split="train")[:GROUPS]
-    prompts = [tok.apply_chat_template(gsm8k_messages(r, template="hash"), add_generation_prompt=True,
-                                       tokenize=False) for r in records]
+    prompts = [
+        tok.apply_chat_template(gsm8k_messages(r, template="hash"), add_generation_prompt=True, tokenize=False)
+        for r in records
+    ]
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     b, lp = GROUPS * GROUP_SIZE, max(map(len, prompts))
     prompt_ids = torch.zeros(b, lp, dtype=torch.long)
     prompt_mask = torch.zeros_like(prompt_ids)
     for i in range(b):
         p = prompts[i // GROUP_SIZE]
-        prompt_ids[i, lp - len(p):] = torch.tensor(p)
-        prompt_mask[i, lp - len(p):] = 1
+        prompt_ids[i, lp - len(p) :] = torch.tensor(p)
+        prompt_mask[i, lp - len(p) :] = 1
     g = torch.Generator().manual_seed(0)
-    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-                        "response_ids": torch.randint(100, VOCAB, (b, ANSWER), generator=g),
-                        "response_mask": torch.ones(b, ANSWER, dtype=torch.long),
-                        "group_id": torch.arange(GROUPS).repeat_interleave(GROUP_SIZE)}, [b])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": torch.randint(100, VOCAB, (b, ANSWER), generator=g),
+            "response_mask": torch.ones(b, ANSWER, dtype=torch.long),
+            "group_id": torch.arange(GROUPS).repeat_interleave(GROUP_SIZE),
+        },
+        [b],
+    )
     return path, batch, [len(p) for p in prompts]
 
 
@@ -199,6 +212,7 @@ def step(repeats: int) -> list[dict]:
     current = vocab_mod.ChunkedTokenLogprob
     out = []
     for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
+
         def policy(cls, bf16=bf16):
             vocab_mod.ChunkedTokenLogprob = cls
             try:
@@ -219,8 +233,9 @@ def step(repeats: int) -> list[dict]:
 
         times = alternate({"before": lambda: policy(PerChunkTokenLogprob), "now": lambda: policy(current)}, repeats)
         out.append(row(f"packed policy fwd+bwd, {name}", times))
-        times = alternate({"before": lambda: reference(PerChunkTokenLogprob), "now": lambda: reference(current)},
-                          repeats)
+        times = alternate(
+            {"before": lambda: reference(PerChunkTokenLogprob), "now": lambda: reference(current)}, repeats
+        )
         out.append(row(f"packed reference fwd, {name}", times))
     return out
 
@@ -234,8 +249,9 @@ def _sdpa_step(q, k, v, mask, backend):
 
     def step():
         with sdpa_kernel(backend):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
-                                                                   v.repeat_interleave(rep, 1), attn_mask=mask)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask
+            )
         out.sum().backward()
 
     return step
@@ -269,8 +285,9 @@ def attention(repeats: int) -> list[dict]:
 
         def sdpa(q=q, k=k, v=v):
             rep = HEADS // KV_HEADS  # transformers' repeat_kv before SDPA with a mask on the CPU
-            return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                                  attn_mask=dense)
+            return F.scaled_dot_product_attention(
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=dense
+            )
 
         def flexed(q=q, k=k, v=v):
             return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
@@ -286,12 +303,26 @@ def attention(repeats: int) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - the message is the finding
             backward = f"{type(e).__name__}: {e}"
         q.requires_grad_(False)
-        out.append(row(f"attention fwd [{r}, {HEADS}, {s}, {HEAD_DIM}], {name}", times,
-                       {"max_abs_diff": diff, "first_call_s": first, "flex_backward": backward}))
+        out.append(
+            row(
+                f"attention fwd [{r}, {HEADS}, {s}, {HEAD_DIM}], {name}",
+                times,
+                {"max_abs_diff": diff, "first_call_s": first, "flex_backward": backward},
+            )
+        )
         print(f"  max |sdpa - flex| {diff:.2e}; first (compiling) call {first:.1f} s; flex backward: {backward}")
-        out.append(row(f"attention fwd+bwd [{r}, {HEADS}, {s}, {HEAD_DIM}], {name}, SDPA backends",
-                       alternate({"flash": _sdpa_step(q, k, v, dense, SDPBackend.FLASH_ATTENTION),
-                                  "math": _sdpa_step(q, k, v, dense, SDPBackend.MATH)}, repeats)))
+        out.append(
+            row(
+                f"attention fwd+bwd [{r}, {HEADS}, {s}, {HEAD_DIM}], {name}, SDPA backends",
+                alternate(
+                    {
+                        "flash": _sdpa_step(q, k, v, dense, SDPBackend.FLASH_ATTENTION),
+                        "math": _sdpa_step(q, k, v, dense, SDPBackend.MATH),
+                    },
+                    repeats,
+                ),
+            )
+        )
     return out
 
 
@@ -317,7 +348,7 @@ def weights(repeats: int) -> list[dict]:
         res = sequence_logprobs(low, batch, with_entropy=True, share_prompt=True)
         res.logprobs.sum().backward()
         with torch.no_grad():
-            for p, m in zip(low.parameters(), masters):
+            for p, m in zip(low.parameters(), masters, strict=True):
                 m.grad = p.grad.float()  # the fp32 optimizer's input
                 p.copy_(m)  # its output rounded back into the bf16 weights
         return res.logprobs.detach()
@@ -327,11 +358,23 @@ def weights(repeats: int) -> list[dict]:
             return sequence_logprobs(m, batch, share_prompt=True).logprobs
 
     diff = float((policy_autocast() - policy_bf16()).abs().max())
-    out = [row("packed policy fwd+bwd", alternate({"bf16 autocast": policy_autocast, "bf16 weights": policy_bf16},
-                                                  repeats), {"max_abs_logprob_diff": diff})]
+    out = [
+        row(
+            "packed policy fwd+bwd",
+            alternate({"bf16 autocast": policy_autocast, "bf16 weights": policy_bf16}, repeats),
+            {"max_abs_logprob_diff": diff},
+        )
+    ]
     print(f"  max |autocast - bf16 weights| log-prob: {diff:.3e}")
-    out.append(row("packed reference fwd", alternate({"bf16 autocast": lambda: reference(model, True),
-                                                      "bf16 weights": lambda: reference(low, False)}, repeats)))
+    out.append(
+        row(
+            "packed reference fwd",
+            alternate(
+                {"bf16 autocast": lambda: reference(model, True), "bf16 weights": lambda: reference(low, False)},
+                repeats,
+            ),
+        )
+    )
     return out
 
 
@@ -353,8 +396,9 @@ def profile(repeats: int) -> list[dict]:
     out = []
     for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
         model = load_causal_lm(path, torch.device("cpu"), "float32", trainable=True)
-        learner = Learner(model, torch.device("cpu"), LossSettings(kl_coef=0.04), lr=1e-6, bf16_autocast=bf16,
-                          share_prompt=True)
+        learner = Learner(
+            model, torch.device("cpu"), LossSettings(kl_coef=0.04), lr=1e-6, bf16_autocast=bf16, share_prompt=True
+        )
         warm = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -365,7 +409,9 @@ def profile(repeats: int) -> list[dict]:
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         total = sum(e.self_cpu_time_total for e in events) / 1e6
         top = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in events[:12]]
-        print(f"| train_step, {name} | warm-up calls {', '.join(f'{x:.2f}' for x in warm)} s | profiled {total:.2f} s |")
+        print(
+            f"| train_step, {name} | warm-up calls {', '.join(f'{x:.2f}' for x in warm)} s | profiled {total:.2f} s |"
+        )
         for t in top:
             print(f"  {t['op'][:60]:60s} {t['self_s']:7.3f} s {100 * t['self_s'] / total:5.1f}%  {t['calls']} calls")
         out.append({"what": f"train_step, {name}", "warm_up_s": warm, "profiled_self_s": total, "top_ops": top})
@@ -384,8 +430,9 @@ def main() -> None:
     print(f"conditions: {report['conditions_before']}")
     print("| what | A median | B median | A / B |\n|---|---|---|---|")
     for what in todo:
-        report[what] = {"vocab": vocab, "step": step, "attention": attention, "weights": weights,
-                        "profile": profile}[what](args.repeats)
+        report[what] = {"vocab": vocab, "step": step, "attention": attention, "weights": weights, "profile": profile}[
+            what
+        ](args.repeats)
     report["conditions_after"] = conditions()
     print(f"conditions after: {report['conditions_after']}")
     RESULTS.mkdir(exist_ok=True)

@@ -12,6 +12,7 @@ memory glibc has handed out and not taken back (``mallinfo2``) after the warm-up
 and the seconds per micro-batch; plus a baseline in the default arm's process, the same micro-batches at one
 token count (every kernel a cache hit). Writes ``benchmarks/results/onednn_cache.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,21 @@ def arm(layers: int, micro_batches: int, threads: int, baseline: bool) -> dict:
     def weight(out_f: int, in_f: int) -> torch.Tensor:
         return (torch.randn(out_f, in_f, generator=gen) * in_f**-0.5).bfloat16().requires_grad_()
 
-    blocks = [{name: weight(o, i) for name, (o, i) in dict(
-        q=(HIDDEN, HIDDEN), k=(KV, HIDDEN), v=(KV, HIDDEN), o=(HIDDEN, HIDDEN),
-        gate=(INTERMEDIATE, HIDDEN), up=(INTERMEDIATE, HIDDEN), down=(HIDDEN, INTERMEDIATE)).items()}
-        for _ in range(layers)]
+    blocks = [
+        {
+            name: weight(o, i)
+            for name, (o, i) in dict(
+                q=(HIDDEN, HIDDEN),
+                k=(KV, HIDDEN),
+                v=(KV, HIDDEN),
+                o=(HIDDEN, HIDDEN),
+                gate=(INTERMEDIATE, HIDDEN),
+                up=(INTERMEDIATE, HIDDEN),
+                down=(HIDDEN, INTERMEDIATE),
+            ).items()
+        }
+        for _ in range(layers)
+    ]
 
     def pass_(tokens: int) -> None:
         x = torch.randn(tokens, HIDDEN, generator=gen).bfloat16().requires_grad_()
@@ -68,8 +80,12 @@ def arm(layers: int, micro_batches: int, threads: int, baseline: bool) -> dict:
     for tokens in counts:
         pass_(tokens)
     seconds = (time.perf_counter() - t0) / micro_batches
-    out = {"distinct_token_counts": len(set(counts)), "malloc_in_use_mib_before": before,
-           "malloc_in_use_mib_after": malloc_gib()[0] * 1024, "seconds_per_micro_batch": seconds}
+    out = {
+        "distinct_token_counts": len(set(counts)),
+        "malloc_in_use_mib_before": before,
+        "malloc_in_use_mib_after": malloc_gib()[0] * 1024,
+        "seconds_per_micro_batch": seconds,
+    }
     if baseline:  # the same work at one token count: every kernel a hit
         mean = round(sum(counts) / len(counts))
         t0 = time.perf_counter()
@@ -96,23 +112,42 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows = []
     for capacity in capacities:
-        env = {**os.environ, "LRU_CACHE_CAPACITY": str(capacity), "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(capacity),
-               "OMP_NUM_THREADS": str(args.threads)}
-        cmd = [sys.executable, __file__, "--arm", str(capacity), "--capacities", args.capacities,
-               "--layers", str(args.layers), "--micro-batches", str(args.micro_batches), "--threads", str(args.threads)]
+        env = {
+            **os.environ,
+            "LRU_CACHE_CAPACITY": str(capacity),
+            "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(capacity),
+            "OMP_NUM_THREADS": str(args.threads),
+        }
+        cmd = [
+            sys.executable,
+            __file__,
+            "--arm",
+            str(capacity),
+            "--capacities",
+            args.capacities,
+            "--layers",
+            str(args.layers),
+            "--micro-batches",
+            str(args.micro_batches),
+            "--threads",
+            str(args.threads),
+        ]
         done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         out = json.loads(done.stdout.splitlines()[-1])
         rows.append({"capacity": capacity, **out})
         grown = out["malloc_in_use_mib_after"] - out["malloc_in_use_mib_before"]
-        line = (f"capacity {capacity:5d}: {out['distinct_token_counts']} token counts, malloc in use grew "
-                f"{grown:7.1f} MiB, {out['seconds_per_micro_batch']:.3f} s a micro-batch")
+        line = (
+            f"capacity {capacity:5d}: {out['distinct_token_counts']} token counts, malloc in use grew "
+            f"{grown:7.1f} MiB, {out['seconds_per_micro_batch']:.3f} s a micro-batch"
+        )
         if "one_token_count_seconds_per_micro_batch" in out:
             line += f" (one token count, every kernel a hit: {out['one_token_count_seconds_per_micro_batch']:.3f} s)"
         print(line, flush=True)
     print(f"load average after: {os.getloadavg()}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"machine": machine(), "layers": args.layers, "threads": args.threads,
-                                           "arms": rows}, indent=2))
+    Path(args.json).write_text(
+        json.dumps({"machine": machine(), "layers": args.layers, "threads": args.threads, "arms": rows}, indent=2)
+    )
     print(f"wrote {args.json}")
 
 

@@ -15,6 +15,7 @@ The parameters are random tensors of the model's shapes (embedding 49152 x 576, 
 random gradients. Reported per arm: the first step (it compiles, for torchao), the median of the others, the
 optimizer state's bytes and the process's peak RSS. Prints the CPU flags and the load average. Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,9 +75,15 @@ def run_arm(arm: str, steps: int, threads: int) -> dict:
         t0 = time.perf_counter()
         optimizer.step()
         seconds.append(time.perf_counter() - t0)
-    return {"arm": arm, "parameters": sum(p.numel() for p in params), "first_step_s": seconds[0],
-            "median_step_s": statistics.median(seconds[1:]) if steps > 1 else float("nan"), "steps_s": seconds,
-            "state_gib": state_bytes(optimizer) / 2**30, "peak_rss_gib": peak_rss_gib()}
+    return {
+        "arm": arm,
+        "parameters": sum(p.numel() for p in params),
+        "first_step_s": seconds[0],
+        "median_step_s": statistics.median(seconds[1:]) if steps > 1 else float("nan"),
+        "steps_s": seconds,
+        "state_gib": state_bytes(optimizer) / 2**30,
+        "peak_rss_gib": peak_rss_gib(),
+    }
 
 
 def main() -> None:
@@ -96,22 +103,29 @@ def main() -> None:
     for arm in args.arms.split(","):
         if arm not in ARMS:
             raise SystemExit(f"--arms: unknown arm {arm!r}; choose from {', '.join(ARMS)}")
-        proc = subprocess.run([sys.executable, __file__, "--worker", arm, "--steps", str(args.steps),
-                               "--threads", str(args.threads)], capture_output=True, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+        proc = subprocess.run(
+            [sys.executable, __file__, "--worker", arm, "--steps", str(args.steps), "--threads", str(args.threads)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+        )
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
             print(f"{arm:16s} did not run: {last}", flush=True)
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
-        print(f"{arm:16s} first step {r['first_step_s']:7.2f} s   then {r['median_step_s']:6.3f} s/step   "
-              f"state {r['state_gib']:5.2f} GiB   peak RSS {r['peak_rss_gib']:5.2f} GiB   "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"{arm:16s} first step {r['first_step_s']:7.2f} s   then {r['median_step_s']:6.3f} s/step   "
+            f"state {r['state_gib']:5.2f} GiB   peak RSS {r['peak_rss_gib']:5.2f} GiB   "
+            f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": info, "steps": args.steps, "threads": args.threads,
-                                     "arms": results}, indent=2))
+    args.json.write_text(
+        json.dumps({"machine": info, "steps": args.steps, "threads": args.threads, "arms": results}, indent=2)
+    )
     print(f"wrote {args.json}")
 
 

@@ -21,6 +21,7 @@ penalty's starting value (k1 and k3, per token). ``--precision float32`` (the de
 bf16 rounding out of the comparison; ``auto`` is the run's default. Writes
 ``benchmarks/results/truncation_ratio.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,25 @@ MODEL_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "gro
 def overrides(args: argparse.Namespace, run_dir: str, top_p: float, top_k: int) -> list[str]:
     """The run config of one case: the GSM8K default with this script's workload and sampling."""
     return [
-        f"seed={args.seed}", f"output_dir={run_dir}", "model.name=embedded:smollm2-135m-instruct",
+        f"seed={args.seed}",
+        f"output_dir={run_dir}",
+        "model.name=embedded:smollm2-135m-instruct",
         "model.dtype=float32",
-        "env.dataset=gsm8k", "env.split=train", "env.template=hash", f"env.prompts_per_step={args.prompts}",
-        f"env.group_size={args.group_size}", f"sampling.max_new_tokens={args.max_new_tokens}",
-        f"sampling.temperature={args.temperature}", f"sampling.top_p={top_p}", f"sampling.top_k={top_k}",
-        f"inference_model.engine={args.engine}", f"inference_model.precision={args.precision}",
-        f"train_model.precision={args.precision}", "policy.kl_coef=0.0", "logger.backend=none", "eval.every=0",
+        "env.dataset=gsm8k",
+        "env.split=train",
+        "env.template=hash",
+        f"env.prompts_per_step={args.prompts}",
+        f"env.group_size={args.group_size}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}",
+        f"sampling.top_p={top_p}",
+        f"sampling.top_k={top_k}",
+        f"inference_model.engine={args.engine}",
+        f"inference_model.precision={args.precision}",
+        f"train_model.precision={args.precision}",
+        "policy.kl_coef=0.0",
+        "logger.backend=none",
+        "eval.every=0",
     ]
 
 
@@ -74,8 +87,9 @@ def score(learner, batch, *, learner_pass: bool):
                 out = learner._logprobs(mb, with_entropy=False)
             else:
                 with learner._autocast():
-                    out = sequence_logprobs(learner.model, mb, temperature=learner.loss.temperature,
-                                            share_prompt=learner.share_prompt)
+                    out = sequence_logprobs(
+                        learner.model, mb, temperature=learner.loss.temperature, share_prompt=learner.share_prompt
+                    )
             n, lr = out.logprobs.shape
             logprobs[row : row + n, :lr] = out.logprobs.float()
             mask = getattr(out, "outside", None)
@@ -129,13 +143,12 @@ def main() -> None:
 
     import torch
 
-    from grpo_rl.rollout.collector import make_collector
-    from grpo_rl.engines.build import make_engine
-    from grpo_rl.training.build import make_local_learner
-    from grpo_rl.run.setup import make_run
-    from grpo_rl.training.build import seed_everything
     from grpo_rl.algo.loss import kl_estimate
+    from grpo_rl.engines.build import make_engine
     from grpo_rl.model.precision import cpu_flags
+    from grpo_rl.rollout.collector import make_collector
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import make_local_learner, seed_everything
 
     print(f"CPU: {cpu_flags()}, {os.cpu_count()} cores; torch threads {torch.get_num_threads()}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="truncation_ratio_"))
@@ -159,18 +172,30 @@ def main() -> None:
         engine_lp, mask = batch["behavior_logprobs"], batch["response_mask"]
         keep = mask.bool() if outside is None else mask.bool() & ~outside
         kl = {f"kl_to_reference_{e}": float(kl_estimate(mine, plain, e)[keep].mean()) for e in ("k1", "k3")}
-        row = {"top_p": top_p, "top_k": top_k, "generation_s": t1 - t0, "learner_scoring_s": t2 - t1,
-               "learner": ratio_stats(mine, engine_lp, mask, outside),
-               "untruncated": ratio_stats(plain, engine_lp, mask, None), **kl}
+        row = {
+            "top_p": top_p,
+            "top_k": top_k,
+            "generation_s": t1 - t0,
+            "learner_scoring_s": t2 - t1,
+            "learner": ratio_stats(mine, engine_lp, mask, outside),
+            "untruncated": ratio_stats(plain, engine_lp, mask, None),
+            **kl,
+        }
         results.append(row)
         for name in ("learner", "untruncated"):
             s = row[name]
-            print(f"top_p={top_p:<4g} top_k={top_k:<3d} {name:11s} tokens {s['tokens']:5d}  ratio {s['ratio_mean']:.5f}"
-                  f" +- {s['ratio_se_tokens']:.5f} (tokens) / {s['ratio_se_answers']:.5f} (answers)  "
-                  f"|log r| {s['abs_log_ratio_mean']:.5f}  r<0.99 {s['frac_ratio_below_0.99']:.3f}  "
-                  f"outside {s['outside_fraction']:.4f}", flush=True)
-        print(f"top_p={top_p:<4g} top_k={top_k:<3d} KL to the step-0 reference: k1 {kl['kl_to_reference_k1']:.5f}, "
-              f"k3 {kl['kl_to_reference_k3']:.5f}", flush=True)
+            print(
+                f"top_p={top_p:<4g} top_k={top_k:<3d} {name:11s} tokens {s['tokens']:5d}  ratio {s['ratio_mean']:.5f}"
+                f" +- {s['ratio_se_tokens']:.5f} (tokens) / {s['ratio_se_answers']:.5f} (answers)  "
+                f"|log r| {s['abs_log_ratio_mean']:.5f}  r<0.99 {s['frac_ratio_below_0.99']:.3f}  "
+                f"outside {s['outside_fraction']:.4f}",
+                flush=True,
+            )
+        print(
+            f"top_p={top_p:<4g} top_k={top_k:<3d} KL to the step-0 reference: k1 {kl['kl_to_reference_k1']:.5f}, "
+            f"k3 {kl['kl_to_reference_k3']:.5f}",
+            flush=True,
+        )
         del learner
     engine.shutdown()
     out = {"label": args.label, "cpu": cpu_flags(), "machine": machine(), "args": vars(args), "cases": results}

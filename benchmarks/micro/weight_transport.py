@@ -14,6 +14,7 @@ same for every transport). Timed: pack (sender), transfer + unpack (receiver), e
 
 Prints a table and writes JSON. Results of one run are in benchmarks/README.md (Measurements behind library defaults).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,15 @@ def make_state(which: str) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     if which == "tiny":  # the test model: hidden 64, 2 layers, SmolLM2's 49k vocabulary
-        cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+        cfg = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
         model = AutoModelForCausalLM.from_config(cfg)
     else:
         from grpo_rl.model.loading import resolve_model
@@ -103,11 +111,18 @@ def main() -> None:
                     times[variant]["pack"].append(t1 - t0)
                     del payload
             for variant in variants:
-                r = {"model": which, "mbytes": round(mbytes, 1), "variant": variant,
-                     **{f"{k}_s": statistics.median(v) for k, v in times[variant].items()}}
+                r = {
+                    "model": which,
+                    "mbytes": round(mbytes, 1),
+                    "variant": variant,
+                    **{f"{k}_s": statistics.median(v) for k, v in times[variant].items()},
+                }
                 rows.append(r)
-                print(f"{which:14s} {mbytes:8.1f} MiB  {variant:20s} pack {r['pack_s']:.3f}s  "
-                      f"receive {r['receive_s']:.3f}s  total {r['total_s']:.3f}s", flush=True)
+                print(
+                    f"{which:14s} {mbytes:8.1f} MiB  {variant:20s} pack {r['pack_s']:.3f}s  "
+                    f"receive {r['receive_s']:.3f}s  total {r['total_s']:.3f}s",
+                    flush=True,
+                )
     finally:
         ray.shutdown()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ against the baseline; it checks that ``trained.jsonl`` trains every batch of the
 every batch below the final checkpoint's watermark exactly once. The last line is
 ``exactly-once: ok, restarts: N, steps: M/M`` (or ``exactly-once: FAILED ...``). Writes JSON. Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,22 @@ from benchmarks.common.runner import read_jsonl, run_script  # noqa: E402
 
 
 def overrides(args, model: str) -> list[str]:
-    out = [f"model.name={model}", f"train.steps={args.steps}", "logger.backend=none",
-           "logger.num_examine=0", "eval.every=0", f"inference_model.num_devices={args.collectors}",
-           f"env.prompts_per_step={args.prompts}", f"env.group_size={args.group}",
-           f"sampling.max_new_tokens={args.max_new_tokens}", f"pipeline.max_restarts={args.max_restarts}",
-           f"pipeline.timeout_seconds={args.timeout}", "train.checkpoint_frequency=5",
-           "inference_model.kv_cache_gb=1", "inference_model.max_model_len=1024"]
+    out = [
+        f"model.name={model}",
+        f"train.steps={args.steps}",
+        "logger.backend=none",
+        "logger.num_examine=0",
+        "eval.every=0",
+        f"inference_model.num_devices={args.collectors}",
+        f"env.prompts_per_step={args.prompts}",
+        f"env.group_size={args.group}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"pipeline.max_restarts={args.max_restarts}",
+        f"pipeline.timeout_seconds={args.timeout}",
+        "train.checkpoint_frequency=5",
+        "inference_model.kv_cache_gb=1",
+        "inference_model.max_model_len=1024",
+    ]
     if "reference" in args.roles:
         out += ["policy.kl_coef=0.01", "ref_model.placement=actor"]
     else:
@@ -55,8 +66,9 @@ def overrides(args, model: str) -> list[str]:
 class Killer(threading.Thread):
     """SIGKILLs workers of a run: at random (mean ``every`` seconds apart) or at the given step counts."""
 
-    def __init__(self, run_dir: Path, roles: list[str], every: float, plan: list[tuple[int, str, int]] | None,
-                 seed: int):
+    def __init__(
+        self, run_dir: Path, roles: list[str], every: float, plan: list[tuple[int, str, int]] | None, seed: int
+    ):
         super().__init__(daemon=True)
         self.run_dir, self.roles, self.every, self.plan = run_dir, roles, every, plan
         self.rng = random.Random(seed)
@@ -79,8 +91,7 @@ class Killer(threading.Thread):
             os.kill(pids[index], signal.SIGKILL)
         except ProcessLookupError:
             return
-        self.kills.append({"time": time.time(), "step": self.steps(), "role": role, "index": index,
-                           "pid": pids[index]})
+        self.kills.append({"time": time.time(), "step": self.steps(), "role": role, "index": index, "pid": pids[index]})
         print(f"  killed {role} {index} (pid {pids[index]}) after step {self.steps()}", flush=True)
 
     def run(self) -> None:
@@ -103,8 +114,14 @@ def run_once(args, model: str, run_dir: Path, killer: Killer | None) -> dict:
     if killer is not None:
         killer.start()  # it waits for the run's first logged step
     try:
-        run = run_script("grpo-async.py", overrides(args, model), run_dir=run_dir, log=log_path,
-                         timeout=args.run_timeout, check=False)
+        run = run_script(
+            "grpo-async.py",
+            overrides(args, model),
+            run_dir=run_dir,
+            log=log_path,
+            timeout=args.run_timeout,
+            check=False,
+        )
     finally:
         if killer is not None:
             killer.done.set()
@@ -112,10 +129,17 @@ def run_once(args, model: str, run_dir: Path, killer: Killer | None) -> dict:
     restarts = read_jsonl(run_dir / "restarts.jsonl")
     ends = [r["time"] for r in records]
     throughput = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 else float("nan")
-    return {"returncode": run.returncode, "log": str(log_path), "wall_seconds": run.seconds, "steps": len(run.rows),
-            "throughput_steps_per_second": throughput, "restarts": restarts,
-            "restart_seconds": [r["seconds"] for r in restarts], "kills": killer.kills if killer else [],
-            "exactly_once": exactly_once(run_dir, records, args.steps)}
+    return {
+        "returncode": run.returncode,
+        "log": str(log_path),
+        "wall_seconds": run.seconds,
+        "steps": len(run.rows),
+        "throughput_steps_per_second": throughput,
+        "restarts": restarts,
+        "restart_seconds": [r["seconds"] for r in restarts],
+        "kills": killer.kills if killer else [],
+        "exactly_once": exactly_once(run_dir, records, args.steps),
+    }
 
 
 def exactly_once(run_dir: Path, records: list[dict], steps: int) -> str:
@@ -182,8 +206,15 @@ def main() -> None:
         results["baseline"] = run_once(args, model, work / "baseline", None)
     third = max(1, args.steps // 3)
     plan = [(third, "collector", 0), (2 * third, "collector", min(1, args.collectors - 1))] if args.quick else None
-    print(f"chaos: {args.steps} steps, kills " + ("at steps " + ", ".join(str(p[0]) for p in plan) if plan
-                                                  else f"every ~{args.kill_every:g} s of {args.roles}"), flush=True)
+    print(
+        f"chaos: {args.steps} steps, kills "
+        + (
+            "at steps " + ", ".join(str(p[0]) for p in plan)
+            if plan
+            else f"every ~{args.kill_every:g} s of {args.roles}"
+        ),
+        flush=True,
+    )
     killer = Killer(work / "chaos", args.roles, args.kill_every, plan, args.seed)
     results["chaos"] = chaos = run_once(args, model, work / "chaos", killer)
     results["cpu_after"] = cpu_line()
@@ -194,13 +225,17 @@ def main() -> None:
         if r is None:
             continue
         per = statistics.mean(r["restart_seconds"]) if r["restart_seconds"] else 0.0
-        print(f"{name:<10}{r['returncode']:>4}{r['steps']:>8}{len(r['kills']):>7}{len(r['restarts']):>10}"
-              f"{per:>11.1f}{r['throughput_steps_per_second']:>10.3f}")
+        print(
+            f"{name:<10}{r['returncode']:>4}{r['steps']:>8}{len(r['kills']):>7}{len(r['restarts']):>10}"
+            f"{per:>11.1f}{r['throughput_steps_per_second']:>10.3f}"
+        )
     if "baseline" in results:
         base = results["baseline"]["throughput_steps_per_second"]
         lost = 1 - chaos["throughput_steps_per_second"] / base
-        print(f"throughput lost to the kills: {100 * lost:.1f}% ({chaos['throughput_steps_per_second']:.3f} vs "
-              f"{base:.3f} steps/s)")
+        print(
+            f"throughput lost to the kills: {100 * lost:.1f}% ({chaos['throughput_steps_per_second']:.3f} vs "
+            f"{base:.3f} steps/s)"
+        )
         results["throughput_lost"] = lost
     for r in chaos["restarts"]:
         print(f"  {r['role']} {r['replica']}: {r['cause']}; replaced in {r['seconds']:.1f} s")
@@ -208,8 +243,10 @@ def main() -> None:
     out = args.out or work / "chaos.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"JSON: {out}; logs: {work}")
-    print(f"exactly-once: {chaos['exactly_once']}, restarts: {len(chaos['restarts'])}, "
-          f"steps: {chaos['steps']}/{args.steps}")
+    print(
+        f"exactly-once: {chaos['exactly_once']}, restarts: {len(chaos['restarts'])}, "
+        f"steps: {chaos['steps']}/{args.steps}"
+    )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ them, glibc's count of the bytes handed out and not freed, and of those freed bu
 tell a leak from an allocator that keeps what it was given back. ``--trim`` gives the kept pages back after each
 step (``malloc_trim``) and measures again. Writes ``benchmarks/results/memory_breakdown.json``.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,32 +50,48 @@ def main() -> None:
 
     def mark(stage: str) -> None:
         in_use, held = malloc_gib()
-        rows.append({"stage": stage, "rss_gib": rss_gib(), "peak_gib": peak_rss_gib(),
-                     "malloc_in_use_gib": in_use, "malloc_free_held_gib": held})
-        print(f"{stage:40s} rss {rows[-1]['rss_gib']:6.2f} GiB   peak {rows[-1]['peak_gib']:6.2f} GiB   "
-              f"malloc in use {in_use:6.2f}, freed but held {held:6.2f} GiB", flush=True)
+        rows.append(
+            {
+                "stage": stage,
+                "rss_gib": rss_gib(),
+                "peak_gib": peak_rss_gib(),
+                "malloc_in_use_gib": in_use,
+                "malloc_free_held_gib": held,
+            }
+        )
+        print(
+            f"{stage:40s} rss {rows[-1]['rss_gib']:6.2f} GiB   peak {rows[-1]['peak_gib']:6.2f} GiB   "
+            f"malloc in use {in_use:6.2f}, freed but held {held:6.2f} GiB",
+            flush=True,
+        )
 
     mark("python")
     import torch  # noqa: F401
 
+    from benchmarks.versus_trl.trl_compare import COMMON_OURS, PRESETS
+    from grpo_rl.engines.build import make_engine
     from grpo_rl.envs import make_env
     from grpo_rl.rollout.collector import make_collector
-    from grpo_rl.engines.build import make_engine
-    from grpo_rl.training.build import make_local_learner, make_ref_scorer
     from grpo_rl.run.setup import make_run
-    from grpo_rl.training.build import seed_everything
+    from grpo_rl.training.build import make_local_learner, make_ref_scorer, seed_everything
     from grpo_rl.training.step import score_batch
-    from benchmarks.versus_trl.trl_compare import COMMON_OURS, PRESETS
+
     mark("imports (torch, grpo_rl)")
 
-    cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="memory_breakdown_")) + COMMON_OURS
-                  + PRESETS[args.preset] + args.overrides)
+    cfg = compose(
+        workload_overrides(tempfile.mkdtemp(prefix="memory_breakdown_"))
+        + COMMON_OURS
+        + PRESETS[args.preset]
+        + args.overrides
+    )
     run = make_run(cfg, cfg.output_dir)
     shared = cfg.inference_model.share_weights  # the lowmem preset: the engine generates with the learner's model
     if not shared:
         engine = make_engine(run)
-        mark(f"+ {cfg.inference_model.engine} engine ({run.precision.inference.dtype}, "
-             f"KV {cfg.inference_model.kv_cache_gb} GiB)")
+        mark(
+            f"+ {cfg.inference_model.engine} engine ({run.precision.inference.dtype}, "
+            f"KV {cfg.inference_model.kv_cache_gb} GiB)"
+        )
     seed_everything(cfg.seed)
     learner = make_local_learner(run)
     mark(f"+ learner ({next(learner.model.parameters()).dtype} weights)")
@@ -99,9 +116,13 @@ def main() -> None:
             malloc_trim()
             mark(f"step {step}: after malloc_trim")
     engine.shutdown()
-    out = {"preset": args.preset, "trim": args.trim, "overrides": COMMON_OURS + PRESETS[args.preset] + args.overrides,
-           "threads": args.threads,
-           "stages": rows}
+    out = {
+        "preset": args.preset,
+        "trim": args.trim,
+        "overrides": COMMON_OURS + PRESETS[args.preset] + args.overrides,
+        "threads": args.threads,
+        "stages": rows,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")

@@ -25,6 +25,7 @@ Arms are ``NAME`` or ``NAME=VAR=VALUE,VAR=VALUE``; the built-in ones:
 Prints the CPU flags, a table of mean idle and busy step times and their ratio, and writes
 ``benchmarks/results/neighbour_step-<time>.json``. Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,13 @@ from benchmarks.common import RESULTS, ROOT  # noqa: E402
 from benchmarks.common.machine import machine  # noqa: E402
 from benchmarks.versus_trl.trl_compare import COMMON_OURS, OURS_WORKER, Arm, Worker, prepare_prompts  # noqa: E402
 
-BUILTIN = {"default": {}, "gnu": {"_TORCH_FIRST": "1"}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-           "active": {"OMP_WAIT_POLICY": "ACTIVE"}, "threads1": {"_THREADS": "1"}}
+BUILTIN = {
+    "default": {},
+    "gnu": {"_TORCH_FIRST": "1"},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "active": {"OMP_WAIT_POLICY": "ACTIVE"},
+    "threads1": {"_THREADS": "1"},
+}
 BUSY_LOOP = "while True: pass"
 
 
@@ -64,8 +70,15 @@ def parse_arm(spec: str) -> tuple[str, dict]:
 
 def run_arm(name: str, extra_env: dict, args, prompts: Path, log_dir: Path) -> dict:
     cores = args.threads
-    env = dict(os.environ, OMP_NUM_THREADS=str(cores), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(cores),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        VLLM_LOGGING_LEVEL="WARNING",
+        PYTHONPATH=str(ROOT),
+    )
     env.pop("OMP_WAIT_POLICY", None)
     threads = int(extra_env.pop("_THREADS", cores))
     torch_first = ["--torch-first"] if extra_env.pop("_TORCH_FIRST", None) else []
@@ -74,16 +87,31 @@ def run_arm(name: str, extra_env: dict, args, prompts: Path, log_dir: Path) -> d
     if args.precision != "auto":
         overrides += [f"{role}.precision={args.precision}" for role in ("train_model", "ref_model", "inference_model")]
     arm = Arm("ours", name, overrides)
-    cmd = [sys.executable, str(OURS_WORKER), "--prompts", str(prompts), "--threads", str(threads),
-           *torch_first, *overrides]
+    cmd = [
+        sys.executable,
+        str(OURS_WORKER),
+        "--prompts",
+        str(prompts),
+        "--threads",
+        str(threads),
+        *torch_first,
+        *overrides,
+    ]
     load_before = os.getloadavg()[0]
     worker = Worker(arm, cmd, env, log_dir / f"{name}.log")
     idle, busy, idle_tok, busy_tok = [], [], [], []
     try:
         ready = worker.read_event()
-        print(f"arm {name} ({threads} threads, {extra_env or 'no extra environment'}): ready in "
-              f"{ready['startup_s']:.1f} s, load average {load_before:.2f}", flush=True)
-        plan = ["warm-up"] * args.warmup + ["idle", "busy", "busy", "idle"] * (args.pairs // 2) + ["idle", "busy"] * (args.pairs % 2)
+        print(
+            f"arm {name} ({threads} threads, {extra_env or 'no extra environment'}): ready in "
+            f"{ready['startup_s']:.1f} s, load average {load_before:.2f}",
+            flush=True,
+        )
+        plan = (
+            ["warm-up"] * args.warmup
+            + ["idle", "busy", "busy", "idle"] * (args.pairs // 2)
+            + ["idle", "busy"] * (args.pairs % 2)
+        )
         for kind in plan:
             spinner = None
             if kind == "busy":
@@ -99,17 +127,29 @@ def run_arm(name: str, extra_env: dict, args, prompts: Path, log_dir: Path) -> d
             if kind != "warm-up":
                 (idle if kind == "idle" else busy).append(ev["seconds"])
                 (idle_tok if kind == "idle" else busy_tok).append(ev["completion_tokens"])
-            print(f"  {kind:8s} {ev['seconds']:7.2f} s  (generation {ev['generation_s']:.2f}, reference "
-                  f"{ev['reference_s']:.2f}, training {ev['training_s']:.2f})  load {os.getloadavg()[0]:.2f}",
-                  flush=True)
+            print(
+                f"  {kind:8s} {ev['seconds']:7.2f} s  (generation {ev['generation_s']:.2f}, reference "
+                f"{ev['reference_s']:.2f}, training {ev['training_s']:.2f})  load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
     finally:
         worker.close()
-    return {"arm": name, "env": extra_env, "threads": threads, "idle_s": idle, "busy_s": busy,
-            "idle_mean_s": statistics.mean(idle), "busy_mean_s": statistics.mean(busy),
-            "slowdown": statistics.mean(busy) / statistics.mean(idle), "idle_tokens": idle_tok, "busy_tokens": busy_tok,
-            # steps differ in their prompts and answer lengths: the same ratio per completion token
-            "slowdown_per_token": (sum(busy) / sum(busy_tok)) / (sum(idle) / sum(idle_tok)), "load_before": load_before,
-            "load_after": os.getloadavg()[0]}
+    return {
+        "arm": name,
+        "env": extra_env,
+        "threads": threads,
+        "idle_s": idle,
+        "busy_s": busy,
+        "idle_mean_s": statistics.mean(idle),
+        "busy_mean_s": statistics.mean(busy),
+        "slowdown": statistics.mean(busy) / statistics.mean(idle),
+        "idle_tokens": idle_tok,
+        "busy_tokens": busy_tok,
+        # steps differ in their prompts and answer lengths: the same ratio per completion token
+        "slowdown_per_token": (sum(busy) / sum(busy_tok)) / (sum(idle) / sum(idle_tok)),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
 
 
 def main() -> None:
@@ -123,8 +163,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from grpo_rl.placement.devices import available_cpus
     from grpo_rl.model.precision import cpu_flags
+    from grpo_rl.placement.devices import available_cpus
 
     args.threads = args.threads or available_cpus()
     arms = [parse_arm(a) for a in (args.arms or ["default", "gnu", "threads1"])]
@@ -134,18 +174,30 @@ def main() -> None:
     prompts = log_dir / "prompts.json"
     prepare_prompts(args.warmup + 2 * args.pairs, prompts)
     host = machine()
-    print(f"CPU: {host['cpu']}, {cpu_flags()}, {args.threads} cores available; precision {args.precision}",
-          flush=True)
+    print(f"CPU: {host['cpu']}, {cpu_flags()}, {args.threads} cores available; precision {args.precision}", flush=True)
     rows = [run_arm(name, env, args, prompts, log_dir) for name, env in arms]
     print("\n| arm | threads | environment | idle step (s) | with a busy loop (s) | slowdown | per answer token |")
     print("|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
         env = ", ".join(f"{k}={v}" for k, v in r["env"].items()) or "-"
-        print(f"| {r['arm']} | {r['threads']} | {env} | {r['idle_mean_s']:.2f} | {r['busy_mean_s']:.2f} | "
-              f"{r['slowdown']:.2f}x | {r['slowdown_per_token']:.2f}x |")
+        print(
+            f"| {r['arm']} | {r['threads']} | {env} | {r['idle_mean_s']:.2f} | {r['busy_mean_s']:.2f} | "
+            f"{r['slowdown']:.2f}x | {r['slowdown_per_token']:.2f}x |"
+        )
     path = args.out / f"neighbour_step-{stamp}.json"
-    path.write_text(json.dumps({"machine": host, "cpu_flags": cpu_flags(), "precision": args.precision,
-                                "command": " ".join(sys.argv), "rows": rows}, indent=1) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "machine": host,
+                "cpu_flags": cpu_flags(),
+                "precision": args.precision,
+                "command": " ".join(sys.argv),
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {path}")
 
 

@@ -32,6 +32,7 @@ trained tokens (``token_staleness_mean``, each token's own version) is reported 
 
 Ends with ``min efficiency: X``. Writes JSON. Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,15 +55,28 @@ SIZES = [(c, r) for r in (1, 2, 4) for c in (1, 2, 4, 8, 16)]
 def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     run_dir = out / f"c{collectors}_r{ranks}"
     common = [
-        f"model.name={model}", "logger.backend=none", "logger.num_examine=0",
-        "eval.every=0", "simulate.enabled=true", f"simulate.generation_seconds={args.generation}",
-        f"simulate.reference_seconds={args.reference}", f"simulate.training_seconds={args.training}",
-        f"simulate.jitter={args.jitter}", f"inference_model.num_devices={collectors}",
-        f"train_model.num_devices={ranks}", f"env.prompts_per_step={args.prompts}", f"env.group_size={args.group}",
-        f"pipeline.max_staleness={args.max_staleness}", f"pipeline.buffer_capacity={args.buffer}",
-        "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32",
-        f"simulate.long_tail={args.long_tail}", f"simulate.answer_tokens={args.answer_tokens}",
-        f"sampling.max_new_tokens={max(args.answer_tokens, 16)}", f"pipeline.inflight_updates={args.inflight}",
+        f"model.name={model}",
+        "logger.backend=none",
+        "logger.num_examine=0",
+        "eval.every=0",
+        "simulate.enabled=true",
+        f"simulate.generation_seconds={args.generation}",
+        f"simulate.reference_seconds={args.reference}",
+        f"simulate.training_seconds={args.training}",
+        f"simulate.jitter={args.jitter}",
+        f"inference_model.num_devices={collectors}",
+        f"train_model.num_devices={ranks}",
+        f"env.prompts_per_step={args.prompts}",
+        f"env.group_size={args.group}",
+        f"pipeline.max_staleness={args.max_staleness}",
+        f"pipeline.buffer_capacity={args.buffer}",
+        "train_model.precision=float32",
+        "ref_model.precision=float32",
+        "inference_model.precision=float32",
+        f"simulate.long_tail={args.long_tail}",
+        f"simulate.answer_tokens={args.answer_tokens}",
+        f"sampling.max_new_tokens={max(args.answer_tokens, 16)}",
+        f"pipeline.inflight_updates={args.inflight}",
     ]
     if args.reference > 0:
         common += ["policy.kl_coef=0.01", "ref_model.placement=actor"]
@@ -70,8 +84,12 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         common += ["policy.kl_coef=0"]
     t0 = time.perf_counter()
     run_script("grpo-async.py", common + [f"train.steps={args.steps}"], run_dir=run_dir, timeout=args.timeout)
-    rows = run_script("grpo-async.py", common + [f"train.steps={2 * args.steps}", "resume=auto"], run_dir=run_dir,
-                      timeout=args.timeout).rows
+    rows = run_script(
+        "grpo-async.py",
+        common + [f"train.steps={2 * args.steps}", "resume=auto"],
+        run_dir=run_dir,
+        timeout=args.timeout,
+    ).rows
     wall = time.perf_counter() - t0
     records = read_jsonl(run_dir / "trained.jsonl")
     trained = [b for r in records for b in r["batch_index"]]
@@ -89,30 +107,43 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     throughput = len(measured) / seconds
     ideal, sync = 1 / max(stages), 1 / sum(stages)
     # what the learner spent on anything but waiting for a batch and its (simulated) training
-    overhead = [wall_per_step[r["step"]] - r["learner_wait_seconds"] - r["simulated_training_seconds"]
-                for r in measured]
+    overhead = [
+        wall_per_step[r["step"]] - r["learner_wait_seconds"] - r["simulated_training_seconds"] for r in measured
+    ]
     # ... and where it went, from what every step logs: the fan-out of a training step to the ranks, the push, the
     # rest of the step (the source's calls, the gate, the advantages), and the bookkeeping between two steps (the
     # logs, the checkpoint)
     parts = {
         "training_call": [r["training_seconds"] - r["simulated_training_seconds"] for r in measured],
         "push": [r["weight_sync_seconds"] for r in measured],
-        "source_and_rest": [r["step_seconds"] - r["learner_wait_seconds"] - r["training_seconds"]
-                            - r["weight_sync_seconds"] for r in measured],
+        "source_and_rest": [
+            r["step_seconds"] - r["learner_wait_seconds"] - r["training_seconds"] - r["weight_sync_seconds"]
+            for r in measured
+        ],
         "between_steps": [wall_per_step[r["step"]] - r["step_seconds"] for r in measured],
     }
     return {
-        "collectors": collectors, "ranks": ranks, "steps": len(rows), "measured_steps": len(measured),
-        "throughput": throughput, "ideal": ideal, "sync": sync, "efficiency": throughput / ideal,
+        "collectors": collectors,
+        "ranks": ranks,
+        "steps": len(rows),
+        "measured_steps": len(measured),
+        "throughput": throughput,
+        "ideal": ideal,
+        "sync": sync,
+        "efficiency": throughput / ideal,
         "staleness_mean": statistics.mean(r["staleness_mean"] for r in measured),
-        "staleness_max": max(r["staleness_max"] for r in rows), "bound": args.max_staleness,
+        "staleness_max": max(r["staleness_max"] for r in rows),
+        "bound": args.max_staleness,
         "token_staleness_mean": statistics.mean(r.get("token_staleness_mean", r["staleness_mean"]) for r in measured),
         "dropped_samples": sum(r["dropped_samples"] for r in rows),
-        "overhead_seconds": statistics.mean(overhead), "overhead_max_seconds": max(overhead),
+        "overhead_seconds": statistics.mean(overhead),
+        "overhead_max_seconds": max(overhead),
         "overhead_parts": {k: statistics.mean(v) for k, v in parts.items()},
         "learner_wait_seconds": statistics.mean(r["learner_wait_seconds"] for r in measured),
-        "batches_trained": len(trained), "batches_trained_twice": len(trained) - len(set(trained)),
-        "wall_seconds": wall, "stages": stages,
+        "batches_trained": len(trained),
+        "batches_trained_twice": len(trained) - len(set(trained)),
+        "wall_seconds": wall,
+        "stages": stages,
     }
 
 
@@ -123,8 +154,9 @@ def main() -> None:
     parser.add_argument("--reference", type=float, default=1.0, help="reference seconds per batch (0: no KL)")
     parser.add_argument("--training", type=float, default=4.0, help="training seconds per batch on one rank")
     parser.add_argument("--jitter", type=float, default=0.1)
-    parser.add_argument("--steps", type=int, default=None,
-                        help="steps before the resume, and after it (default 6; 4 with --quick)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps before the resume, and after it (default 6; 4 with --quick)"
+    )
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=4)
@@ -146,29 +178,39 @@ def main() -> None:
     from grpo_rl.model.loading import build_tiny_model, resolve_model
 
     announce_machine()
-    print(f"stage seconds per batch: generation {args.generation} (per collector), reference {args.reference}, "
-          f"training {args.training} (one rank), jitter {args.jitter}; {args.steps} + {args.steps} steps "
-          f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}; long tail {args.long_tail}, "
-          f"in-flight updates {args.inflight}", flush=True)
+    print(
+        f"stage seconds per batch: generation {args.generation} (per collector), reference {args.reference}, "
+        f"training {args.training} (one rank), jitter {args.jitter}; {args.steps} + {args.steps} steps "
+        f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}; long tail {args.long_tail}, "
+        f"in-flight updates {args.inflight}",
+        flush=True,
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="pipeline-scale-") as tmp:
         if args.keep:
             tmp = args.keep
             Path(tmp).mkdir(parents=True, exist_ok=True)
         model = build_tiny_model(resolve_model("embedded:smollm2-135m-instruct"), Path(tmp) / "model")
-        header = (f"{'collectors':>10} {'ranks':>5} {'batch/s':>8} {'ideal':>7} {'sync':>7} {'effic.':>6} "
-                  f"{'stale mean/max':>14} {'token age':>9} {'dropped':>7} {'overhead s':>10} {'twice':>5} {'wall s':>6}")
+        header = (
+            f"{'collectors':>10} {'ranks':>5} {'batch/s':>8} {'ideal':>7} {'sync':>7} {'effic.':>6} "
+            f"{'stale mean/max':>14} {'token age':>9} {'dropped':>7} {'overhead s':>10} {'twice':>5} {'wall s':>6}"
+        )
         print(header, flush=True)
         for collectors, ranks in sizes:
             r = measure(args, model, collectors, ranks, Path(tmp))
             results.append(r)
-            print(f"{collectors:>10} {ranks:>5} {r['throughput']:>8.3f} {r['ideal']:>7.3f} {r['sync']:>7.3f} "
-                  f"{r['efficiency']:>6.2f} {r['staleness_mean']:>8.2f}/{r['staleness_max']}<={r['bound']} "
-                  f"{r['token_staleness_mean']:>9.2f} "
-                  f"{r['dropped_samples']:>7} {r['overhead_seconds']:>10.3f} {r['batches_trained_twice']:>5} "
-                  f"{r['wall_seconds']:>6.0f}", flush=True)
-    print("overhead per step, where it went (s): training call to the ranks / push / source and the rest of the "
-          "step / between steps (logs, checkpoint)")
+            print(
+                f"{collectors:>10} {ranks:>5} {r['throughput']:>8.3f} {r['ideal']:>7.3f} {r['sync']:>7.3f} "
+                f"{r['efficiency']:>6.2f} {r['staleness_mean']:>8.2f}/{r['staleness_max']}<={r['bound']} "
+                f"{r['token_staleness_mean']:>9.2f} "
+                f"{r['dropped_samples']:>7} {r['overhead_seconds']:>10.3f} {r['batches_trained_twice']:>5} "
+                f"{r['wall_seconds']:>6.0f}",
+                flush=True,
+            )
+    print(
+        "overhead per step, where it went (s): training call to the ranks / push / source and the rest of the "
+        "step / between steps (logs, checkpoint)"
+    )
     for r in results:
         print(f"{r['collectors']:>10} {r['ranks']:>5}  " + " / ".join(f"{v:.3f}" for v in r["overhead_parts"].values()))
     print(cpu_line(), flush=True)

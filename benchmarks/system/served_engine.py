@@ -16,6 +16,7 @@ back). The object-store transport of the asynchronous loop is timed by weight_tr
 Prints the CPU, its matmul instruction sets and the load average before starting (measure on an idle machine),
 a table, and writes JSON. Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,19 +36,29 @@ from benchmarks.common.runner import run_script  # noqa: E402
 
 
 def run_sync(engine: str, steps: int, run_dir: Path, extra: list[str]) -> list[dict]:
-    overrides = [f"inference_model.engine={engine}", f"train.steps={steps}", "eval.every=0", "logger.backend=none",
-                 *extra]
+    overrides = [
+        f"inference_model.engine={engine}",
+        f"train.steps={steps}",
+        "eval.every=0",
+        "logger.backend=none",
+        *extra,
+    ]
     return run_script("grpo.py", overrides, run_dir=run_dir, timeout=3600).rows
 
 
 def summarize(rows: list[dict], warmup: int) -> dict:
     measured = rows[warmup:]
     mean = lambda key: statistics.mean(r[key] for r in measured)  # noqa: E731
-    return {"steps": len(measured), "step_seconds": mean("step_seconds"),
-            "generation_seconds": mean("generation_seconds"), "tokens_per_second": mean("tokens_per_second"),
-            "generation_tokens_per_second": mean("generation_tokens_per_second"),
-            "weight_sync_seconds": mean("weight_sync_seconds"), "reward_mean": mean("reward_mean"),
-            "per_step_seconds": [round(r["step_seconds"], 2) for r in measured]}
+    return {
+        "steps": len(measured),
+        "step_seconds": mean("step_seconds"),
+        "generation_seconds": mean("generation_seconds"),
+        "tokens_per_second": mean("tokens_per_second"),
+        "generation_tokens_per_second": mean("generation_tokens_per_second"),
+        "weight_sync_seconds": mean("weight_sync_seconds"),
+        "reward_mean": mean("reward_mean"),
+        "per_step_seconds": [round(r["step_seconds"], 2) for r in measured],
+    }
 
 
 def time_pushes(pushes: int, tmp: Path) -> dict:
@@ -61,10 +72,19 @@ def time_pushes(pushes: int, tmp: Path) -> dict:
     path = resolve_model("embedded:smollm2-135m-instruct")
     weights = list(load_causal_lm(path, torch.device("cpu"), "float32").state_dict().items())
     out = {}
-    args = engine_args(dtype="float32", max_model_len=1024, seed=0, kv_cache_gb=0.5, gpu_memory_utilization=0.5,
-                       enforce_eager=True, enable_prefix_caching=True, on_cpu=True)
-    fleet = ServerFleet([ServerSpec(path, torch.device("cpu"), threads=torch.get_num_threads(), vllm_args=args)],
-                        tmp, start_timeout=600)
+    args = engine_args(
+        dtype="float32",
+        max_model_len=1024,
+        seed=0,
+        kv_cache_gb=0.5,
+        gpu_memory_utilization=0.5,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        on_cpu=True,
+    )
+    fleet = ServerFleet(
+        [ServerSpec(path, torch.device("cpu"), threads=torch.get_num_threads(), vllm_args=args)], tmp, start_timeout=600
+    )
     try:
         engine = ServedEngine(fleet.urls, key=fleet.key, pad_id=0)
         times = []
@@ -106,8 +126,10 @@ def main() -> None:
         result["pushes"] = time_pushes(args.pushes, tmp / "pushes")
     print(f"\n{'engine':<14}{'step s':>9}{'gen s':>9}{'tok/s':>9}{'gen tok/s':>11}{'push s':>9}  per step")
     for engine, r in result["runs"].items():
-        print(f"{engine:<14}{r['step_seconds']:>9.2f}{r['generation_seconds']:>9.2f}{r['tokens_per_second']:>9.1f}"
-              f"{r['generation_tokens_per_second']:>11.1f}{r['weight_sync_seconds']:>9.3f}  {r['per_step_seconds']}")
+        print(
+            f"{engine:<14}{r['step_seconds']:>9.2f}{r['generation_seconds']:>9.2f}{r['tokens_per_second']:>9.1f}"
+            f"{r['generation_tokens_per_second']:>11.1f}{r['weight_sync_seconds']:>9.3f}  {r['per_step_seconds']}"
+        )
     print("\nweight push of SmolLM2-135M (float32), seconds:")
     for transport, times in result["pushes"].items():
         print(f"  {transport:<12} median {statistics.median(times):.3f}  all {[round(t, 3) for t in times]}")

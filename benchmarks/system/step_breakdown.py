@@ -12,6 +12,7 @@ baseline on the same machine state.
 Prints the CPU with its matmul instruction sets, a table, the precision each run chose (and why), and writes
 ``benchmarks/results/step_breakdown.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,15 +47,26 @@ def run(overrides: list[str], steps: int) -> dict:
     rows = run.rows
     timed = rows[1:] if len(rows) > 1 else rows
     mean = {key: sum(r[key] for r in timed) / len(timed) for key, _ in COLUMNS}
-    return {"overrides": overrides, "precision": precision, "steps_timed": len(timed), "wall_seconds": run.seconds,
-            "mean": mean, "per_step": rows, "load_average": os.getloadavg()}
+    return {
+        "overrides": overrides,
+        "precision": precision,
+        "steps_timed": len(timed),
+        "wall_seconds": run.seconds,
+        "mean": mean,
+        "per_step": rows,
+        "load_average": os.getloadavg(),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="steps per run; the first is not timed")
-    parser.add_argument("--variant", action="append", default=[],
-                        help="space-separated overrides for an extra run measured beside the defaults")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="space-separated overrides for an extra run measured beside the defaults",
+    )
     parser.add_argument("overrides", nargs="*", help="overrides applied to every run")
     args = parser.parse_args()
 

@@ -21,6 +21,7 @@ training from the gain of avoiding thread contention.
 
 Prints the CPU line, a table, and writes JSON (per-step times included). Never asserts a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,14 @@ from benchmarks.common.runner import run_script  # noqa: E402
 def build_model(out: Path, hidden: int, layers: int, heads: int) -> Path:
     from grpo_rl.model.loading import build_tiny_model, resolve_model
 
-    return build_tiny_model(resolve_model("embedded:smollm2-135m-instruct"), out, hidden_size=hidden,
-                            num_layers=layers, num_heads=heads, intermediate_size=2 * hidden)
+    return build_tiny_model(
+        resolve_model("embedded:smollm2-135m-instruct"),
+        out,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=2 * hidden,
+    )
 
 
 def summarize(rows: list[dict], warmup: int, samples_per_step: int) -> dict:
@@ -84,8 +91,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--sync-one-thread", action="store_true",
-                        help="also run the synchronous loop with one torch thread (async gives each role one)")
+    parser.add_argument(
+        "--sync-one-thread",
+        action="store_true",
+        help="also run the synchronous loop with one torch thread (async gives each role one)",
+    )
     parser.add_argument("--json", default=str(RESULTS / "sync_vs_async.json"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides passed to both scripts")
     args = parser.parse_args()
@@ -93,8 +103,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sync_vs_async-") as tmp:
         tmp = Path(tmp)
         model = args.model or str(build_model(tmp / "model", args.hidden, args.layers, args.heads))
-        overrides = [f"model.name={model}", f"train.steps={args.steps}", "logger.backend=none",
-                     "logger.num_examine=0", "eval.every=0", "train.checkpoint_frequency=0", *args.overrides]
+        overrides = [
+            f"model.name={model}",
+            f"train.steps={args.steps}",
+            "logger.backend=none",
+            "logger.num_examine=0",
+            "eval.every=0",
+            "train.checkpoint_frequency=0",
+            *args.overrides,
+        ]
         from omegaconf import OmegaConf
 
         from grpo_rl.config.schema import GRPOConfig
@@ -114,18 +131,34 @@ def main() -> None:
     results["speedup"] = results["async"]["samples_per_second"] / results["sync"]["samples_per_second"]
     shown = [m for m in ("sync", "sync_1thread", "async") if m in results]
 
-    keys = ["samples_per_second", "trained_tokens_per_second", "response_length_mean", "step_seconds",
-            "learner_busy_fraction", "generation_seconds", "training_seconds", "reference_seconds", "final_reward", "staleness_mean", "staleness_max", "dropped_samples",
-            "learner_wait_seconds", "collector_busy_fraction", "collector_wait_seconds", "weight_sync_seconds",
-            "process_seconds"]
+    keys = [
+        "samples_per_second",
+        "trained_tokens_per_second",
+        "response_length_mean",
+        "step_seconds",
+        "learner_busy_fraction",
+        "generation_seconds",
+        "training_seconds",
+        "reference_seconds",
+        "final_reward",
+        "staleness_mean",
+        "staleness_max",
+        "dropped_samples",
+        "learner_wait_seconds",
+        "collector_busy_fraction",
+        "collector_wait_seconds",
+        "weight_sync_seconds",
+        "process_seconds",
+    ]
     print(f"\n{'metric':26s} " + " ".join(f"{m:>12s}" for m in shown))
     for k in keys:
         cells = [results[m].get(k) for m in shown]
         print(f"{k:26s} " + " ".join(f"{c:12.3f}" if isinstance(c, (int, float)) else f"{'-':>12s}" for c in cells))
     print(f"{'async / sync samples/s':26s} {results['speedup']:12.2f}x")
     if "sync_1thread" in results:
-        results["speedup_vs_sync_1thread"] = (results["async"]["samples_per_second"]
-                                              / results["sync_1thread"]["samples_per_second"])
+        results["speedup_vs_sync_1thread"] = (
+            results["async"]["samples_per_second"] / results["sync_1thread"]["samples_per_second"]
+        )
         print(f"{'async / sync_1thread':26s} {results['speedup_vs_sync_1thread']:12.2f}x")
     for m in shown[:-1]:
         ratio = results["async"]["trained_tokens_per_second"] / results[m]["trained_tokens_per_second"]

@@ -6,6 +6,7 @@ Builds every component through the same ``make_*`` factories as ``sota/grpo.py``
 (collect -> reference + advantages -> train -> push weights), timing each phase. Emits protocol lines (see
 ``benchmarks/common/workload.py``). Run by the orchestrator, not by hand.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,13 +31,25 @@ from grpo_rl import OPENMP_DEFAULTS  # noqa: E402  (sets our OpenMP defaults, un
 def workload_overrides(run_dir: str) -> list[str]:
     w = WORKLOAD
     return [
-        f"seed={w['seed']}", f"output_dir={run_dir}", f"model.name={w['model']}", "model.dtype=float32",
-        "env.dataset=gsm8k", "env.split=train", "env.template=hash",
-        f"env.prompts_per_step={w['prompts_per_step']}", f"env.group_size={w['group_size']}",
-        f"sampling.max_new_tokens={w['max_new_tokens']}", f"sampling.temperature={w['temperature']}", "sampling.top_p=1.0",
-        f"policy.kl_coef={w['kl_coef']}", f"optimizer.lr={w['lr']}", "optimizer.warmup_steps=0",
-        f"reward.correctness_weight={REWARD_WEIGHTS['correct']}", f"reward.format_weight={REWARD_WEIGHTS['format']}",
-        "logger.backend=none", "train.steps=1000",
+        f"seed={w['seed']}",
+        f"output_dir={run_dir}",
+        f"model.name={w['model']}",
+        "model.dtype=float32",
+        "env.dataset=gsm8k",
+        "env.split=train",
+        "env.template=hash",
+        f"env.prompts_per_step={w['prompts_per_step']}",
+        f"env.group_size={w['group_size']}",
+        f"sampling.max_new_tokens={w['max_new_tokens']}",
+        f"sampling.temperature={w['temperature']}",
+        "sampling.top_p=1.0",
+        f"policy.kl_coef={w['kl_coef']}",
+        f"optimizer.lr={w['lr']}",
+        "optimizer.warmup_steps=0",
+        f"reward.correctness_weight={REWARD_WEIGHTS['correct']}",
+        f"reward.format_weight={REWARD_WEIGHTS['format']}",
+        "logger.backend=none",
+        "train.steps=1000",
     ]
 
 
@@ -57,7 +70,7 @@ def group_stats(batch) -> list[list[int]]:
     r_len = batch["response_mask"].sum(-1).tolist()
     gid = batch["group_id"].tolist()
     groups: dict[int, list[int]] = {}
-    for g, p, r in zip(gid, p_len, r_len):
+    for g, p, r in zip(gid, p_len, r_len, strict=True):
         groups.setdefault(g, [int(p)]).append(int(r))
     return list(groups.values())
 
@@ -90,15 +103,14 @@ def main() -> None:
 
     import torch
 
-    from grpo_rl.envs import make_env
     from grpo_rl.algo.advantages import group_advantages
-    from grpo_rl.rollout.collector import make_collector
     from grpo_rl.engines.build import make_engine
-    from grpo_rl.training.build import make_local_learner, make_ref_scorer
-    from grpo_rl.run.setup import make_run
-    from grpo_rl.training.build import seed_everything
-    from grpo_rl.training.step import train_on_batch
+    from grpo_rl.envs import make_env
     from grpo_rl.envs.rewards.base import RewardComponent
+    from grpo_rl.rollout.collector import make_collector
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import make_local_learner, make_ref_scorer, seed_everything
+    from grpo_rl.training.step import train_on_batch
 
     run_dir = tempfile.mkdtemp(prefix="trl_compare_ours_")
     cfg = compose(workload_overrides(run_dir) + list(args.overrides))
@@ -114,9 +126,13 @@ def main() -> None:
     env.reward.components.append(RewardComponent("brevity", brevity, REWARD_WEIGHTS["brevity"]))
     collector = make_collector(run, engine, env=env)
     expected = [p["prompt_index"] for p in json.loads(Path(args.prompts).read_text())]
-    emit("ready", startup_s=time.perf_counter() - t_start, torch_threads=torch.get_num_threads(),
-         openmp={k: os.environ.get(k) for k in OPENMP_DEFAULTS},
-         config={k: v for k, v in (o.split("=", 1) for o in args.overrides)})
+    emit(
+        "ready",
+        startup_s=time.perf_counter() - t_start,
+        torch_threads=torch.get_num_threads(),
+        openmp={k: os.environ.get(k) for k in OPENMP_DEFAULTS},
+        config={k: v for k, v in (o.split("=", 1) for o in args.overrides)},
+    )
 
     step = 0
     while wait_for_command() == "step":
@@ -128,17 +144,27 @@ def main() -> None:
         engine.update_weights(learner.named_weights())
         t4 = time.perf_counter()
         extra = numerics_check(learner, ref, batch) if step == 0 else {}
-        prompt_of_group = dict(zip(batch["group_id"].tolist(), batch["prompt_index"].tolist()))
+        prompt_of_group = dict(zip(batch["group_id"].tolist(), batch["prompt_index"].tolist(), strict=True))
         seen = [prompt_of_group[g] for g in sorted(prompt_of_group)]
         want = expected[step * cfg.env.prompts_per_step : (step + 1) * cfg.env.prompts_per_step]
         emit(
-            "step", step=step, seconds=t4 - t0, generation_s=cs.generation_seconds, reward_s=cs.reward_seconds,
-            reference_s=metrics["reference_seconds"], training_s=metrics["training_seconds"], weight_sync_s=t4 - t3,
-            completion_tokens=int(batch["response_mask"].sum()), grad_norm=metrics["grad_norm"],
-            reward_mean=float(rewards.mean()), reward_std_within_groups=float(
-                group_advantages(rewards, batch["group_id"]).group_std.mean()),
-            kl_ref=metrics.get("kl_ref", float("nan")), groups=group_stats(batch), prompts_match=seen == want,
-            peak_rss_gib=peak_rss_gib(), **extra,
+            "step",
+            step=step,
+            seconds=t4 - t0,
+            generation_s=cs.generation_seconds,
+            reward_s=cs.reward_seconds,
+            reference_s=metrics["reference_seconds"],
+            training_s=metrics["training_seconds"],
+            weight_sync_s=t4 - t3,
+            completion_tokens=int(batch["response_mask"].sum()),
+            grad_norm=metrics["grad_norm"],
+            reward_mean=float(rewards.mean()),
+            reward_std_within_groups=float(group_advantages(rewards, batch["group_id"]).group_std.mean()),
+            kl_ref=metrics.get("kl_ref", float("nan")),
+            groups=group_stats(batch),
+            prompts_match=seen == want,
+            peak_rss_gib=peak_rss_gib(),
+            **extra,
         )
         step += 1
     engine.shutdown()

@@ -9,6 +9,7 @@ blocks at the start of every step until the orchestrator says 'step', and report
 Phase times come from timing wrappers around the policy's ``generate`` and the trainer's log-prob function
 (calls without gradient are the reference pass). Emits protocol lines (see ``benchmarks/common/workload.py``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
 
 from benchmarks.common.machine import peak_rss_gib, set_threads  # noqa: E402
-from benchmarks.common.workload import (REWARD_WEIGHTS, WORKLOAD, brevity, correct, emit, format_,  # noqa: E402
-                                        wait_for_command)
+from benchmarks.common.workload import REWARD_WEIGHTS, WORKLOAD, brevity, correct, emit, format_, wait_for_command  # noqa: E402
 
 
 def main() -> None:
@@ -49,19 +49,42 @@ def main() -> None:
 
     rows = json.loads(Path(args.prompts).read_text())
     dataset = datasets.Dataset.from_list(
-        [{"prompt": r["messages"], "answer": r["reference"], "prompt_index": r["prompt_index"]} for r in rows])
+        [{"prompt": r["messages"], "answer": r["reference"], "prompt_index": r["prompt_index"]} for r in rows]
+    )
     # The workload, with the sizes scaling.py varies (the defaults are WORKLOAD's own values).
-    w = dict(WORKLOAD, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-             prompts_per_step=args.prompts_per_step)
+    w = dict(
+        WORKLOAD, group_size=args.group_size, max_new_tokens=args.max_new_tokens, prompts_per_step=args.prompts_per_step
+    )
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_compare_trl_"),
-        use_cpu=True, bf16=args.bf16, fp16=False, seed=w["seed"],
-        per_device_train_batch_size=w["prompts_per_step"] * w["group_size"], gradient_accumulation_steps=1,
-        num_generations=w["group_size"], max_completion_length=w["max_new_tokens"],
-        temperature=w["temperature"], top_p=1.0, top_k=0, beta=w["kl_coef"], epsilon=0.2, epsilon_high=0.28,
-        learning_rate=w["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta2=0.99,
-        max_grad_norm=1.0, max_steps=args.steps, logging_steps=1, save_strategy="no", report_to="none",
-        shuffle_dataset=False, use_vllm=False, disable_tqdm=True, log_completions=False,
+        use_cpu=True,
+        bf16=args.bf16,
+        fp16=False,
+        seed=w["seed"],
+        per_device_train_batch_size=w["prompts_per_step"] * w["group_size"],
+        gradient_accumulation_steps=1,
+        num_generations=w["group_size"],
+        max_completion_length=w["max_new_tokens"],
+        temperature=w["temperature"],
+        top_p=1.0,
+        top_k=0,
+        beta=w["kl_coef"],
+        epsilon=0.2,
+        epsilon_high=0.28,
+        learning_rate=w["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta2=0.99,
+        max_grad_norm=1.0,
+        max_steps=args.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        shuffle_dataset=False,
+        use_vllm=False,
+        disable_tqdm=True,
+        log_completions=False,
         reward_weights=[REWARD_WEIGHTS["correct"], REWARD_WEIGHTS["format"], REWARD_WEIGHTS["brevity"]],
         dataloader_num_workers=0,
     )
@@ -76,8 +99,10 @@ def main() -> None:
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         r = correct(texts, answer)
         f, b = format_(texts, answer), brevity(texts)
-        rewards.extend(REWARD_WEIGHTS["correct"] * x + REWARD_WEIGHTS["format"] * y + REWARD_WEIGHTS["brevity"] * z
-                       for x, y, z in zip(r, f, b))
+        rewards.extend(
+            REWARD_WEIGHTS["correct"] * x + REWARD_WEIGHTS["format"] * y + REWARD_WEIGHTS["brevity"] * z
+            for x, y, z in zip(r, f, b, strict=True)
+        )
         return r
 
     def reward_format(completions, answer, **kw):
@@ -86,8 +111,12 @@ def main() -> None:
     def reward_brevity(completions, **kw):
         return brevity([c[0]["content"] if isinstance(c, list) else c for c in completions])
 
-    trainer = GRPOTrainer(model=args.model, reward_funcs=[reward_correct, reward_format, reward_brevity],
-                          args=config, train_dataset=dataset)
+    trainer = GRPOTrainer(
+        model=args.model,
+        reward_funcs=[reward_correct, reward_format, reward_brevity],
+        args=config,
+        train_dataset=dataset,
+    )
 
     timers = {"generation_s": 0.0, "reference_s": 0.0, "policy_logprob_s": 0.0}
 
@@ -98,12 +127,14 @@ def main() -> None:
                 return fn(*a, **kw)
             finally:
                 timers[key_of()] += time.perf_counter() - t
+
         return wrapper
 
     trainer.model.generate = timed(trainer.model.generate, lambda: "generation_s")
     trainer._get_per_token_logps_and_entropies = timed(
         trainer._get_per_token_logps_and_entropies,
-        lambda: "policy_logprob_s" if torch.is_grad_enabled() else "reference_s")
+        lambda: "policy_logprob_s" if torch.is_grad_enabled() else "reference_s",
+    )
 
     class Stepper(TrainerCallback):
         """Hold each step until told to go; report it when TRL logs it."""
@@ -113,9 +144,18 @@ def main() -> None:
             self.step = 0
 
         def on_train_begin(self, *a, **kw):
-            emit("ready", startup_s=time.perf_counter() - t_start, torch_threads=torch.get_num_threads(),
-                 config={"bf16": args.bf16, "trl": trl.__version__, "transformers": transformers.__version__,
-                         "torch": torch.__version__, "loss_type": config.loss_type})
+            emit(
+                "ready",
+                startup_s=time.perf_counter() - t_start,
+                torch_threads=torch.get_num_threads(),
+                config={
+                    "bf16": args.bf16,
+                    "trl": trl.__version__,
+                    "transformers": transformers.__version__,
+                    "torch": torch.__version__,
+                    "loss_type": config.loss_type,
+                },
+            )
 
         def on_step_begin(self, *a, **kw):
             if wait_for_command() != "step":
@@ -135,12 +175,20 @@ def main() -> None:
             g = w["group_size"]
             groups = [rewards[i : i + g] for i in range(0, len(rewards), g)]
             std = [(sum((x - sum(gr) / g) ** 2 for x in gr) / (g - 1)) ** 0.5 for gr in groups]
-            emit("step", step=self.step, seconds=seconds, **timers,
-                 training_s=seconds - timers["generation_s"] - timers["reference_s"],
-                 completion_tokens=completion_tokens[-1],
-                 grad_norm=float(logs["grad_norm"]), reward_mean=sum(rewards) / max(1, len(rewards)),
-                 reward_std_within_groups=sum(std) / max(1, len(std)), kl_ref=float(logs.get("kl", float("nan"))),
-                 prompts_match=seen_prompts[-n:] == want, peak_rss_gib=peak_rss_gib())
+            emit(
+                "step",
+                step=self.step,
+                seconds=seconds,
+                **timers,
+                training_s=seconds - timers["generation_s"] - timers["reference_s"],
+                completion_tokens=completion_tokens[-1],
+                grad_norm=float(logs["grad_norm"]),
+                reward_mean=sum(rewards) / max(1, len(rewards)),
+                reward_std_within_groups=sum(std) / max(1, len(std)),
+                kl_ref=float(logs.get("kl", float("nan"))),
+                prompts_match=seen_prompts[-n:] == want,
+                peak_rss_gib=peak_rss_gib(),
+            )
             self.step += 1
 
     trainer.add_callback(Stepper())

@@ -17,8 +17,8 @@ The grid, one factor at a time around a shared base point (the 135M shape, group
 * model size: random-weight models with the shapes of SmolLM2-135M and SmolLM2-360M, and a ~1B model
   (group size 4, 64 tokens).
 
-The base point is shared, so the full grid is 9 points (``--axes`` defaults to the first three axes' 7). ``--axes`` picks axes, ``--models`` the model-size
-axis's models (the other two axes always run at the 135M shape).
+The base point is shared, so the full grid is 9 points (``--axes`` defaults to the first three axes' 7). ``--axes``
+picks axes, ``--models`` the model-size axis's models (the other two axes always run at the 135M shape).
 
 Workload: trl_compare.py's at equal precision, ``ours:fp32`` against ``trl:fp32`` (fp32 weights, activations
 and engine on both sides), the same GSM8K prompts in the same order (``prepare_prompts`` at the chosen
@@ -63,13 +63,13 @@ point are not balanced out here: the load average is printed before every point 
 Printed: the CPU and load average at the start and per point; per axis a table of ours and TRL's s/step, the
 ratio TRL / ours, peak RSS of each worker, completion tokens per step, and ours' step against its matmul bound
 (flops.py, with the matmul rate measured here for each model's shapes) and its floor (the bound with decoding
-charged at the rate of one decoding step at the point's prompts x G rows, as trl_compare.py does); the phases of every point; and where
-the ratio shrinks along an axis, which phases grew on each side (the "why" to write up). Written:
+charged at the rate of one decoding step at the point's prompts x G rows, as trl_compare.py does); the phases of every
+point; and where the ratio shrinks along an axis, which phases grew on each side (the "why" to write up). Written:
 ``benchmarks/results/scaling-<time>.json`` (machine, command, models, matmul rates, every point with trl_compare's
 per-arm summaries; rewritten after every point, so a run cut short keeps its finished points) and
-``benchmarks/results/scaling-<time>.png`` (matplotlib: one column per axis, s/step of both sides on a log scale
-above with ours' floor dotted, the ratio below). ``--plot-only JSON`` redraws the figure (and reprints the tables) from a JSON file.
-Never asserts a time.
+``benchmarks/results/scaling-<time>.png`` (matplotlib: one column per axis, s/step of both sides on a log scale above
+with ours' floor dotted, the ratio below). ``--plot-only JSON`` redraws the figure (and reprints the tables) from a JSON
+file. Never asserts a time.
 
 Time: estimated from the step times of benchmarks/README.md (135M, 4 prompts x 4 answers x 64 tokens, 2 threads,
 fp32: TRL ~60 s/step, ours ~20 s/step) scaled by each side's matmul FLOPs (ours: distinct tokens, the prompt once
@@ -85,6 +85,7 @@ per-token decode overhead against ``generate``'s, attention kernels, TRL's gradi
 ``--smoke`` checks the plumbing only (model building, both workers, the protocol, JSON, the figure) on a tiny
 random model (hidden 64, 2 layers, 2 heads of 32) at one point, 0 warm-up + 1 timed step, 1 thread.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,24 +113,32 @@ EST_PROMPT_TOKENS = 150  # a GSM8K prompt with its chat template, for the time e
 
 # Architecture of each model: hidden size, layers, heads, KV heads, MLP width (head dimension = hidden / heads).
 SHAPES = {
-    "135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                 intermediate_size=1536),
-    "360m": dict(hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
-                 intermediate_size=2560),
+    "135m": dict(
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536
+    ),
+    "360m": dict(
+        hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5, intermediate_size=2560
+    ),
     # SmolLM2-1.7B's layer, fewer of them (its 24 layers would be 1.71B); --large-layers sets the count
-    "1b": dict(hidden_size=2048, num_hidden_layers=10, num_attention_heads=32, num_key_value_heads=32,
-               intermediate_size=8192),
+    "1b": dict(
+        hidden_size=2048, num_hidden_layers=10, num_attention_heads=32, num_key_value_heads=32, intermediate_size=8192
+    ),
     # --smoke only
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                 intermediate_size=128),
+    "tiny": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, intermediate_size=128
+    ),
 }
 DEFAULT_LARGE_LAYERS = SHAPES["1b"]["num_hidden_layers"]
 AXES = ("group", "length", "model", "prompts")
 DEFAULT_AXES = ("group", "length", "model")
 AXIS_VALUES = {"group": (4, 8, 16), "length": (64, 128, 256), "prompts": (1, 2, 4)}
 BASE = dict(model="135m", group=4, length=64)
-AXIS_TITLE = {"group": "group size", "length": "answer length (tokens)", "model": "model size (parameters)",
-              "prompts": "prompts per step"}
+AXIS_TITLE = {
+    "group": "group size",
+    "length": "answer length (tokens)",
+    "model": "model size (parameters)",
+    "prompts": "prompts per step",
+}
 AXIS_KEY = {"group": "group_size", "length": "answer_tokens", "model": "params", "prompts": "prompts_per_step"}
 
 # benchmarks/README.md, machine B, 2 threads, 135M, 4 prompts x 4 answers x 64 tokens, fp32 (rounded)
@@ -225,8 +234,10 @@ def estimate_s_per_step(cfg: dict, prompts: int, group: int, length: int) -> dic
         return _step_flops_total(c, [[EST_PROMPT_TOKENS, n] for _ in range(p * g)])
 
     r = REF_POINT
-    return {side: REF_SECONDS[side] * fn(cfg, prompts, group, length)
-            / fn(ref_cfg, r["prompts"], r["group"], r["length"]) for side, fn in (("ours", ours), ("trl", trl))}
+    return {
+        side: REF_SECONDS[side] * fn(cfg, prompts, group, length) / fn(ref_cfg, r["prompts"], r["group"], r["length"])
+        for side, fn in (("ours", ours), ("trl", trl))
+    }
 
 
 def estimate(points: list[Point], cfgs: dict, steps: int, sides: list[str]) -> tuple[list[dict], float]:
@@ -283,12 +294,27 @@ def ensure_model(name: str, shape: dict, root: Path, threads: int) -> tuple[Path
     """The cached model folder of ``name`` (built in a subprocess when missing or of another shape)."""
     target = root / name
     meta = target / "scaling_shape.json"
-    if not (meta.exists() and any(target.glob("*.safetensors"))  # one file, or shards
-            and json.loads(meta.read_text()).get("shape") == shape):
+    if not (
+        meta.exists()
+        and any(target.glob("*.safetensors"))  # one file, or shards
+        and json.loads(meta.read_text()).get("shape") == shape
+    ):
         print(f"building the random {name} model ({fmt_params(param_count(shape))}) in {target} ...", flush=True)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-        subprocess.run([sys.executable, __file__, "--build-model", name, "--build-shape", json.dumps(shape),
-                        "--model-root", str(root)], check=True, env=env)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--build-model",
+                name,
+                "--build-shape",
+                json.dumps(shape),
+                "--model-root",
+                str(root),
+            ],
+            check=True,
+            env=env,
+        )
     cfg = json.loads((target / "config.json").read_text())
     cfg["params"] = json.loads(meta.read_text())["params"]
     return target, cfg
@@ -313,9 +339,14 @@ def kv_cache_gb(cfg: dict, prompts: int, group: int, length: int) -> float:
 
 def ours_arm(model_dir: Path, cfg: dict, p: Point) -> Arm:
     base = parse_arm("ours:fp32")  # trl_compare's preset: fp32 everywhere, shared-prompt packing
-    extra = [f"model.name={model_dir}", f"env.prompts_per_step={p.prompts}", f"env.group_size={p.group}",
-             f"sampling.max_new_tokens={p.length}", f"inference_model.max_model_len={MAX_PROMPT_TOKENS + p.length}",
-             f"inference_model.kv_cache_gb={kv_cache_gb(cfg, p.prompts, p.group, p.length)}"]
+    extra = [
+        f"model.name={model_dir}",
+        f"env.prompts_per_step={p.prompts}",
+        f"env.group_size={p.group}",
+        f"sampling.max_new_tokens={p.length}",
+        f"inference_model.max_model_len={MAX_PROMPT_TOKENS + p.length}",
+        f"inference_model.kv_cache_gb={kv_cache_gb(cfg, p.prompts, p.group, p.length)}",
+    ]
     merged = dict(o.split("=", 1) for o in base.overrides + extra)  # later wins
     return Arm("ours", "fp32", [f"{k}={v}" for k, v in merged.items()])
 
@@ -330,12 +361,20 @@ def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_p
 
     point_dir = log_dir / p.slug
     point_dir.mkdir(parents=True, exist_ok=True)
-    trl_args = ["--group-size", str(p.group), "--max-new-tokens", str(p.length),
-                "--prompts-per-step", str(p.prompts)]
+    trl_args = ["--group-size", str(p.group), "--max-new-tokens", str(p.length), "--prompts-per-step", str(p.prompts)]
     arms = {"ours": ours_arm(model_dir, cfg, p), "trl": parse_arm("trl:fp32")}
-    out = {"point": p.name, "model": p.model, "params": cfg["params"], "group_size": p.group,
-           "answer_tokens": p.length, "prompts_per_step": p.prompts, "axes": p.axes,
-           "load_before": os.getloadavg(), "rounds": {}, "errors": {}}
+    out = {
+        "point": p.name,
+        "model": p.model,
+        "params": cfg["params"],
+        "group_size": p.group,
+        "answer_tokens": p.length,
+        "prompts_per_step": p.prompts,
+        "axes": p.axes,
+        "load_before": os.getloadavg(),
+        "rounds": {},
+        "errors": {},
+    }
     for side in args.sides:  # one worker alive at a time: ours, then TRL
         arm = arms[side]
         t = time.perf_counter()
@@ -375,45 +414,57 @@ def print_tables(result: dict) -> None:
         if not pts:
             continue
         print(f"\n{AXIS_TITLE[axis]}")
-        print(f"{'point':24s} {'params':>7s} {'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} "
-              f"{'ours RSS':>8s} {'TRL RSS':>7s} {'tok/step ours':>13s} {'TRL':>5s} {'ours x bound':>12s} "
-              f"{'floor s':>7s} {'ours x floor':>12s}")
+        print(
+            f"{'point':24s} {'params':>7s} {'ours s/step':>11s} {'TRL s/step':>10s} {'TRL/ours':>8s} "
+            f"{'ours RSS':>8s} {'TRL RSS':>7s} {'tok/step ours':>13s} {'TRL':>5s} {'ours x bound':>12s} "
+            f"{'floor s':>7s} {'ours x floor':>12s}"
+        )
         for p in pts:
-            print(f"{p['point']:24s} {fmt_params(p['params']):>7s} {_f(_get(p, 'ours', 's_per_step'), '.2f', 11)} "
-                  f"{_f(_get(p, 'trl', 's_per_step'), '.2f', 10)} {_f(p.get('ratio'), '.2f', 8)} "
-                  f"{_f(_get(p, 'ours', 'peak_rss_gib'), '.2f', 8)} {_f(_get(p, 'trl', 'peak_rss_gib'), '.2f', 7)} "
-                  f"{_f(_get(p, 'ours', 'completion_tokens_per_step'), '.0f', 13)} "
-                  f"{_f(_get(p, 'trl', 'completion_tokens_per_step'), '.0f', 5)} "
-                  f"{_f(_get(p, 'ours', 'over_bound'), '.2f', 12)} {_f(_get(p, 'ours', 'floor_total_s'), '.2f', 7)} "
-                  f"{_f(_get(p, 'ours', 'over_floor'), '.2f', 12)}")
+            print(
+                f"{p['point']:24s} {fmt_params(p['params']):>7s} {_f(_get(p, 'ours', 's_per_step'), '.2f', 11)} "
+                f"{_f(_get(p, 'trl', 's_per_step'), '.2f', 10)} {_f(p.get('ratio'), '.2f', 8)} "
+                f"{_f(_get(p, 'ours', 'peak_rss_gib'), '.2f', 8)} {_f(_get(p, 'trl', 'peak_rss_gib'), '.2f', 7)} "
+                f"{_f(_get(p, 'ours', 'completion_tokens_per_step'), '.0f', 13)} "
+                f"{_f(_get(p, 'trl', 'completion_tokens_per_step'), '.0f', 5)} "
+                f"{_f(_get(p, 'ours', 'over_bound'), '.2f', 12)} {_f(_get(p, 'ours', 'floor_total_s'), '.2f', 7)} "
+                f"{_f(_get(p, 'ours', 'over_floor'), '.2f', 12)}"
+            )
         for note in trend_notes(pts):
             print("  " + note)
     print("\nphases, s/step (ours: generation reference training weight-sync | TRL: generation reference training)")
     for p in result["points"]:
         o, t = (_get(p, s, "phases_s", {}) for s in ("ours", "trl"))
-        print(f"{p['point']:24s} ours {' '.join(_f(o.get(k), '.2f', 6) for k in PHASES['ours'])} | TRL "
-              f"{' '.join(_f(t.get(k), '.2f', 6) for k in PHASES['trl'])}   load before {p['load_before'][0]:.2f}"
-              + "".join(f"   {s} FAILED" for s in p.get("errors", {})))
+        print(
+            f"{p['point']:24s} ours {' '.join(_f(o.get(k), '.2f', 6) for k in PHASES['ours'])} | TRL "
+            f"{' '.join(_f(t.get(k), '.2f', 6) for k in PHASES['trl'])}   load before {p['load_before'][0]:.2f}"
+            + "".join(f"   {s} FAILED" for s in p.get("errors", {}))
+        )
 
 
-PHASES = {"ours": ("generation_s", "reference_s", "training_s", "weight_sync_s"),
-          "trl": ("generation_s", "reference_s", "training_s")}
+PHASES = {
+    "ours": ("generation_s", "reference_s", "training_s", "weight_sync_s"),
+    "trl": ("generation_s", "reference_s", "training_s"),
+}
 
 
 def trend_notes(pts: list[dict]) -> list[str]:
     """Where the ratio shrinks from one point of an axis to the next: how much each side's step and phases grew."""
     notes = []
-    for a, b in zip(pts, pts[1:]):
+    for a, b in zip(pts, pts[1:], strict=False):  # each point with the next: one pair fewer than points
         if not (a.get("ratio") and b.get("ratio")) or b["ratio"] >= 0.97 * a["ratio"]:
             continue
         parts = []
         for side in ("ours", "trl"):
             sa, sb = a[side], b[side]
-            growth = " ".join(f"{k[:-2]} x{sb['phases_s'][k] / sa['phases_s'][k]:.2f}" for k in PHASES[side]
-                              if sa["phases_s"].get(k) and k in sb["phases_s"])
+            growth = " ".join(
+                f"{k[:-2]} x{sb['phases_s'][k] / sa['phases_s'][k]:.2f}"
+                for k in PHASES[side]
+                if sa["phases_s"].get(k) and k in sb["phases_s"]
+            )
             parts.append(f"{side} x{sb['s_per_step'] / sa['s_per_step']:.2f} ({growth})")
-        notes.append(f"ratio shrinks {a['ratio']:.2f} -> {b['ratio']:.2f} from {a['point']} to {b['point']}: "
-                     + "; ".join(parts))
+        notes.append(
+            f"ratio shrinks {a['ratio']:.2f} -> {b['ratio']:.2f} from {a['point']} to {b['point']}: " + "; ".join(parts)
+        )
     return notes
 
 
@@ -425,28 +476,53 @@ def plot(result: dict, png: Path) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axes_present = [a for a in AXES if axis_points(result, a)]
-    fig, grid = plt.subplots(2, max(1, len(axes_present)), figsize=(4.6 * max(1, len(axes_present)), 6.4),
-                             squeeze=False, sharex="col", gridspec_kw={"height_ratios": [2, 1]})
+    fig, grid = plt.subplots(
+        2,
+        max(1, len(axes_present)),
+        figsize=(4.6 * max(1, len(axes_present)), 6.4),
+        squeeze=False,
+        sharex="col",
+        gridspec_kw={"height_ratios": [2, 1]},
+    )
     for col, axis in enumerate(axes_present):
         pts = axis_points(result, axis)
         xs = [p[AXIS_KEY[axis]] for p in pts]
         top, bottom = grid[0][col], grid[1][col]
-        for side, key, label, style in (("ours", "s_per_step", "ours (fp32)", "o-"),
-                                        ("ours", "floor_total_s", "ours' floor", "o:"),
-                                        ("trl", "s_per_step", "TRL (fp32)", "s--")):
-            got = [(x, _get(p, side, key)) for x, p in zip(xs, pts) if _get(p, side, key)]
+        for side, key, label, style in (
+            ("ours", "s_per_step", "ours (fp32)", "o-"),
+            ("ours", "floor_total_s", "ours' floor", "o:"),
+            ("trl", "s_per_step", "TRL (fp32)", "s--"),
+        ):
+            got = [(x, _get(p, side, key)) for x, p in zip(xs, pts, strict=True) if _get(p, side, key)]
             if got:
-                top.plot(*zip(*got), style, label=label, color="tab:blue" if side == "ours" else "tab:orange")
+                top.plot(
+                    *zip(*got, strict=True), style, label=label, color="tab:blue" if side == "ours" else "tab:orange"
+                )
         hi = 0.0
         for values, label, style, color in (
-                ([(x, p["ratio"]) for x, p in zip(xs, pts) if p.get("ratio")], "TRL / ours", "d-", "tab:green"),
-                ([(x, _get(p, "ours", "over_floor")) for x, p in zip(xs, pts) if _get(p, "ours", "over_floor")],
-                 "ours / floor", "o:", "tab:blue")):
+            (
+                [(x, p["ratio"]) for x, p in zip(xs, pts, strict=True) if p.get("ratio")],
+                "TRL / ours",
+                "d-",
+                "tab:green",
+            ),
+            (
+                [
+                    (x, _get(p, "ours", "over_floor"))
+                    for x, p in zip(xs, pts, strict=True)
+                    if _get(p, "ours", "over_floor")
+                ],
+                "ours / floor",
+                "o:",
+                "tab:blue",
+            ),
+        ):
             if values:
-                bottom.plot(*zip(*values), style, color=color, label=label)
+                bottom.plot(*zip(*values, strict=True), style, color=color, label=label)
                 for x, r in values:
-                    bottom.annotate(f"{r:.2f}", (x, r), textcoords="offset points", xytext=(0, 5), ha="center",
-                                    fontsize=8)
+                    bottom.annotate(
+                        f"{r:.2f}", (x, r), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8
+                    )
                 hi = max([hi] + [r for _, r in values])
         bottom.set_ylim(0, hi * 1.25 if hi > 0 else 1)
         top.set_yscale("log")
@@ -466,12 +542,18 @@ def plot(result: dict, png: Path) -> None:
             top.legend(fontsize=8)
             bottom.legend(fontsize=8, loc="lower right")
     m = result["machine"]
-    against = f"ours vs TRL {result.get('trl_version') or ''}, both" if "trl" in result.get("sides", ["trl"]) \
+    against = (
+        f"ours vs TRL {result.get('trl_version') or ''}, both"
+        if "trl" in result.get("sides", ["trl"])
         else "ours against its floor,"
-    fig.suptitle(f"GRPO step, {against} fp32, random-weight "
-                 f"SmolLM2-shaped models; 135M / G=4 / 64 tokens / {result['prompts_per_step']} prompts per step "
-                 f"unless varied\n{result.get('cpu_flags') or m['cpu']}, {m['cores']} cores, {result['threads']} "
-                 f"thread(s), {result['warmup']} warm-up + {result['steps']} timed step(s) per arm", fontsize=9)
+    )
+    fig.suptitle(
+        f"GRPO step, {against} fp32, random-weight "
+        f"SmolLM2-shaped models; 135M / G=4 / 64 tokens / {result['prompts_per_step']} prompts per step "
+        f"unless varied\n{result.get('cpu_flags') or m['cpu']}, {m['cores']} cores, {result['threads']} "
+        f"thread(s), {result['warmup']} warm-up + {result['steps']} timed step(s) per arm",
+        fontsize=9,
+    )
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
@@ -485,8 +567,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--axes", default=",".join(DEFAULT_AXES), help="subset of group,length,model,prompts")
     parser.add_argument("--models", default="135m,360m,1b", help="the model-size axis: subset of 135m,360m,1b")
-    parser.add_argument("--large-layers", type=int, default=DEFAULT_LARGE_LAYERS,
-                        help="layers of the 1b model (67.1M parameters each; 10: 0.77B, see the docstring)")
+    parser.add_argument(
+        "--large-layers",
+        type=int,
+        default=DEFAULT_LARGE_LAYERS,
+        help="layers of the 1b model (67.1M parameters each; 10: 0.77B, see the docstring)",
+    )
     parser.add_argument("--prompts-per-step", type=int, default=2, help="of every point off the prompts axis")
     parser.add_argument("--steps", type=int, default=1, help="timed optimizer steps per arm and point")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (vLLM's first step is slower)")
@@ -496,8 +582,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--model-root", type=Path, default=RESULTS / "scaling-models")
     parser.add_argument("--dry-run", action="store_true", help="print the points and the time estimate only")
-    parser.add_argument("--smoke", action="store_true",
-                        help="plumbing check: a tiny random model, one point, 0 warm-up + 1 step, 1 thread")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="plumbing check: a tiny random model, one point, 0 warm-up + 1 step, 1 thread",
+    )
     parser.add_argument("--plot-only", type=Path, metavar="JSON", help="redraw the figure of a results file")
     parser.add_argument("--png", type=Path, help="with --plot-only: where the figure goes (default: next to JSON)")
     parser.add_argument("--build-model", help=argparse.SUPPRESS)  # internal: the model-building subprocess
@@ -506,8 +595,11 @@ def parse_args() -> argparse.Namespace:
     args.axes = [a for a in args.axes.split(",") if a]
     args.models = [m for m in args.models.split(",") if m]
     args.sides = [s for s in args.sides.split(",") if s]
-    bad = [a for a in args.axes if a not in AXES] + [m for m in args.models if m not in ("135m", "360m", "1b")] \
+    bad = (
+        [a for a in args.axes if a not in AXES]
+        + [m for m in args.models if m not in ("135m", "360m", "1b")]
         + [s for s in args.sides if s not in ("ours", "trl")]
+    )
     if bad or not args.sides:
         raise SystemExit(f"unknown --axes/--models/--sides entries: {bad}")
     SHAPES["1b"] = dict(SHAPES["1b"], num_hidden_layers=args.large_layers)
@@ -537,16 +629,23 @@ def main() -> None:
     names = sorted({p.model for p in points}, key=lambda n: param_count(shape_config(n)))
     cfgs = {n: shape_config(n) for n in names}
     for n in names:
-        print(f"model {n}: {fmt_params(param_count(cfgs[n]))} parameters ({param_count(cfgs[n]):,}), "
-              f"{ {k: v for k, v in cfgs[n].items() if k != 'vocab_size'} }")
+        print(
+            f"model {n}: {fmt_params(param_count(cfgs[n]))} parameters ({param_count(cfgs[n]):,}), "
+            f"{ {k: v for k, v in cfgs[n].items() if k != 'vocab_size'} }"
+        )
     rows, total = estimate(points, cfgs, args.warmup + args.steps, args.sides)
-    print(f"\n{len(points)} points, {args.prompts_per_step} prompts/step unless varied, {args.warmup} warm-up + "
-          f"{args.steps} "
-          "timed step(s) per arm; estimated s/step (README's 135M step times at 2 threads, scaled by FLOPs):")
+    print(
+        f"\n{len(points)} points, {args.prompts_per_step} prompts/step unless varied, {args.warmup} warm-up + "
+        f"{args.steps} "
+        "timed step(s) per arm; estimated s/step (README's 135M step times at 2 threads, scaled by FLOPs):"
+    )
     for r in rows:
         ratio = f"  TRL / ours {r['trl'] / r['ours']:.2f}" if "ours" in r and "trl" in r else ""
-        print(f"  {r['point']:24s} " + "  ".join(f"{s} {r[s]:7.1f} s/step ({r[s + '_total'] / 60:5.1f} min with "
-                                                  "start-up)" for s in args.sides) + ratio)
+        print(
+            f"  {r['point']:24s} "
+            + "  ".join(f"{s} {r[s]:7.1f} s/step ({r[s + '_total'] / 60:5.1f} min with start-up)" for s in args.sides)
+            + ratio
+        )
     print(f"  estimated total: {total / 60:.0f} min", flush=True)
     if args.dry_run:
         return
@@ -556,8 +655,8 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from benchmarks.micro.flops import best_rates
-    from grpo_rl.model.precision import cpu_flags
     from benchmarks.versus_trl.trl_compare import prepare_prompts
+    from grpo_rl.model.precision import cpu_flags
 
     t_start = time.perf_counter()
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -574,16 +673,27 @@ def main() -> None:
         prompts_paths[k] = log_dir / f"prompts-{k}.json"
         prepare_prompts(args.warmup + args.steps, prompts_paths[k], prompts_per_step=k)
     # a non-default depth of the 1b model gets a folder of its own, so the cached default is kept
-    folders = {n: n if n != "1b" or args.large_layers == DEFAULT_LARGE_LAYERS else f"1b-{args.large_layers}l"
-               for n in names}
+    folders = {
+        n: n if n != "1b" or args.large_layers == DEFAULT_LARGE_LAYERS else f"1b-{args.large_layers}l" for n in names
+    }
     models = {n: ensure_model(folders[n], cfgs[n], args.model_root, args.threads) for n in names}
     trl_version = None
     result = {
-        "command": " ".join(sys.argv), "machine": host, "cpu_flags": cpu_flags(), "workload": WORKLOAD,
-        "prompts_per_step": args.prompts_per_step, "steps": args.steps, "warmup": args.warmup,
-        "threads": args.threads, "sides": args.sides, "smoke": args.smoke, "trl_version": trl_version,
+        "command": " ".join(sys.argv),
+        "machine": host,
+        "cpu_flags": cpu_flags(),
+        "workload": WORKLOAD,
+        "prompts_per_step": args.prompts_per_step,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "threads": args.threads,
+        "sides": args.sides,
+        "smoke": args.smoke,
+        "trl_version": trl_version,
         "models": {n: {"path": str(d), "params": c["params"], "shape": cfgs[n]} for n, (d, c) in models.items()},
-        "estimate": rows, "matmul_rates": {}, "points": [],
+        "estimate": rows,
+        "matmul_rates": {},
+        "points": [],
     }
     for i, p in enumerate(points):
         model_dir, cfg = models[p.model]
@@ -591,17 +701,26 @@ def main() -> None:
         if rows_key not in result["matmul_rates"]:
             result["matmul_rates"][rows_key] = best_rates(cfg, args.threads, decode_rows=p.prompts * p.group)
         rates = result["matmul_rates"][rows_key]
-        print(f"\n[{i + 1}/{len(points)}] {p.name} ({fmt_params(cfg['params'])} parameters, axes "
-              f"{','.join(p.axes)}); {load_line()}; fp32 matmul {rates['fp32'] / 1e9:.0f} GFLOP/s", flush=True)
+        print(
+            f"\n[{i + 1}/{len(points)}] {p.name} ({fmt_params(cfg['params'])} parameters, axes "
+            f"{','.join(p.axes)}); {load_line()}; fp32 matmul {rates['fp32'] / 1e9:.0f} GFLOP/s",
+            flush=True,
+        )
         point = run_point(p, args, model_dir, cfg, rates, prompts_paths[p.prompts], log_dir)
         result["points"].append(point)
         trl_version = trl_version or (_get(point, "trl", "worker") or {}).get("trl")
         result["trl_version"] = trl_version
         if point.get("ours"):
             o = point["ours"]
-            print(f"  -> ours {o['s_per_step']:.2f} s/step, floor {o['floor_total_s']:.2f} s ({o['over_floor']:.2f}x)"
-                  + (f", TRL {point['trl']['s_per_step']:.2f} s/step, TRL / ours {point['ratio']:.2f}"
-                     if point.get("ratio") else ""), flush=True)
+            print(
+                f"  -> ours {o['s_per_step']:.2f} s/step, floor {o['floor_total_s']:.2f} s ({o['over_floor']:.2f}x)"
+                + (
+                    f", TRL {point['trl']['s_per_step']:.2f} s/step, TRL / ours {point['ratio']:.2f}"
+                    if point.get("ratio")
+                    else ""
+                ),
+                flush=True,
+            )
         json_path.write_text(json.dumps(result, indent=1))
 
     result["wall_s"] = time.perf_counter() - t_start

@@ -32,6 +32,7 @@ here in fp32 and bf16, the lower bound on the step time that follows, and measur
 (``flops.py``: decoding at the rate of a decoding step's 16-row matmuls, which stream every weight), with TRL's step
 over our floor: the most a step built from this CPU's matmuls could gain over TRL's on this workload.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -126,12 +127,11 @@ def prepare_prompts(total_steps: int, path: Path, prompts_per_step: int | None =
 
     ``prompts_per_step``: the workload's unless given (``scaling.py`` runs other sizes).
     """
-    from grpo_rl.envs.data import load_records
+    from benchmarks.versus_trl._ours_worker import compose, workload_overrides
     from grpo_rl.envs import make_env
+    from grpo_rl.envs.data import load_records
     from grpo_rl.envs.tasks.gsm8k.env import gsm8k_messages
     from grpo_rl.model.loading import load_tokenizer, resolve_model
-
-    from benchmarks.versus_trl._ours_worker import compose, workload_overrides
 
     extra = [] if prompts_per_step is None else [f"env.prompts_per_step={prompts_per_step}"]
     cfg = compose(workload_overrides(tempfile.mkdtemp(prefix="trl_compare_")) + extra)
@@ -141,9 +141,14 @@ def prepare_prompts(total_steps: int, path: Path, prompts_per_step: int | None =
     rows = []
     for _ in range(total_steps):
         td = env.reset()
-        for idx, ref in zip(td["prompt_index"].tolist(), list(td["reference"])):
-            rows.append({"prompt_index": idx, "reference": ref,
-                         "messages": gsm8k_messages(records[idx], template=cfg.env.template)})
+        for idx, ref in zip(td["prompt_index"].tolist(), list(td["reference"]), strict=True):
+            rows.append(
+                {
+                    "prompt_index": idx,
+                    "reference": ref,
+                    "messages": gsm8k_messages(records[idx], template=cfg.env.template),
+                }
+            )
     path.write_text(json.dumps(rows))
     return rows
 
@@ -155,8 +160,9 @@ class Worker:
         self.arm = arm
         self.log = open(log_path, "w")
         arm.log_path = log_path
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1
+        )
 
     def read_event(self) -> dict:
         while True:
@@ -166,7 +172,7 @@ class Worker:
                 tail = Path(self.arm.log_path).read_text()[-3000:]
                 raise RuntimeError(f"{self.arm.name} worker exited (rc={self.proc.wait()}); log tail:\n{tail}")
             if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
+                return json.loads(line[len(MARK) :])
             self.log.write(line)
 
     def send(self, command: str) -> None:
@@ -182,25 +188,57 @@ class Worker:
             self.log.close()
 
 
-def start_worker(arm: Arm, args, prompts_path: Path, model_path: str, total_steps: int, log_dir: Path,
-                 trl_args: list[str] | tuple = ()) -> Worker:
+def start_worker(
+    arm: Arm,
+    args,
+    prompts_path: Path,
+    model_path: str,
+    total_steps: int,
+    log_dir: Path,
+    trl_args: list[str] | tuple = (),
+) -> Worker:
     """``trl_args``: extra options of a TRL worker (``--group-size`` ...; ``scaling.py``), none by default."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        VLLM_LOGGING_LEVEL="WARNING",
+        PYTHONPATH=str(ROOT),
+    )
     if arm.side == "ours":
-        cmd = [sys.executable, str(OURS_WORKER), "--prompts", str(prompts_path),
-               "--threads", str(args.threads), *arm.overrides]
+        cmd = [
+            sys.executable,
+            str(OURS_WORKER),
+            "--prompts",
+            str(prompts_path),
+            "--threads",
+            str(args.threads),
+            *arm.overrides,
+        ]
     else:
-        cmd = [str(args.trl_python), str(TRL_WORKER), "--prompts", str(prompts_path),
-               "--model", model_path, "--threads", str(args.threads), "--steps", str(total_steps), *trl_args]
+        cmd = [
+            str(args.trl_python),
+            str(TRL_WORKER),
+            "--prompts",
+            str(prompts_path),
+            "--model",
+            model_path,
+            "--threads",
+            str(args.threads),
+            "--steps",
+            str(total_steps),
+            *trl_args,
+        ]
         if arm.bf16:
             cmd.append("--bf16")
     return Worker(arm, cmd, env, log_dir / f"{arm.name.replace(':', '_')}.log")
 
 
-def run_round(arms: list[Arm], args, prompts_path: Path, model_path: str, log_dir: Path,
-              trl_args: list[str] | tuple = ()) -> dict:
+def run_round(
+    arms: list[Arm], args, prompts_path: Path, model_path: str, log_dir: Path, trl_args: list[str] | tuple = ()
+) -> dict:
     total = args.warmup + args.steps
     load_before = os.getloadavg()
     workers = []
@@ -216,8 +254,11 @@ def run_round(arms: list[Arm], args, prompts_path: Path, model_path: str, log_di
                 w.send("step")
                 ev = w.read_event()
                 w.arm.steps.append(ev)
-                print(f"  step {step} {w.arm.name:22s} {ev['seconds']:7.2f} s  grad_norm {ev['grad_norm']:.4f}  "
-                      f"reward {ev['reward_mean']:.3f}  load {os.getloadavg()[0]:.2f}", flush=True)
+                print(
+                    f"  step {step} {w.arm.name:22s} {ev['seconds']:7.2f} s  grad_norm {ev['grad_norm']:.4f}  "
+                    f"reward {ev['reward_mean']:.3f}  load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
     finally:
         for w in workers:
             try:
@@ -232,12 +273,19 @@ def summarize(arm: Arm, warmup: int, rates: dict, model_cfg: dict) -> dict:
     timed = arm.steps[warmup:] or arm.steps
     secs = [s["seconds"] for s in timed]
     tokens = sum(s["completion_tokens"] for s in timed)
-    phases = [k for k in ("generation_s", "reference_s", "training_s", "weight_sync_s", "reward_s", "policy_logprob_s")
-              if k in timed[0]]
+    phases = [
+        k
+        for k in ("generation_s", "reference_s", "training_s", "weight_sync_s", "reward_s", "policy_logprob_s")
+        if k in timed[0]
+    ]
     out = {
-        "arm": arm.name, "overrides": arm.overrides, "timed_steps": len(timed),
-        "s_per_step": statistics.mean(secs), "s_per_step_median": statistics.median(secs),
-        "s_per_step_min": min(secs), "completion_tokens_per_s": tokens / sum(secs),
+        "arm": arm.name,
+        "overrides": arm.overrides,
+        "timed_steps": len(timed),
+        "s_per_step": statistics.mean(secs),
+        "s_per_step_median": statistics.median(secs),
+        "s_per_step_min": min(secs),
+        "completion_tokens_per_s": tokens / sum(secs),
         "completion_tokens_per_step": tokens / len(timed),
         "phases_s": {k: statistics.mean(s[k] for s in timed) for k in phases},
         "per_step_s": [{k: s[k] for k in ("seconds", *phases)} for s in arm.steps],  # warm-up steps included
@@ -246,7 +294,8 @@ def summarize(arm: Arm, warmup: int, rates: dict, model_cfg: dict) -> dict:
         "rewards": [s["reward_mean"] for s in arm.steps],
         "reward_std_within_groups": [s["reward_std_within_groups"] for s in arm.steps],
         "prompts_match": all(s["prompts_match"] for s in arm.steps),
-        "startup_s": arm.ready.get("startup_s"), "worker": arm.ready.get("config"),
+        "startup_s": arm.ready.get("startup_s"),
+        "worker": arm.ready.get("config"),
         "log": str(arm.log_path),
     }
     out["weight_sync_fraction"] = out["phases_s"].get("weight_sync_s", 0.0) / out["s_per_step"]
@@ -257,10 +306,20 @@ def summarize(arm: Arm, warmup: int, rates: dict, model_cfg: dict) -> dict:
     if arm.side == "ours":
         per_step = [step_flops(model_cfg, s["groups"]) for s in timed]
         total = StepFlops.mean(per_step)
-        both = bounds(total, rates, engine="bf16" if arm.engine_dtype == "bfloat16" else "fp32",
-                      train="bf16" if arm.bf16 else "fp32")
-        out["flops"] = {"generation": total.generation, "decode": total.decode, "reference": total.reference,
-                        "training": total.training, "tokens": total.tokens, "sequences": total.sequences}
+        both = bounds(
+            total,
+            rates,
+            engine="bf16" if arm.engine_dtype == "bfloat16" else "fp32",
+            train="bf16" if arm.bf16 else "fp32",
+        )
+        out["flops"] = {
+            "generation": total.generation,
+            "decode": total.decode,
+            "reference": total.reference,
+            "training": total.training,
+            "tokens": total.tokens,
+            "sequences": total.sequences,
+        }
         out["bound_s"], out["floor_s"] = both["bound"], both["floor"]
         out["bound_total_s"] = sum(both["bound"].values())
         out["over_bound"] = out["s_per_step"] / out["bound_total_s"]
@@ -271,31 +330,45 @@ def summarize(arm: Arm, warmup: int, rates: dict, model_cfg: dict) -> dict:
 
 def print_table(summaries: list[dict], rates: dict) -> None:
     print("\n" + "=" * 134)
-    hdr = f"{'arm':24s} {'s/step':>7s} {'(min)':>6s} {'tok/s':>6s} {'gen':>6s} {'ref':>6s} {'train':>6s} {'sync':>5s} " \
-          f"{'RSS GiB':>7s} {'bound':>6s} {'x bound':>7s} {'floor':>6s} {'x floor':>7s}  grad norms"
+    hdr = (
+        f"{'arm':24s} {'s/step':>7s} {'(min)':>6s} {'tok/s':>6s} {'gen':>6s} {'ref':>6s} {'train':>6s} {'sync':>5s} "
+        f"{'RSS GiB':>7s} {'bound':>6s} {'x bound':>7s} {'floor':>6s} {'x floor':>7s}  grad norms"
+    )
     print(hdr)
     for s in summaries:
         ph = s["phases_s"]
-        bound = (f"{s['bound_total_s']:6.2f} {s['over_bound']:7.2f} {s['floor_total_s']:6.2f} {s['over_floor']:7.2f}"
-                 if "bound_total_s" in s else f"{'-':>6s} {'-':>7s} {'-':>6s} {'-':>7s}")
-        print(f"{s['arm']:24s} {s['s_per_step']:7.2f} {s['s_per_step_min']:6.2f} {s['completion_tokens_per_s']:6.1f} "
-              f"{ph.get('generation_s', 0):6.2f} {ph.get('reference_s', 0):6.2f} {ph.get('training_s', 0):6.2f} "
-              f"{ph.get('weight_sync_s', 0):5.2f} {s['peak_rss_gib']:7.2f} {bound}  "
-              + " ".join(f"{g:.3g}" for g in s["grad_norms"]))
-    print(f"\nbest matmul rate measured here ({rates['threads']} threads, model shapes, threads sleeping or spinning): fp32 {rates['fp32'] / 1e9:.0f} "
-          f"GFLOP/s, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s at 512 rows; a decoding step at {rates['decode_rows']} "
-          f"rows: fp32 {rates['fp32_decode'] / 1e9:.0f} GFLOP/s, bf16 {rates['bf16_decode'] / 1e9:.0f} GFLOP/s")
+        bound = (
+            f"{s['bound_total_s']:6.2f} {s['over_bound']:7.2f} {s['floor_total_s']:6.2f} {s['over_floor']:7.2f}"
+            if "bound_total_s" in s
+            else f"{'-':>6s} {'-':>7s} {'-':>6s} {'-':>7s}"
+        )
+        print(
+            f"{s['arm']:24s} {s['s_per_step']:7.2f} {s['s_per_step_min']:6.2f} {s['completion_tokens_per_s']:6.1f} "
+            f"{ph.get('generation_s', 0):6.2f} {ph.get('reference_s', 0):6.2f} {ph.get('training_s', 0):6.2f} "
+            f"{ph.get('weight_sync_s', 0):5.2f} {s['peak_rss_gib']:7.2f} {bound}  "
+            + " ".join(f"{g:.3g}" for g in s["grad_norms"])
+        )
+    print(
+        f"\nbest matmul rate measured here ({rates['threads']} threads, model shapes, threads sleeping or spinning): "
+        f"fp32 {rates['fp32'] / 1e9:.0f} "
+        f"GFLOP/s, bf16 {rates['bf16'] / 1e9:.0f} GFLOP/s at 512 rows; a decoding step at {rates['decode_rows']} "
+        f"rows: fp32 {rates['fp32_decode'] / 1e9:.0f} GFLOP/s, bf16 {rates['bf16_decode'] / 1e9:.0f} GFLOP/s"
+    )
     for s in summaries:
         if "flops" in s:
             f, b = s["flops"], s["bound_s"]
-            print(f"{s['arm']:24s} needs {f['generation'] / 1e9:6.0f} GFLOP generation, {f['reference'] / 1e9:5.0f} "
-                  f"reference, {f['training'] / 1e9:6.0f} policy fwd+bwd ({f['tokens']:.0f} distinct tokens per pass) "
-                  f"-> bound {b['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s; floor "
-                  f"{s['floor_s']['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s "
-                  f"({f['decode'] / 1e9:.0f} GFLOP of the generation decoding {f['sequences']:.0f} answers together)")
+            print(
+                f"{s['arm']:24s} needs {f['generation'] / 1e9:6.0f} GFLOP generation, {f['reference'] / 1e9:5.0f} "
+                f"reference, {f['training'] / 1e9:6.0f} policy fwd+bwd ({f['tokens']:.0f} distinct tokens per pass) "
+                f"-> bound {b['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s; floor "
+                f"{s['floor_s']['generation_s']:.2f} + {b['reference_s']:.2f} + {b['training_s']:.2f} s "
+                f"({f['decode'] / 1e9:.0f} GFLOP of the generation decoding {f['sequences']:.0f} answers together)"
+            )
         if "packed_vs_unpacked_max_abs" in s:
-            print(f"{s['arm']:24s} warm-up batch: packed vs unpacked ref log-probs max |diff| "
-                  f"{s['packed_vs_unpacked_max_abs']:.2e}; engine vs ref mean |diff| {s['engine_vs_ref_mean_abs']:.2e}")
+            print(
+                f"{s['arm']:24s} warm-up batch: packed vs unpacked ref log-probs max |diff| "
+                f"{s['packed_vs_unpacked_max_abs']:.2e}; engine vs ref mean |diff| {s['engine_vs_ref_mean_abs']:.2e}"
+            )
         if not s["prompts_match"]:
             print(f"WARNING {s['arm']}: saw different prompts than planned")
 
@@ -306,8 +379,11 @@ def comparisons(summaries: list[dict]) -> dict:
     trl = [s for s in summaries if s["arm"].startswith("trl:")]
     out = {}
     if "trl:fp32" in by:  # every fp32 arm of ours against TRL's fp32 step
-        fp32 = {s["arm"]: by["trl:fp32"]["s_per_step"] / s["s_per_step"] for s in ours
-                if "train_model.precision=float32" in s["overrides"]}
+        fp32 = {
+            s["arm"]: by["trl:fp32"]["s_per_step"] / s["s_per_step"]
+            for s in ours
+            if "train_model.precision=float32" in s["overrides"]
+        }
         if "ours:fp32" in fp32:
             out["equal_precision_fp32_speedup"] = fp32["ours:fp32"]
         if fp32:
@@ -315,26 +391,40 @@ def comparisons(summaries: list[dict]) -> dict:
     if ours and trl:
         best_ours = min(ours, key=lambda s: s["s_per_step"])
         best_trl = min(trl, key=lambda s: s["s_per_step"])
-        out["best_vs_best"] = {"ours": best_ours["arm"], "trl": best_trl["arm"],
-                               "speedup": best_trl["s_per_step"] / best_ours["s_per_step"]}
+        out["best_vs_best"] = {
+            "ours": best_ours["arm"],
+            "trl": best_trl["arm"],
+            "speedup": best_trl["s_per_step"] / best_ours["s_per_step"],
+        }
         # TRL's step over our floor: the most any step built from these matmuls could gain on this workload.
         out["trl_over_our_floor"] = {
-            f"{t['arm']} / {o['arm']}": t["s_per_step"] / o["floor_total_s"] for o in ours if "floor_total_s" in o
-            for t in trl if (t["arm"] == "trl:fp32") == ("train_model.precision=float32" in o["overrides"])}
+            f"{t['arm']} / {o['arm']}": t["s_per_step"] / o["floor_total_s"]
+            for o in ours
+            if "floor_total_s" in o
+            for t in trl
+            if (t["arm"] == "trl:fp32") == ("train_model.precision=float32" in o["overrides"])
+        }
         out["memory_ratio_ours_over_trl"] = max(s["peak_rss_gib"] for s in ours) / min(s["peak_rss_gib"] for s in trl)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", action="append", dest="rounds",
-                        help="comma-separated arms alternated step by step (repeatable); default: "
-                             + " then ".join(DEFAULT_ROUNDS))
+    parser.add_argument(
+        "--round",
+        action="append",
+        dest="rounds",
+        help="comma-separated arms alternated step by step (repeatable); default: " + " then ".join(DEFAULT_ROUNDS),
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps per arm")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (vLLM compiles on its first)")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="torch threads of every worker; use 1 on a shared machine: with 2, another busy process "
-                             "makes OpenMP barriers collapse and steps run 5-10x slower")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads of every worker; use 1 on a shared machine: with 2, another busy process "
+        "makes OpenMP barriers collapse and steps run 5-10x slower",
+    )
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -356,8 +446,11 @@ def main() -> None:
     prepare_prompts(args.warmup + args.steps, prompts_path)
 
     host = machine()
-    print(f"{host['cpu']}, {host['cores']} cores, {' '.join(host['isa'])}; load average {os.getloadavg()}; "
-          "measuring the matmul rate ...", flush=True)
+    print(
+        f"{host['cpu']}, {host['cores']} cores, {' '.join(host['isa'])}; load average {os.getloadavg()}; "
+        "measuring the matmul rate ...",
+        flush=True,
+    )
     decode_rows = WORKLOAD["prompts_per_step"] * WORKLOAD["group_size"]
     rates = best_rates(model_cfg, args.threads, decode_rows=decode_rows)
     round_info = []
@@ -366,8 +459,7 @@ def main() -> None:
         round_info.append(run_round(arms, args, prompts_path, model_path, log_dir))
     rates_after = best_rates(model_cfg, args.threads, decode_rows=decode_rows)
     # The machine's rate is the better of the two measurements (another process may have held a core).
-    rates = {k: max(rates[k], rates_after[k]) if k not in ("threads", "decode_rows") else rates[k]
-             for k in rates}
+    rates = {k: max(rates[k], rates_after[k]) if k not in ("threads", "decode_rows") else rates[k] for k in rates}
 
     summaries = [summarize(a, args.warmup, rates, model_cfg) for arms in rounds for a in arms]
     print_table(summaries, rates)
@@ -375,12 +467,20 @@ def main() -> None:
     for k, v in comp.items():
         print(f"{k}: {v}")
     for info in round_info:
-        print(f"round {info['arms']}: load average before {info['load_before'][0]:.2f}, after {info['load_after'][0]:.2f}")
+        print(
+            f"round {info['arms']}: load average before {info['load_before'][0]:.2f}, after {info['load_after'][0]:.2f}"
+        )
     result = {
-        "workload": WORKLOAD, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+        "workload": WORKLOAD,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "threads": args.threads,
         "machine": host,
-        "command": " ".join(sys.argv), "rates_flops_per_s": rates, "rounds": round_info,
-        "arms": summaries, "comparisons": comp,
+        "command": " ".join(sys.argv),
+        "rates_flops_per_s": rates,
+        "rounds": round_info,
+        "arms": summaries,
+        "comparisons": comp,
     }
     path = args.out / f"trl_compare-{stamp}.json"
     path.write_text(json.dumps(result, indent=1))

@@ -3,8 +3,8 @@
     bash benchmarks/versus_trl/setup_trl_env.sh          # once: TRL's own venv in benchmarks/.venv-trl
     benchmarks/.venv-trl/bin/python benchmarks/versus_trl/trl_objectives.py   # ~10 s; -> results/trl_objectives.json
 
-Runs in TRL's venv. ``grpo_rl.algo.loss``, ``grpo_rl.algo.objectives`` and ``grpo_rl.algo.engine_correction`` need only torch
-(2.13.0 in both venvs), so they are imported from the source tree; both sides see the same tensors in one process.
+Runs in TRL's venv. ``grpo_rl.algo.loss``, ``grpo_rl.algo.objectives`` and ``grpo_rl.algo.engine_correction`` need only
+torch (2.13.0 in both venvs), so they are imported from the source tree; both sides see the same tensors in one process.
 
 Inputs (fixed seed, fp32): 8 groups x 4 answers of 4-64 tokens, right-padded to 64 (the padding holds random
 log-probs, so a side that forgot the mask would show it); group-normalised advantages (one group all equal:
@@ -40,6 +40,7 @@ Our ``token_band_mask`` (IcePop) is compared with TRL's ``token_mask`` given bot
 IcePop keeps the ratio inside the band, which is what TRL's mask does. ``sequence_band_mask`` (a geometric mean
 per answer) has no TRL counterpart; its unit tests check it by hand.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -122,14 +123,22 @@ def trl_side(case: Case, x: dict[str, torch.Tensor], is_block: str) -> dict:
     from accelerate import Accelerator
 
     if case.trainer == "gmpo":
-        from trl.experimental.gmpo import GMPOConfig as GRPOConfig, GMPOTrainer as GRPOTrainer
+        from trl.experimental.gmpo import GMPOConfig as GRPOConfig
+        from trl.experimental.gmpo import GMPOTrainer as GRPOTrainer
     else:
         from trl import GRPOConfig, GRPOTrainer
 
     B, T = x["mask"].shape
-    config = GRPOConfig(output_dir=str(Path(tempfile.gettempdir()) / "trl_objectives"), use_cpu=True, report_to="none",
-                        per_device_train_batch_size=B, num_generations=GROUP_SIZE, max_completion_length=T,
-                        beta=KL_COEF, **case.trl)
+    config = GRPOConfig(
+        output_dir=str(Path(tempfile.gettempdir()) / "trl_objectives"),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=B,
+        num_generations=GROUP_SIZE,
+        max_completion_length=T,
+        beta=KL_COEF,
+        **case.trl,
+    )
     accelerator = Accelerator(cpu=True)  # after the config: building a config resets the accelerator state
     t = object.__new__(GRPOTrainer)
     # What GRPOTrainer.__init__ copies from the config, for the attributes _compute_loss reads.
@@ -159,16 +168,28 @@ def trl_side(case: Case, x: dict[str, torch.Tensor], is_block: str) -> dict:
     current = x["current"].clone().requires_grad_(True)  # [B, T] leaf: the "model's" per-token log-probs
     t._get_per_token_logps_and_entropies = lambda *a, **k: (current, torch.ones_like(current), None)
     mask = x["mask"]
-    inputs = dict(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
-                  completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask,
-                  advantages=x["advantages"], ref_per_token_logps=x["ref"],
-                  num_items_in_batch=accelerator.gather(mask.sum()).sum())
+    inputs = dict(
+        prompt_ids=torch.zeros(B, 1, dtype=torch.long),
+        prompt_mask=torch.ones(B, 1, dtype=torch.long),
+        completion_ids=torch.zeros(B, T, dtype=torch.long),
+        completion_mask=mask,
+        advantages=x["advantages"],
+        ref_per_token_logps=x["ref"],
+        num_items_in_batch=accelerator.gather(mask.sum()).sum(),
+    )
     if not case.on_policy:  # TRL's on-policy path: no old_per_token_logps, the current ones detached
         inputs["old_per_token_logps"] = x["old"]
     ratio = None
     if t.use_vllm and t.vllm_importance_sampling_correction:
-        scope = dict(self=t, torch=torch, math=math, completion_mask=mask, tool_mask=None,
-                     old_per_token_logps=x["old"], sampling_per_token_logps=x["engine"])
+        scope = dict(
+            self=t,
+            torch=torch,
+            math=math,
+            completion_mask=mask,
+            tool_mask=None,
+            old_per_token_logps=x["old"],
+            sampling_per_token_logps=x["engine"],
+        )
         exec(is_block, scope)  # noqa: S102 - TRL's own code, cut from its installed source
         ratio = scope["vllm_importance_sampling_ratio"]
         inputs["importance_sampling_ratio"] = ratio
@@ -184,15 +205,20 @@ def our_side(case: Case, x: dict[str, torch.Tensor]) -> dict:
     settings = LossSettings(**{**dict(kl_coef=KL_COEF, kl_estimator="k3", tis_cap=None), **case.ours})
     behavior = x["engine"] if settings.tis_cap is not None else None
     old = current.detach() if case.on_policy else x["old"]
-    out = grpo_loss(current, old, x["advantages"], x["mask"], ref_logprobs=x["ref"], behavior_logprobs=behavior,
-                    settings=settings)
+    out = grpo_loss(
+        current, old, x["advantages"], x["mask"], ref_logprobs=x["ref"], behavior_logprobs=behavior, settings=settings
+    )
     out.loss.backward()
     result = dict(loss=out.loss.detach(), grad=current.grad, diag=out.diagnostics())
     if case.kl_times_ratio:  # TRL's use_bias_correction_kl: per-token KL times the differentiable ratio pi / pi_old
         again = x["current"].clone().requires_grad_(True)
         old = again.detach() if case.on_policy else x["old"]
-        extra = KL_COEF * aggregate(kl_estimate(again, x["ref"], "k3") * (torch.exp(again - old) - 1.0), x["mask"],
-                                    settings.aggregation, settings.max_tokens)
+        extra = KL_COEF * aggregate(
+            kl_estimate(again, x["ref"], "k3") * (torch.exp(again - old) - 1.0),
+            x["mask"],
+            settings.aggregation,
+            settings.max_tokens,
+        )
         extra.backward()
         result.update(loss_weighted=result["loss"] + extra.detach(), grad_weighted=current.grad + again.grad)
     return result
@@ -208,67 +234,148 @@ def cases() -> list[Case]:
     seq = dict(importance_sampling_level="sequence", epsilon=glo, epsilon_high=ghi, **no_bias_kl)
 
     def engine(mode: str, cap: float, low: float | None) -> tuple[dict, dict]:
-        trl = dict(use_vllm=True, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode,
-                   vllm_importance_sampling_clip_max=cap, vllm_importance_sampling_clip_min=low)
+        trl = dict(
+            use_vllm=True,
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode=mode,
+            vllm_importance_sampling_clip_max=cap,
+            vllm_importance_sampling_clip_min=low,
+        )
         return trl, dict(tis_cap=cap, engine_correction=mode, engine_correction_min=low)
 
     out = [
         Case("grpo (control)", dict(loss_type="dapo", **surrogate), dict(aggregation="token_mean", **grpo)),
-        Case("grpo, on-policy (control)", dict(loss_type="dapo", **surrogate), dict(aggregation="token_mean", **grpo),
-             on_policy=True),
-        Case("grpo, per-answer mean", dict(loss_type="grpo", **surrogate),
-             dict(aggregation="seq_mean_token_mean", **grpo)),
-        Case("grpo, Dr. GRPO norm", dict(loss_type="dr_grpo", **surrogate),
-             dict(aggregation="seq_mean_token_sum_norm", max_tokens=T_MAX, **grpo)),
-        Case("gspo", dict(loss_type="grpo", **seq), dict(aggregation="seq_mean_token_mean", **gspo),
-             note="the paper's aggregation"),
-        Case("gspo, token mean", dict(loss_type="dapo", **seq), dict(aggregation="token_mean", **gspo),
-             note="TRL's default loss_type"),
-        Case("gspo_token", dict(loss_type="grpo", **seq),
-             dict(aggregation="seq_mean_token_mean", loss_type="gspo_token", clip_eps_low=glo, clip_eps_high=ghi),
-             note="vs TRL's GSPO: 1.16 has no sequence_token"),
-        Case("cispo", dict(loss_type="cispo", epsilon_high=5.0, **no_bias_kl),
-             dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=5.0)),
-        Case("cispo, lower cap", dict(loss_type="cispo", epsilon_high=2.0, **no_bias_kl),
-             dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=2.0)),
+        Case(
+            "grpo, on-policy (control)",
+            dict(loss_type="dapo", **surrogate),
+            dict(aggregation="token_mean", **grpo),
+            on_policy=True,
+        ),
+        Case(
+            "grpo, per-answer mean",
+            dict(loss_type="grpo", **surrogate),
+            dict(aggregation="seq_mean_token_mean", **grpo),
+        ),
+        Case(
+            "grpo, Dr. GRPO norm",
+            dict(loss_type="dr_grpo", **surrogate),
+            dict(aggregation="seq_mean_token_sum_norm", max_tokens=T_MAX, **grpo),
+        ),
+        Case(
+            "gspo",
+            dict(loss_type="grpo", **seq),
+            dict(aggregation="seq_mean_token_mean", **gspo),
+            note="the paper's aggregation",
+        ),
+        Case(
+            "gspo, token mean",
+            dict(loss_type="dapo", **seq),
+            dict(aggregation="token_mean", **gspo),
+            note="TRL's default loss_type",
+        ),
+        Case(
+            "gspo_token",
+            dict(loss_type="grpo", **seq),
+            dict(aggregation="seq_mean_token_mean", loss_type="gspo_token", clip_eps_low=glo, clip_eps_high=ghi),
+            note="vs TRL's GSPO: 1.16 has no sequence_token",
+        ),
+        Case(
+            "cispo",
+            dict(loss_type="cispo", epsilon_high=5.0, **no_bias_kl),
+            dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=5.0),
+        ),
+        Case(
+            "cispo, lower cap",
+            dict(loss_type="cispo", epsilon_high=2.0, **no_bias_kl),
+            dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=2.0),
+        ),
     ]
-    for mode, cap, low in [("token_truncate", 2.0, None), ("token_mask", 2.0, None), ("sequence_truncate", 3.0, None),
-                           ("sequence_mask", 3.0, None), ("token_mask", 2.0, 0.5), ("sequence_truncate", 3.0, 0.5)]:
+    for mode, cap, low in [
+        ("token_truncate", 2.0, None),
+        ("token_mask", 2.0, None),
+        ("sequence_truncate", 3.0, None),
+        ("sequence_mask", 3.0, None),
+        ("token_mask", 2.0, 0.5),
+        ("sequence_truncate", 3.0, 0.5),
+    ]:
         trl, ours = engine(mode, cap, low)
         name = f"grpo + {mode}" + (", lower bound" if low is not None else "")
-        out.append(Case(name, dict(loss_type="dapo", **surrogate, **trl),
-                        dict(aggregation="token_mean", **grpo, **ours)))
+        out.append(
+            Case(name, dict(loss_type="dapo", **surrogate, **trl), dict(aggregation="token_mean", **grpo, **ours))
+        )
     trl, ours = engine("sequence_mask", 3.0, None)
-    out.append(Case("gspo + sequence_mask", dict(loss_type="grpo", **seq, **trl),
-                    dict(aggregation="seq_mean_token_mean", **gspo, **ours), note="TRL's default engine mode"))
+    out.append(
+        Case(
+            "gspo + sequence_mask",
+            dict(loss_type="grpo", **seq, **trl),
+            dict(aggregation="seq_mean_token_mean", **gspo, **ours),
+            note="TRL's default engine mode",
+        )
+    )
     sapo = dict(aggregation="seq_mean_token_mean", loss_type="sapo")
     out += [
         Case("sapo", dict(loss_type="sapo", **no_bias_kl), dict(**sapo), note="TRL's temperatures 1.0 / 1.05"),
-        Case("sapo, other temperatures", dict(loss_type="sapo", sapo_temperature_pos=3.0, sapo_temperature_neg=0.5,
-                                              **no_bias_kl),
-             dict(sapo_temperature_pos=3.0, sapo_temperature_neg=0.5, **sapo)),
+        Case(
+            "sapo, other temperatures",
+            dict(loss_type="sapo", sapo_temperature_pos=3.0, sapo_temperature_neg=0.5, **no_bias_kl),
+            dict(sapo_temperature_pos=3.0, sapo_temperature_neg=0.5, **sapo),
+        ),
         Case("sapo, on-policy", dict(loss_type="sapo", **no_bias_kl), dict(**sapo), on_policy=True),
-        Case("gmpo", dict(loss_type="grpo", epsilon=0.4, **no_bias_kl),
-             dict(aggregation="seq_mean_token_mean", loss_type="gmpo", gmpo_clip_eps=0.4), trainer="gmpo",
-             note="trl.experimental.gmpo, the paper's range"),
-        Case("gmpo, eps 0.1", dict(loss_type="grpo", epsilon=0.1, **no_bias_kl),
-             dict(aggregation="seq_mean_token_mean", loss_type="gmpo", gmpo_clip_eps=0.1), trainer="gmpo"),
+        Case(
+            "gmpo",
+            dict(loss_type="grpo", epsilon=0.4, **no_bias_kl),
+            dict(aggregation="seq_mean_token_mean", loss_type="gmpo", gmpo_clip_eps=0.4),
+            trainer="gmpo",
+            note="trl.experimental.gmpo, the paper's range",
+        ),
+        Case(
+            "gmpo, eps 0.1",
+            dict(loss_type="grpo", epsilon=0.1, **no_bias_kl),
+            dict(aggregation="seq_mean_token_mean", loss_type="gmpo", gmpo_clip_eps=0.1),
+            trainer="gmpo",
+        ),
     ]
     trl, ours = engine("token_mask", 5.0, 0.5)
     ours.update(engine_correction="token_band_mask", engine_correction_max=5.0)
-    out.append(Case("grpo + token_band_mask", dict(loss_type="dapo", **surrogate, **trl),
-                    dict(aggregation="token_mean", **grpo, **ours), note="IcePop's band, vs TRL's token_mask"))
+    out.append(
+        Case(
+            "grpo + token_band_mask",
+            dict(loss_type="dapo", **surrogate, **trl),
+            dict(aggregation="token_mean", **grpo, **ours),
+            note="IcePop's band, vs TRL's token_mask",
+        )
+    )
     trl, ours = engine("token_truncate", 2.0, None)
     out.append(Case("sapo + token_truncate", dict(loss_type="sapo", **no_bias_kl, **trl), dict(**sapo, **ours)))
     trl, ours = engine("token_truncate", 2.0, None)
-    out.append(Case("cispo + token_truncate", dict(loss_type="cispo", epsilon_high=5.0, **no_bias_kl, **trl),
-                    dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=5.0, **ours)))
-    out.append(Case("grpo, TRL's default KL", dict(loss_type="dapo", epsilon=lo, epsilon_high=hi),
-                    dict(aggregation="token_mean", **grpo), expect_equal=False,
-                    kl_times_ratio=True, note="TRL multiplies the KL by the policy ratio"))
-    out.append(Case("grpo, TRL's default KL, on-policy", dict(loss_type="dapo", epsilon=lo, epsilon_high=hi),
-                    dict(aggregation="token_mean", **grpo), expect_equal=False, on_policy=True,
-                    kl_times_ratio=True, note="ratio 1, its gradient not 0"))
+    out.append(
+        Case(
+            "cispo + token_truncate",
+            dict(loss_type="cispo", epsilon_high=5.0, **no_bias_kl, **trl),
+            dict(aggregation="token_mean", loss_type="cispo", cispo_ratio_max=5.0, **ours),
+        )
+    )
+    out.append(
+        Case(
+            "grpo, TRL's default KL",
+            dict(loss_type="dapo", epsilon=lo, epsilon_high=hi),
+            dict(aggregation="token_mean", **grpo),
+            expect_equal=False,
+            kl_times_ratio=True,
+            note="TRL multiplies the KL by the policy ratio",
+        )
+    )
+    out.append(
+        Case(
+            "grpo, TRL's default KL, on-policy",
+            dict(loss_type="dapo", epsilon=lo, epsilon_high=hi),
+            dict(aggregation="token_mean", **grpo),
+            expect_equal=False,
+            on_policy=True,
+            kl_times_ratio=True,
+            note="ratio 1, its gradient not 0",
+        )
+    )
     return out
 
 
@@ -332,14 +439,18 @@ def main() -> None:
     B, T = x["mask"].shape
     maskf = x["mask"].float()
     n_tok = int(maskf.sum())
-    print(f"trl {trl.__version__} | transformers {transformers.__version__} | accelerate {accelerate.__version__} | "
-          f"torch {torch.__version__}")
+    print(
+        f"trl {trl.__version__} | transformers {transformers.__version__} | accelerate {accelerate.__version__} | "
+        f"torch {torch.__version__}"
+    )
     on = x["mask"].bool()
     far_old = float(((x["current"] - x["old"]).abs() > 0.5)[on].float().mean())
     far_engine = float(((x["old"] - x["engine"]).abs() > math.log(2))[on].float().mean())
-    print(f"batch: {B} answers ({GROUPS} groups x {GROUP_SIZE}) of {int(x['lengths'].min())}-{int(x['lengths'].max())} "
-          f"tokens, {n_tok} in all; |log pi - log pi_old| > 0.5 on {far_old:.1%} of them, "
-          f"|log pi_old - log mu| > log 2 on {far_engine:.1%}")
+    print(
+        f"batch: {B} answers ({GROUPS} groups x {GROUP_SIZE}) of {int(x['lengths'].min())}-{int(x['lengths'].max())} "
+        f"tokens, {n_tok} in all; |log pi - log pi_old| > 0.5 on {far_old:.1%} of them, "
+        f"|log pi_old - log mu| > log 2 on {far_engine:.1%}"
+    )
 
     rows = []
     for case in cases():
@@ -354,43 +465,75 @@ def main() -> None:
         if case.ours.get("tis_cap") is not None:
             bounded = d["tis_fraction"]
             r = trl_out["ratio"].expand(B, T)
-            raw = torch.exp(x["old"] - x["engine"]) if case.ours["engine_correction"].startswith("token") else \
-                torch.exp(((x["old"] - x["engine"]) * maskf).sum(-1, keepdim=True)).expand(B, T)
+            raw = (
+                torch.exp(x["old"] - x["engine"])
+                if case.ours["engine_correction"].startswith("token")
+                else torch.exp(((x["old"] - x["engine"]) * maskf).sum(-1, keepdim=True)).expand(B, T)
+            )
             trl_changed = float(((r != raw).float() * maskf).sum() / n_tok)
             acted.append(f"engine weight bounded {bounded:.1%} (TRL {trl_changed:.1%})")
         equal = loss_diff <= args.tol and grad_diff <= args.tol
         explained = {}
         if case.kl_times_ratio:
-            explained = dict(loss_diff=float((trl_out["loss"] - ours["loss_weighted"]).abs()),
-                             grad_diff=float((trl_out["grad"] - ours["grad_weighted"]).abs().max()))
-            acted.append(f"with KL x ratio added to ours: diffs {explained['loss_diff']:.1e} / "
-                         f"{explained['grad_diff']:.1e}")
+            explained = dict(
+                loss_diff=float((trl_out["loss"] - ours["loss_weighted"]).abs()),
+                grad_diff=float((trl_out["grad"] - ours["grad_weighted"]).abs().max()),
+            )
+            acted.append(
+                f"with KL x ratio added to ours: diffs {explained['loss_diff']:.1e} / {explained['grad_diff']:.1e}"
+            )
         as_expected = equal == case.expect_equal and all(v <= args.tol for v in explained.values())
-        row = dict(case=case.name, trl=trl_text(case.trl), ours=our_text(case.ours), note=case.note,
-                   loss_trl=float(trl_out["loss"]), loss_ours=float(ours["loss"]), loss_diff=loss_diff,
-                   grad_diff=grad_diff, grad_max=float(ours["grad"].abs().max()), acted="; ".join(acted),
-                   trl_clip_metric=trl_clip, equal=equal, expect_equal=case.expect_equal, as_expected=as_expected,
-                   with_kl_times_ratio=explained,
-                   diagnostics={k: d[k] for k in ("clip_fraction", "tis_fraction", "engine_masked_fraction")})
+        row = dict(
+            case=case.name,
+            trl=trl_text(case.trl),
+            ours=our_text(case.ours),
+            note=case.note,
+            loss_trl=float(trl_out["loss"]),
+            loss_ours=float(ours["loss"]),
+            loss_diff=loss_diff,
+            grad_diff=grad_diff,
+            grad_max=float(ours["grad"].abs().max()),
+            acted="; ".join(acted),
+            trl_clip_metric=trl_clip,
+            equal=equal,
+            expect_equal=case.expect_equal,
+            as_expected=as_expected,
+            with_kl_times_ratio=explained,
+            diagnostics={k: d[k] for k in ("clip_fraction", "tis_fraction", "engine_masked_fraction")},
+        )
         rows.append(row)
 
     print()
-    print("| case | TRL settings | our settings | acted on (tokens) | loss | \\|loss diff\\| "
-          "| max \\|grad diff\\| (max \\|grad\\|) |")
+    print(
+        "| case | TRL settings | our settings | acted on (tokens) | loss | \\|loss diff\\| "
+        "| max \\|grad diff\\| (max \\|grad\\|) |"
+    )
     print("|---|---|---|---|---:|---:|---:|")
     for r in rows:
         note = f" ({r['note']})" if r["note"] else ""
-        print(f"| {r['case']}{note} | {r['trl']} | {r['ours']} | {r['acted']} | {r['loss_ours']:.6f} | "
-              f"{r['loss_diff']:.1e} | {r['grad_diff']:.1e} ({r['grad_max']:.1e}) |")
+        print(
+            f"| {r['case']}{note} | {r['trl']} | {r['ours']} | {r['acted']} | {r['loss_ours']:.6f} | "
+            f"{r['loss_diff']:.1e} | {r['grad_diff']:.1e} ({r['grad_max']:.1e}) |"
+        )
     unexpected = [r["case"] for r in rows if not r["as_expected"]]
     n_equal = sum(r["equal"] for r in rows)
-    print(f"\n{n_equal} of {len(rows)} cases equal within {args.tol:g}; the others differ by TRL's KL x ratio alone"
-          + (f"; NOT AS EXPECTED: {unexpected}" if unexpected else ""))
+    print(
+        f"\n{n_equal} of {len(rows)} cases equal within {args.tol:g}; the others differ by TRL's KL x ratio alone"
+        + (f"; NOT AS EXPECTED: {unexpected}" if unexpected else "")
+    )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(versions=dict(trl=trl.__version__, transformers=transformers.__version__, torch=torch.__version__),
-                  seed=args.seed, tokens=n_tok, answers=B, kl_coef=KL_COEF, tol=args.tol, rows=rows,
-                  unexpected=unexpected, seconds=round(time.perf_counter() - t0, 1))
+    result = dict(
+        versions=dict(trl=trl.__version__, transformers=transformers.__version__, torch=torch.__version__),
+        seed=args.seed,
+        tokens=n_tok,
+        answers=B,
+        kl_coef=KL_COEF,
+        tol=args.tol,
+        rows=rows,
+        unexpected=unexpected,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
     args.out.write_text(json.dumps(result, indent=1))
     print(f"written {args.out} ({result['seconds']} s)")
     sys.exit(1 if unexpected else 0)

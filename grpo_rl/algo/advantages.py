@@ -27,6 +27,7 @@ overlong punishment (:mod:`grpo_rl.algo.overlong`) is added likewise and kept as
 filter drops ``truncated`` answers after the advantages (so they still count in their group's mean and std) and
 after the zero-variance filter, which keeps or drops whole groups.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,10 @@ def group_advantages(
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
     if group_id.shape != rewards.shape or group_id.is_floating_point() or group_id.is_complex():
-        raise ValueError(f"group_id must be an integer tensor of the rewards' shape {tuple(rewards.shape)}, "
-                         f"got {group_id.dtype} {tuple(group_id.shape)}")
+        raise ValueError(
+            f"group_id must be an integer tensor of the rewards' shape {tuple(rewards.shape)}, "
+            f"got {group_id.dtype} {tuple(group_id.shape)}"
+        )
     rewards_N = rewards.float()  # [N]
     _, group_N = torch.unique(group_id, return_inverse=True)  # [N] dense group index in 0..K-1
     k = int(group_N.max()) + 1 if group_N.numel() else 0
@@ -84,11 +87,19 @@ def group_advantages(
     )
 
 
-def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage_eps: float = 1e-6,
-                      kl_in_reward_coef: float = 0.0, kl_estimator: str = "k1",
-                      filter_zero_variance: bool = False, overlong_buffer: int = 0, overlong_penalty: float = 1.0,
-                      max_tokens: int | None = None,
-                      filter_overlong: bool = False) -> tuple[TensorDict, dict[str, float]]:
+def assign_advantages(
+    batch: TensorDict,
+    *,
+    scale_by_std: bool = True,
+    advantage_eps: float = 1e-6,
+    kl_in_reward_coef: float = 0.0,
+    kl_estimator: str = "k1",
+    filter_zero_variance: bool = False,
+    overlong_buffer: int = 0,
+    overlong_penalty: float = 1.0,
+    max_tokens: int | None = None,
+    filter_overlong: bool = False,
+) -> tuple[TensorDict, dict[str, float]]:
     """Add ``advantage`` and ``zero_variance`` to ``batch``, optionally dropping zero-variance groups and
     truncated answers (order and reward shaping: the module docstring); returns the batch and its statistics.
     ``kl_in_reward_coef > 0`` needs ``ref_logprobs``; ``overlong_buffer > 0`` needs ``max_tokens`` (``L_max``)."""
@@ -96,13 +107,20 @@ def assign_advantages(batch: TensorDict, *, scale_by_std: bool = True, advantage
     if overlong_buffer > 0:
         if max_tokens is None:
             raise ValueError("overlong_buffer > 0 needs max_tokens (sampling.max_new_tokens)")
-        shaping_N = overlong_reward(batch["response_mask"].sum(-1), max_tokens=max_tokens, buffer=overlong_buffer,
-                                    penalty=overlong_penalty)  # [N]
+        shaping_N = overlong_reward(
+            batch["response_mask"].sum(-1), max_tokens=max_tokens, buffer=overlong_buffer, penalty=overlong_penalty
+        )  # [N]
         batch.set("reward_overlong", shaping_N)
         rewards = rewards + shaping_N
     if kl_in_reward_coef > 0:
-        rewards = kl_penalised_rewards(rewards, batch["behavior_logprobs"], batch["ref_logprobs"],
-                                       batch["response_mask"], kl_coef=kl_in_reward_coef, estimator=kl_estimator)
+        rewards = kl_penalised_rewards(
+            rewards,
+            batch["behavior_logprobs"],
+            batch["ref_logprobs"],
+            batch["response_mask"],
+            kl_coef=kl_in_reward_coef,
+            estimator=kl_estimator,
+        )
     adv = group_advantages(rewards, batch["group_id"], scale_by_std=scale_by_std, eps=advantage_eps)
     batch.set("advantage", adv.advantage)
     batch.set("zero_variance", adv.zero_variance)

@@ -33,6 +33,7 @@ answers leaves any band of per-token width.
 A zero weight removes a token's policy term but not its place in the aggregation's denominator, nor its KL
 term (as in TRL). ``w_min = None`` means no lower bound (the band modes need one).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,10 +41,17 @@ from typing import Literal
 
 import torch
 
-EngineCorrection = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token_band_mask",
-                           "sequence_band_mask"]
-ENGINE_CORRECTIONS: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask",
-                                       "token_band_mask", "sequence_band_mask")
+EngineCorrection = Literal[
+    "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token_band_mask", "sequence_band_mask"
+]
+ENGINE_CORRECTIONS: tuple[str, ...] = (
+    "token_truncate",
+    "token_mask",
+    "sequence_truncate",
+    "sequence_mask",
+    "token_band_mask",
+    "sequence_band_mask",
+)
 BAND_CORRECTIONS: tuple[str, ...] = ("token_band_mask", "sequence_band_mask")
 
 
@@ -97,12 +105,14 @@ def engine_weights(
         weight = raw.masked_fill(outside, 0.0)
         masked = outside
     shape = mask_BT.shape
-    return EngineWeights(weight_BT=weight.expand(shape), raw=raw, outside_BT=outside.expand(shape),
-                         masked_BT=masked.expand(shape))
+    return EngineWeights(
+        weight_BT=weight.expand(shape), raw=raw, outside_BT=outside.expand(shape), masked_BT=masked.expand(shape)
+    )
 
 
-def weight_quantiles(raw: torch.Tensor, mask_BT: torch.Tensor,
-                     qs: tuple[float, ...] = (0.05, 0.5, 0.95)) -> torch.Tensor:
+def weight_quantiles(
+    raw: torch.Tensor, mask_BT: torch.Tensor, qs: tuple[float, ...] = (0.05, 0.5, 0.95)
+) -> torch.Tensor:
     """Quantiles of the unbounded weights over the answers' tokens (``raw`` ``[B, T]``) or over the answers that
     have tokens (``raw`` ``[B, 1]``), ``[len(qs)]``; all ones for an empty batch (no correction to report)."""
     if raw.shape[-1] == 1 and mask_BT.shape[-1] != 1:

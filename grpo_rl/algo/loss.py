@@ -43,6 +43,7 @@ Departures from the paper and from TRL:
   do not (adding ``kl_coef * aggregate(k3 * (ratio - 1))`` here reproduces TRL's to 1e-9;
   ``benchmarks/versus_trl/trl_objectives.py``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -111,22 +112,31 @@ class LossSettings:
     top_k: int = 0
 
     @classmethod
-    def from_config(cls, policy: PolicyConfig, sampling: SamplingConfig) -> "LossSettings":
+    def from_config(cls, policy: PolicyConfig, sampling: SamplingConfig) -> LossSettings:
         """The settings ``policy`` and ``sampling`` name, the loss type's alias resolved."""
         from grpo_rl.config.checks import resolve_loss_type
 
         objective, aggregation = resolve_loss_type(policy.loss_type, policy.aggregation)
         return cls(
-            loss_type=objective, clip_eps_low=policy.clip_eps_low, clip_eps_high=policy.clip_eps_high,
-            cispo_ratio_max=policy.cispo_ratio_max, cispo_ratio_min=policy.cispo_ratio_min,
-            sapo_temperature_pos=policy.sapo_temperature_pos, sapo_temperature_neg=policy.sapo_temperature_neg,
+            loss_type=objective,
+            clip_eps_low=policy.clip_eps_low,
+            clip_eps_high=policy.clip_eps_high,
+            cispo_ratio_max=policy.cispo_ratio_max,
+            cispo_ratio_min=policy.cispo_ratio_min,
+            sapo_temperature_pos=policy.sapo_temperature_pos,
+            sapo_temperature_neg=policy.sapo_temperature_neg,
             gmpo_clip_eps=policy.gmpo_clip_eps,
             kl_coef=0.0 if policy.kl_in_reward else policy.kl_coef,  # a KL in the reward is not in the loss too
             kl_estimator=policy.kl_estimator,
-            aggregation=aggregation, max_tokens=sampling.max_new_tokens, tis_cap=policy.tis_cap,
-            engine_correction=policy.engine_correction, engine_correction_min=policy.engine_correction_min,
+            aggregation=aggregation,
+            max_tokens=sampling.max_new_tokens,
+            tis_cap=policy.tis_cap,
+            engine_correction=policy.engine_correction,
+            engine_correction_min=policy.engine_correction_min,
             engine_correction_max=policy.engine_correction_max,
-            entropy_coef=policy.entropy_coef, temperature=sampling.temperature, top_p=sampling.top_p,
+            entropy_coef=policy.entropy_coef,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
             top_k=sampling.top_k,
         )
 
@@ -181,7 +191,9 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: K
     raise ValueError(f"unknown KL estimator {estimator!r}; choose one of 'k1', 'k2', 'k3'")
 
 
-def aggregate(values_BT: torch.Tensor, mask_BT: torch.Tensor, mode: Aggregation, max_tokens: int | None) -> torch.Tensor:
+def aggregate(
+    values_BT: torch.Tensor, mask_BT: torch.Tensor, mode: Aggregation, max_tokens: int | None
+) -> torch.Tensor:
     """Reduce per-token ``values_BT`` over the response tokens of ``mask_BT`` (``[B, T]``) to a scalar with the
     ``mode`` of the module docstring; ``max_tokens`` is ``seq_mean_token_sum_norm``'s constant normaliser."""
     mask_BT = mask_BT.to(values_BT.dtype)
@@ -243,20 +255,35 @@ def grpo_loss(
     adv_BT = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
     adv_BT = adv_BT.to(logprobs.dtype)
 
-    term = policy_term(logprobs, old_logprobs, adv_BT, keep_f, objective=settings.loss_type,
-                       clip_eps_low=settings.clip_eps_low, clip_eps_high=settings.clip_eps_high,
-                       cispo_ratio_max=settings.cispo_ratio_max, cispo_ratio_min=settings.cispo_ratio_min,
-                       sapo_temperature_pos=settings.sapo_temperature_pos,
-                       sapo_temperature_neg=settings.sapo_temperature_neg, gmpo_clip_eps=settings.gmpo_clip_eps)
+    term = policy_term(
+        logprobs,
+        old_logprobs,
+        adv_BT,
+        keep_f,
+        objective=settings.loss_type,
+        clip_eps_low=settings.clip_eps_low,
+        clip_eps_high=settings.clip_eps_high,
+        cispo_ratio_max=settings.cispo_ratio_max,
+        cispo_ratio_min=settings.cispo_ratio_min,
+        sapo_temperature_pos=settings.sapo_temperature_pos,
+        sapo_temperature_neg=settings.sapo_temperature_neg,
+        gmpo_clip_eps=settings.gmpo_clip_eps,
+    )
     pg_loss_BT = term.loss_BT  # [B, T]
     if outside is not None:
         pg_loss_BT = pg_loss_BT * keep_f  # their log-probs are stand-ins
 
     engine = None
     if behavior_logprobs is not None and settings.tis_cap is not None:
-        engine = engine_weights(old_logprobs, behavior_logprobs, keep_f, mode=settings.engine_correction,
-                                cap=settings.tis_cap, min_weight=settings.engine_correction_min,
-                                max_weight=settings.engine_correction_max)
+        engine = engine_weights(
+            old_logprobs,
+            behavior_logprobs,
+            keep_f,
+            mode=settings.engine_correction,
+            cap=settings.tis_cap,
+            min_weight=settings.engine_correction_min,
+            max_weight=settings.engine_correction_max,
+        )
         pg_loss_BT = pg_loss_BT * engine.weight_BT
 
     # mask_f, not keep_f: a token given weight 0 keeps its place in the denominators.
@@ -276,22 +303,35 @@ def grpo_loss(
     loss = loss_policy + loss_kl
     if settings.entropy_coef > 0.0:
         if entropy is None:
-            raise ValueError("entropy_coef > 0 needs the per-token entropy (sequence_logprobs(..., "
-                             "with_entropy=True))")
+            raise ValueError("entropy_coef > 0 needs the per-token entropy (sequence_logprobs(..., with_entropy=True))")
         if logprobs.requires_grad and not entropy.requires_grad:
-            raise ValueError("entropy_coef > 0 needs an entropy with gradient (sequence_logprobs(..., "
-                             "entropy_grad=True)); this one is detached, so the bonus would train nothing")
-        loss_entropy = -settings.entropy_coef * aggregate(entropy, mask_f, settings.aggregation,
-                                                          settings.max_tokens) * scale
+            raise ValueError(
+                "entropy_coef > 0 needs an entropy with gradient (sequence_logprobs(..., "
+                "entropy_grad=True)); this one is detached, so the bonus would train nothing"
+            )
+        loss_entropy = (
+            -settings.entropy_coef * aggregate(entropy, mask_f, settings.aggregation, settings.max_tokens) * scale
+        )
         loss = loss + loss_entropy
     else:
         loss_entropy = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
 
-    diagnostics = loss_diagnostics(logprobs, old_logprobs, mask_f, keep_f, term, engine, kl_BT=kl_BT,
-                                   ref_logprobs=ref_logprobs, kl_estimator=settings.kl_estimator,
-                                   behavior_logprobs=behavior_logprobs, entropy=entropy)
-    return GRPOLossOutput(loss=loss, loss_policy=loss_policy, loss_kl=loss_kl, loss_entropy=loss_entropy,
-                          **vars(diagnostics))
+    diagnostics = loss_diagnostics(
+        logprobs,
+        old_logprobs,
+        mask_f,
+        keep_f,
+        term,
+        engine,
+        kl_BT=kl_BT,
+        ref_logprobs=ref_logprobs,
+        kl_estimator=settings.kl_estimator,
+        behavior_logprobs=behavior_logprobs,
+        entropy=entropy,
+    )
+    return GRPOLossOutput(
+        loss=loss, loss_policy=loss_policy, loss_kl=loss_kl, loss_entropy=loss_entropy, **vars(diagnostics)
+    )
 
 
 @dataclass
@@ -366,8 +406,17 @@ def loss_diagnostics(
         kl_engine = zero
     ent = (entropy.detach() * mask_f).sum() / n_tok if entropy is not None else None
     return LossDiagnostics(
-        clip_fraction=clip_fraction, kl_approx=kl_approx, kl_ref=kl_ref, ratio_mean=ratio_mean, ess=ess,
-        tis_fraction=tis_fraction, engine_masked_fraction=masked_fraction, engine_weight_p5=p5,
-        engine_weight_p50=p50, engine_weight_p95=p95, kl_engine=kl_engine,
-        truncation_masked_fraction=truncation_masked, entropy=ent,
+        clip_fraction=clip_fraction,
+        kl_approx=kl_approx,
+        kl_ref=kl_ref,
+        ratio_mean=ratio_mean,
+        ess=ess,
+        tis_fraction=tis_fraction,
+        engine_masked_fraction=masked_fraction,
+        engine_weight_p5=p5,
+        engine_weight_p50=p50,
+        engine_weight_p95=p95,
+        kl_engine=kl_engine,
+        truncation_masked_fraction=truncation_masked,
+        entropy=ent,
     )

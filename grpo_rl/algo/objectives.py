@@ -59,6 +59,7 @@ its KL term per answer, which is what ``seq_mean_token_mean`` does with ours; it
 weight, which here multiplies each token's copy of the answer's loss (so under ``seq_mean_token_mean`` an answer is
 weighted by the mean of its tokens' engine weights; verl's ``geo_mean`` takes their geometric mean).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -126,11 +127,15 @@ def policy_term(
         return PolicyTerm(loss_BT=loss_BT, ratio_BT=ratio.detach(), clipped_BT=clipped)
     if objective == "sapo":
         ratio = torch.exp(log_ratio)  # [B, T]
-        tau = torch.where(adv_BT > 0, adv_BT.new_tensor(sapo_temperature_pos),
-                          adv_BT.new_tensor(sapo_temperature_neg))  # [B, 1] or [B, T]
+        tau = torch.where(
+            adv_BT > 0, adv_BT.new_tensor(sapo_temperature_pos), adv_BT.new_tensor(sapo_temperature_neg)
+        )  # [B, 1] or [B, T]
         gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # [B, T]: f(r), f'(1) = 1
-        return PolicyTerm(loss_BT=-gate * adv_BT, ratio_BT=ratio.detach(),
-                          clipped_BT=torch.zeros(mask_BT.shape, dtype=torch.bool, device=mask_BT.device))
+        return PolicyTerm(
+            loss_BT=-gate * adv_BT,
+            ratio_BT=ratio.detach(),
+            clipped_BT=torch.zeros(mask_BT.shape, dtype=torch.bool, device=mask_BT.device),
+        )
     if objective == "gmpo":
         return _gmpo_term(log_ratio, adv_BT, mask_BT, gmpo_clip_eps)
     if objective == "grpo":
@@ -148,8 +153,9 @@ def policy_term(
     loss_BT = torch.maximum(pg_loss1, pg_loss2).expand(mask_BT.shape)  # [B, T]
     with torch.no_grad():
         clipped = ((ratio < 1.0 - clip_eps_low) & (adv_BT < 0)) | ((ratio > 1.0 + clip_eps_high) & (adv_BT > 0))
-    return PolicyTerm(loss_BT=loss_BT, ratio_BT=ratio.detach().expand(mask_BT.shape),
-                      clipped_BT=clipped.expand(mask_BT.shape))
+    return PolicyTerm(
+        loss_BT=loss_BT, ratio_BT=ratio.detach().expand(mask_BT.shape), clipped_BT=clipped.expand(mask_BT.shape)
+    )
 
 
 def _gmpo_term(log_ratio_BT: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float) -> PolicyTerm:

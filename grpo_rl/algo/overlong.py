@@ -34,6 +34,7 @@ per-sequence ``loss_type=grpo`` keeps a masked answer in its row count (it contr
 mean); here a filtered answer is not counted. In both treatments ``reward`` stays the task reward (as with
 ``policy.kl_in_reward``): the shaping is kept as ``reward_overlong`` and logged as ``reward_overlong_mean``.
 """
+
 from __future__ import annotations
 
 import torch

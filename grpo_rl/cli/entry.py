@@ -9,6 +9,7 @@
   exit status 2; any other exception keeps its traceback. An error in the command line itself (a value Hydra
   cannot convert, say) also exits with 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,12 +18,12 @@ import functools
 import logging
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.errors import RoleFailed, UserError
+from grpo_rl.errors import ConfigError, RoleFailed, UserError
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +114,20 @@ def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
         if key in options:
             value = override.value()
             if isinstance(value, str) and value not in options[key]:
-                raise ConfigError(f"{override.input_line!r}: there is no {key} {value!r}; the {key}s are "
-                                  f"{', '.join(options[key])} (config/{key}/)")
+                raise ConfigError(
+                    f"{override.input_line!r}: there is no {key} {value!r}; the {key}s are "
+                    f"{', '.join(options[key])} (config/{key}/)"
+                )
             continue
         if any(key.startswith(f"{k}.") or key.startswith(f"{k}[") for k in open_keys):
             continue
         close = difflib.get_close_matches(key, sorted(keys - groups), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown setting {override.input_line!r}: the config has no key {key!r}{hint} Every key "
-                          f"is listed with its meaning in grpo_rl/config/schema.py (python {sys.argv[0]} --cfg job prints "
-                          "the whole config)")
+        raise ConfigError(
+            f"unknown setting {override.input_line!r}: the config has no key {key!r}{hint} Every key "
+            f"is listed with its meaning in grpo_rl/config/schema.py (python {sys.argv[0]} --cfg job prints "
+            "the whole config)"
+        )
 
 
 def check_output_dir_override(argv: list[str]) -> None:

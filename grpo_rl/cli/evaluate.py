@@ -1,7 +1,8 @@
 """Evaluate a checkpoint, a run folder or an HF model folder on held-out prompts, from the command line:
 
-    python -m grpo_rl.cli.evaluate checkpoint=<dir> [--config-name NAME] [key=value ...]
+python -m grpo_rl.cli.evaluate checkpoint=<dir> [--config-name NAME] [key=value ...]
 """
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,14 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
+
 import torch
+
 from grpo_rl.cli.entry import CONFIG_DIR, USER_ERROR_EXIT, report_user_error
 from grpo_rl.errors import UserError
 from grpo_rl.rollout.evaluation import eval_split, make_evaluator
 
 log = logging.getLogger(__name__)
-
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -47,8 +49,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return latest
     if (path / "final_model" / "config.json").exists():
         return path / "final_model"
-    raise CheckpointNotFoundError(f"checkpoint={path}: not a checkpoint folder, an HF model folder, or a run folder; "
-                                  "pass <run dir>/checkpoints/step_NNNNNNNN, <run dir>/final_model or <run dir>")
+    raise CheckpointNotFoundError(
+        f"checkpoint={path}: not a checkpoint folder, an HF model folder, or a run folder; "
+        "pass <run dir>/checkpoints/step_NNNNNNNN, <run dir>/final_model or <run dir>"
+    )
 
 
 def _saved_config(path: Path):
@@ -74,16 +78,21 @@ def materialize_model(path: Path, cfg, out_dir: Path) -> Path:
         return path
     if (path / "model" / "config.json").exists():
         return path / "model"
-    from grpo_rl.run.checkpoint import export_model
-    from grpo_rl.model.lora import ADAPTER_DIR, apply_lora, load_adapter
     from grpo_rl.model.loading import load_causal_lm, load_tokenizer, resolve_model
+    from grpo_rl.model.lora import ADAPTER_DIR, apply_lora, load_adapter
+    from grpo_rl.run.checkpoint import export_model
 
     if not (path / ADAPTER_DIR).exists():
         raise FileNotFoundError(f"{path}: holds neither model/ nor {ADAPTER_DIR}/")
     base = resolve_model(cfg.model.name, cfg.model.cache_dir)
     lora = cfg.model.lora
-    model = apply_lora(load_causal_lm(base, torch.device("cpu"), cfg.model.dtype, trainable=False),
-                       r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+    model = apply_lora(
+        load_causal_lm(base, torch.device("cpu"), cfg.model.dtype, trainable=False),
+        r=lora.r,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=lora.target_modules,
+    )
     load_adapter(model, path / ADAPTER_DIR)
     log.info("merging the LoRA adapter of %s onto %s into %s", path, base, out_dir)
     return export_model(model, load_tokenizer(base), out_dir)
@@ -148,8 +157,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     except OSError as e:  # a read-only checkpoint folder: the printed table is the result
         log.warning("could not write %s (%s)", out, e)
     width = max(len(k) for k in result)
-    print("\n".join(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}"
-                    for k, v in result.items()), flush=True)
+    print(
+        "\n".join(
+            f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in result.items()
+        ),
+        flush=True,
+    )
     return metrics
 
 

@@ -10,13 +10,14 @@ sweep are labelled by the overrides that differ between them. The accuracy panel
 (thin line) where the task has a ``correct`` component. ``--smooth N`` draws a trailing N-step moving average
 over the raw curve (shown faint). matplotlib is imported lazily with the Agg backend (no display needed).
 """
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from grpo_rl.run.metrics import read_jsonl
 from grpo_rl.cli.sweep_summary import find_runs, metrics_dir, run_label, summarize_run, varying_keys
+from grpo_rl.run.metrics import read_jsonl
 
 PANELS = (
     ("reward_mean", "reward (train batch mean)"),
@@ -39,8 +40,11 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     """``(steps, values)`` of ``key`` over the records that have a number for it."""
-    pairs = [(int(r["step"]), float(r[key])) for r in records if isinstance(r.get(key), (int, float))
-             and not isinstance(r.get(key), bool)]
+    pairs = [
+        (int(r["step"]), float(r[key]))
+        for r in records
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -55,10 +59,10 @@ def plot_runs(run_dirs: list[Path], out: str | Path, *, smooth: int = 1, title: 
     keys = varying_keys(summaries)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (run_dir, summary) in enumerate(zip(run_dirs, summaries)):
+    for i, (run_dir, summary) in enumerate(zip(run_dirs, summaries, strict=True)):
         records = read_jsonl(metrics_dir(run_dir) / "metrics.jsonl")
         label, color = run_label(summary, keys), colors[i % len(colors)]
-        for ax, (key, name) in zip(axes.flat, PANELS):
+        for ax, (key, name) in zip(axes.flat, PANELS, strict=True):
             if key == "accuracy":
                 _accuracy(ax, records, label, color, smooth)
             else:
@@ -102,9 +106,14 @@ def _accuracy(ax, records: list[dict], label: str, color: str, smooth: int) -> N
         # Colours name the runs in the figure legend; this one only says which line is which measurement.
         from matplotlib.lines import Line2D
 
-        ax.legend(handles=[Line2D([], [], color="gray", marker="o", label="held-out, greedy (eval/accuracy)"),
-                           Line2D([], [], color="gray", linestyle="--", alpha=0.6,
-                                  label="train batches (reward_correct_mean)")], fontsize=8, loc="best")
+        ax.legend(
+            handles=[
+                Line2D([], [], color="gray", marker="o", label="held-out, greedy (eval/accuracy)"),
+                Line2D([], [], color="gray", linestyle="--", alpha=0.6, label="train batches (reward_correct_mean)"),
+            ],
+            fontsize=8,
+            loc="best",
+        )
 
 
 def main(argv: list[str] | None = None) -> Path:

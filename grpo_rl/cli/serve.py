@@ -22,6 +22,7 @@ processed_logprobs``), and the ``grpo_rl_file`` weight transport (a CPU one; pas
 KV cache a run's own servers take (``inference_model.kv_cache_gb``) instead of vLLM's share of the machine's
 memory, which on a shared box grew until the kernel ended a process.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,13 @@ import time
 from grpo_rl.config.checks import is_loopback_host
 from grpo_rl.engines.vllm_plugin import BACKEND, KEY_ENV, MIN_KEY_LENGTH, PARENT_ENV
 
-REQUIRED = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs",
-            "--middleware", "grpo_rl.engines.vllm_plugin.RequireKey")
+REQUIRED = (
+    "--enable-scale-out",
+    "--logprobs-mode",
+    "processed_logprobs",
+    "--middleware",
+    "grpo_rl.engines.vllm_plugin.RequireKey",
+)
 CLEARTEXT_FLAG = "--allow-unencrypted-network"
 
 
@@ -52,7 +58,7 @@ def vllm_argv(args: list[str], *, on_cpu: bool = False) -> list[str]:
     cache; the rest is always set)."""
     argv = [a for a in args if a != CLEARTEXT_FLAG] + list(REQUIRED)
     if _value(args, "--weight-transfer-config") is None:
-        argv += ["--weight-transfer-config", '{"backend": "%s"}' % BACKEND]
+        argv += ["--weight-transfer-config", f'{{"backend": "{BACKEND}"}}']
     if _value(args, "--host") is None and _value(args, "--uds") is None:
         argv += ["--host", "127.0.0.1"]
     if on_cpu and _value(args, "--kv-cache-memory-bytes") is None:
@@ -65,17 +71,23 @@ def vllm_argv(args: list[str], *, on_cpu: bool = False) -> list[str]:
 def check_args(args: list[str], key: str) -> str | None:
     """What is wrong with serving ``args`` with ``key``, in one line (None: nothing)."""
     if not key:
-        return (f"set {KEY_ENV} to a secret key: the server's weight-update routes must not be open. The run that "
-                f"connects needs the same key.")
+        return (
+            f"set {KEY_ENV} to a secret key: the server's weight-update routes must not be open. The run that "
+            f"connects needs the same key."
+        )
     if len(key) < MIN_KEY_LENGTH:
-        return (f"{KEY_ENV} has {len(key)} characters; use at least {MIN_KEY_LENGTH}, e.g. "
-                f"python -c \"import secrets; print(secrets.token_urlsafe(32))\"")
+        return (
+            f"{KEY_ENV} has {len(key)} characters; use at least {MIN_KEY_LENGTH}, e.g. "
+            f'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+        )
     host = _value(args, "--host")
     tls = _value(args, "--ssl-certfile") and _value(args, "--ssl-keyfile")
     if host is not None and not is_loopback_host(host) and not tls and CLEARTEXT_FLAG not in args:
-        return (f"--host {host} would send the key and the weights across the network in cleartext: serve with TLS "
-                f"(--ssl-certfile and --ssl-keyfile), keep --host 127.0.0.1 and reach it through an SSH tunnel, or "
-                f"pass {CLEARTEXT_FLAG} on a network you trust")
+        return (
+            f"--host {host} would send the key and the weights across the network in cleartext: serve with TLS "
+            f"(--ssl-certfile and --ssl-keyfile), keep --host 127.0.0.1 and reach it through an SSH tunnel, or "
+            f"pass {CLEARTEXT_FLAG} on a network you trust"
+        )
     return None
 
 
@@ -87,12 +99,20 @@ def main(args: list[str] | None = None) -> None:
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
     import torch
 
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            *vllm_argv(args, on_cpu=not torch.cuda.is_available())]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *vllm_argv(args, on_cpu=not torch.cuda.is_available()),
+    ]
     if "--kv-cache-memory-bytes" in argv and _value(args, "--kv-cache-memory-bytes") is None:
         gib = int(_value(argv, "--kv-cache-memory-bytes")) / 2**30
-        print(f"grpo_rl.cli.serve: KV cache {gib:g} GiB on the CPU (inference_model.kv_cache_gb's default; "
-              f"--kv-cache-memory-bytes to change it)", file=sys.stderr, flush=True)
+        print(
+            f"grpo_rl.cli.serve: KV cache {gib:g} GiB on the CPU (inference_model.kv_cache_gb's default; "
+            f"--kv-cache-memory-bytes to change it)",
+            file=sys.stderr,
+            flush=True,
+        )
     if os.environ.get(PARENT_ENV):
         sys.exit(serve_for_parent(argv, int(os.environ[PARENT_ENV])))
     os.execv(sys.executable, argv)

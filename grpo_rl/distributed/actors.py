@@ -11,32 +11,42 @@ The collector's engine is in-process inside the actor (vLLM's side effects on it
 :mod:`grpo_rl.engines.vllm_engine`, stay inside the actor), or a vLLM server the actor drives over HTTP
 (``inference_model.engine=vllm_server``, :mod:`grpo_rl.engines.served`).
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from grpo_rl.quiet import quiet_logging, quiet_start
 
 # An actor's process imports this module first: drop the known notices of the imports below before they print.
 quiet_logging()
 
-import torch  # noqa: E402
+import torch
 
 from grpo_rl.distributed.buffer import RolloutBuffer
-from grpo_rl.rollout.evaluation import make_evaluator
-from grpo_rl.rollout.collector import make_collector
 from grpo_rl.engines.build import make_engine
-from grpo_rl.training.build import make_ref_scorer
 from grpo_rl.placement.context import ActorSpec
+from grpo_rl.rollout.collector import make_collector
+from grpo_rl.rollout.evaluation import make_evaluator
+from grpo_rl.training.build import make_ref_scorer
 from grpo_rl.weights.sync import unpack_weights
 
-
 # A collector's cumulative counters; each batch it puts carries them to the driver (see RolloutBuffer.put).
-COLLECTOR_COUNTERS = ("batches", "samples", "tokens", "generation_seconds", "reward_seconds", "reward_failures",
-                      "busy_seconds", "wait_for_space_seconds", "weight_loads", "weight_load_seconds")
+COLLECTOR_COUNTERS = (
+    "batches",
+    "samples",
+    "tokens",
+    "generation_seconds",
+    "reward_seconds",
+    "reward_failures",
+    "busy_seconds",
+    "wait_for_space_seconds",
+    "weight_loads",
+    "weight_load_seconds",
+)
 
 
 class CollectorWorker:
@@ -54,8 +64,9 @@ class CollectorWorker:
         timeout: seconds a call to the buffer may take (``pipeline.timeout_seconds``).
     """
 
-    def __init__(self, spec: ActorSpec, buffer, *, num_replicas: int = 1, poll_seconds: float = 1.0,
-                 timeout: float = 600.0):
+    def __init__(
+        self, spec: ActorSpec, buffer, *, num_replicas: int = 1, poll_seconds: float = 1.0, timeout: float = 600.0
+    ):
         quiet_start()  # each actor is a process of its own: the same quiet start as the driver
         self.run_ctx = spec.enter()
         self.engine = make_engine(self.run_ctx)
@@ -67,8 +78,9 @@ class CollectorWorker:
         self._pending = None  # newest (version, weights) not yet loaded
         self._pending_lock = threading.Lock()  # held only for a moment: set_weights never waits for generation
         self._engine_lock = threading.Lock()  # vLLM is not thread-safe: one engine call at a time
-        self.inflight = self.run_ctx.cfg.pipeline.inflight_updates and (self.run_ctx.placement.served
-                                                                        or self.run_ctx.cfg.simulate.enabled)
+        self.inflight = self.run_ctx.cfg.pipeline.inflight_updates and (
+            self.run_ctx.placement.served or self.run_ctx.cfg.simulate.enabled
+        )
         self._push_lock = threading.Lock()  # in-flight pushes, one at a time, beside the generation
         self._push_error: BaseException | None = None  # an in-flight push that failed, raised by the loop
         self._receiver = None  # the collective transport's receiving end (connect_collective)
@@ -113,8 +125,9 @@ class CollectorWorker:
         """Join the learner's weight broadcast group as rank ``1 + replica`` (``weight_transport=collective``)."""
         from grpo_rl.weights.collective import WeightBroadcast
 
-        self._receiver = WeightBroadcast.connect(address, port, 1 + self.replica, world_size,
-                                                 self.run_ctx.devices.inference[0], self.timeout)
+        self._receiver = WeightBroadcast.connect(
+            address, port, 1 + self.replica, world_size, self.run_ctx.devices.inference[0], self.timeout
+        )
 
     def receive_weights(self) -> int:
         """Receive one broadcast (the learner sends at the same time) and queue it like :meth:`set_weights`."""
@@ -188,8 +201,9 @@ class CollectorWorker:
             # The counters and failing reward calls travel with the batch: no per-step call from the driver.
             report = {f"collector/{self.replica}": self.stats()}
             while not self._stop.is_set():
-                if ray.get(self.buffer.put.remote(batch, self.poll_seconds, report, cs.failure_examples),
-                           timeout=self.timeout):
+                if ray.get(
+                    self.buffer.put.remote(batch, self.poll_seconds, report, cs.failure_examples), timeout=self.timeout
+                ):
                     break
                 if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):  # shutting down: nobody reads
                     self._stop.set()

@@ -39,6 +39,7 @@ The storage is torchrl's :class:`~torchrl.data.ReplayBuffer` over a :class:`~tor
 It is thread-safe and blocking, so it can sit in a threaded Ray actor (:mod:`grpo_rl.distributed.actors`)
 or be used directly in one process.
 """
+
 from __future__ import annotations
 
 import threading
@@ -128,8 +129,15 @@ class RolloutBuffer:
         versions_per_batch: policy versions the learner advances per batch it consumes (``train.updates_per_batch``).
     """
 
-    def __init__(self, capacity: int, max_staleness: int | None = None, name: str = "buffer", *,
-                 admit_staleness: int | None = None, versions_per_batch: int = 1):
+    def __init__(
+        self,
+        capacity: int,
+        max_staleness: int | None = None,
+        name: str = "buffer",
+        *,
+        admit_staleness: int | None = None,
+        versions_per_batch: int = 1,
+    ):
         if capacity < 1:
             raise ValueError(f"capacity={capacity} must be >= 1")
         self.capacity = capacity
@@ -138,8 +146,12 @@ class RolloutBuffer:
         self._reports: dict[str, dict] = {}
         self._failure_examples: list[dict] = []
         self._sampler = FIFOSampler()
-        self._rb = ReplayBuffer(storage=ListStorage(max_size=capacity), sampler=self._sampler,
-                                collate_fn=lambda entries: entries, batch_size=1)
+        self._rb = ReplayBuffer(
+            storage=ListStorage(max_size=capacity),
+            sampler=self._sampler,
+            collate_fn=lambda entries: entries,
+            batch_size=1,
+        )
         self._cond = threading.Condition()
         self._closed = False
         self.admit_staleness, self.versions_per_batch = admit_staleness, versions_per_batch
@@ -147,15 +159,28 @@ class RolloutBuffer:
         self._delivered: set[int] = set()  # batch indices put, from _delivered_floor on (the rest were consumed)
         self._delivered_floor = 0
         self._learner_version = 0
-        self._stats = {"puts": 0, "takes": 0, "put_samples": 0, "taken_samples": 0, "dropped_samples": 0,
-                       "put_wait_seconds": 0.0, "take_wait_seconds": 0.0, "max_fill": 0,
-                       "duplicates_dropped": 0}
+        self._stats = {
+            "puts": 0,
+            "takes": 0,
+            "put_samples": 0,
+            "taken_samples": 0,
+            "dropped_samples": 0,
+            "put_wait_seconds": 0.0,
+            "take_wait_seconds": 0.0,
+            "max_fill": 0,
+            "duplicates_dropped": 0,
+        }
 
     def __len__(self) -> int:
         return len(self._sampler)
 
-    def put(self, batch: TensorDict, timeout: float | None = None, reports: dict[str, dict] | None = None,
-            failure_examples: list[dict] | None = None) -> bool:
+    def put(
+        self,
+        batch: TensorDict,
+        timeout: float | None = None,
+        reports: dict[str, dict] | None = None,
+        failure_examples: list[dict] | None = None,
+    ) -> bool:
         """Append ``batch``, waiting while the buffer is full. Returns False if closed or timed out first.
 
         ``reports`` (``{producer: counters}``) and ``failure_examples`` are kept only when the batch is: a retried
@@ -289,5 +314,9 @@ class RolloutBuffer:
     def stats(self) -> dict[str, float]:
         """Counters since creation plus the current fill (unread entries / capacity)."""
         with self._cond:
-            return {**self._stats, "size": len(self._sampler), "capacity": self.capacity,
-                    "fill": len(self._sampler) / self.capacity}
+            return {
+                **self._stats,
+                "size": len(self._sampler),
+                "capacity": self.capacity,
+                "fill": len(self._sampler) / self.capacity,
+            }

@@ -11,9 +11,10 @@ Why not ``DistributedDataParallel``: the forward goes through the decoder and th
 (:mod:`grpo_rl.model.logprobs`), around DDP's ``forward`` hook, and gradient accumulation over micro-batches of
 different sizes needs the sum, not DDP's mean. One flat all-reduce per optimizer step is all it would add.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,11 @@ class GradientAllReduce:
         self.rank = dist.get_rank(group)
 
     def _device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(self.group) == "nccl"
+            else torch.device("cpu")
+        )
 
     def sum_scalars(self, values: Sequence[float]) -> list[float]:
         t = torch.tensor(list(values), dtype=torch.float64, device=self._device())

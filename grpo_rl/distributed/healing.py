@@ -1,14 +1,15 @@
 """Replacing lost workers: the restart budget of each role, and the record of every replacement.
 
 A collector (with its engine or served engine) or a reference replica that dies, or stops answering within
-``pipeline.timeout_seconds``, is replaced by the role that owns it (:class:`~grpo_rl.distributed.pipeline.AsyncRollouts`,
-:class:`~grpo_rl.distributed.reference_actors.ReferenceActors`), up to ``pipeline.max_restarts`` times per role in a
-run. :class:`Restarts` is the one book they keep: it says whether another replacement is allowed, and records each
-one (role, replica, cause, the seconds it cost) in the run's log, in ``restarts.jsonl`` and in the step's metrics
-(``restarts/<role>``, the count so far; ``restart_seconds``, the seconds replacements cost since the last step).
-Past the budget the owner raises :class:`~grpo_rl.errors.RoleFailed` as before: the run ends after a checkpoint at its
-last step boundary.
+``pipeline.timeout_seconds``, is replaced by the role that owns it
+(:class:`~grpo_rl.distributed.pipeline.AsyncRollouts`, :class:`~grpo_rl.distributed.reference_actors.ReferenceActors`),
+up to ``pipeline.max_restarts`` times per role in a run. :class:`Restarts` is the one book they keep: it says whether
+another replacement is allowed, and records each one (role, replica, cause, the seconds it cost) in the run's log, in
+``restarts.jsonl`` and in the step's metrics (``restarts/<role>``, the count so far; ``restart_seconds``, the seconds
+replacements cost since the last step). Past the budget the owner raises :class:`~grpo_rl.errors.RoleFailed` as before:
+the run ends after a checkpoint at its last step boundary.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,10 @@ class Restarts:
         """The end of a message that says why the run ends instead of replacing ``role``."""
         if self.max_restarts == 0:
             return "pipeline.max_restarts=0: lost workers are not replaced"
-        return f"after {self.counts.get(role, 0)} replacement(s), the most pipeline.max_restarts={self.max_restarts} allows"
+        return (
+            f"after {self.counts.get(role, 0)} replacement(s), the most "
+            f"pipeline.max_restarts={self.max_restarts} allows"
+        )
 
     def record(self, role: str, replica: int, cause: str, seconds: float, **extra) -> None:
         """Count and log one replacement of ``role``'s ``replica``, which cost ``seconds``."""
@@ -62,8 +66,15 @@ class Restarts:
         who = "learner group" if role == "learner" else f"{role} replica {replica}"
         log.warning("%s replaced (%d so far) in %.1f s: %s", who, count, seconds, cause)
         if self.path is not None:
-            row = {"time": time.time(), "role": role, "replica": replica, "cause": cause,
-                   "seconds": round(seconds, 3), "count": count, **extra}
+            row = {
+                "time": time.time(),
+                "role": role,
+                "replica": replica,
+                "cause": cause,
+                "seconds": round(seconds, 3),
+                "count": count,
+                **extra,
+            }
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 

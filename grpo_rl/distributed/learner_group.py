@@ -15,6 +15,7 @@ The ranks meet at a ``TCPStore`` the driver hosts on the node address Ray gave i
 (every checkpoint calls it before writing ``model``), and sent to every rank by
 :meth:`LearnerGroup.load_state_dict` (resume loads the checkpoint's weights into it first).
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,16 +26,15 @@ from grpo_rl.quiet import quiet_logging, quiet_start
 # A learner rank's process imports this module first: drop the known notices of the imports below before they print.
 quiet_logging()
 
-import torch  # noqa: E402
+import torch
 
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
-from grpo_rl.placement.ray import address_towards, host_store, interface_with_address, node_address
-from grpo_rl.distributed.reference_actors import wait_ready
 from grpo_rl.distributed.healing import died_how, record_pids
+from grpo_rl.distributed.reference_actors import wait_ready
 from grpo_rl.errors import LearnerLost, RoleFailed
-from grpo_rl.training.build import make_local_learner
-from grpo_rl.training.build import seed_everything
 from grpo_rl.placement.context import ActorSpec, RunContext
+from grpo_rl.placement.ray import address_towards, host_store, interface_with_address, node_address
+from grpo_rl.training.build import make_local_learner, seed_everything
 from grpo_rl.weights.sync import WeightPacket, call_failed, pack_weights
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,9 @@ class LearnerRank:
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = interface
         limit = datetime.timedelta(seconds=timeout)
         store = dist.TCPStore(master_address, master_port, None, False, limit)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-                                world_size=world_size, timeout=limit)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world_size, timeout=limit
+        )
         seed_everything(run.cfg.seed)  # identical initialisation on every rank (LoRA adapters are random)
         self.sharded = run.cfg.train_model.sharding == "fsdp"
         if self.sharded:
@@ -77,8 +78,11 @@ class LearnerRank:
         return os.getpid()
 
     def train_step(self, shard) -> dict:
-        return {**self.learner.train_step(shard), "version": self.learner.version,
-                "skipped_steps": self.learner.skipped_steps}
+        return {
+            **self.learner.train_step(shard),
+            "version": self.learner.version,
+            "skipped_steps": self.learner.skipped_steps,
+        }
 
     def _full_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The whole model's weights in HF naming; sharded ranks gather them (every rank must call this)."""
@@ -106,8 +110,10 @@ class LearnerRank:
         if self.sharded:
             from grpo_rl.distributed.sharding import full_optimizer_state
 
-            state = {**self.learner.state_dict(),
-                     "optimizer": full_optimizer_state(self.learner.model, self.learner.optimizer)}
+            state = {
+                **self.learner.state_dict(),
+                "optimizer": full_optimizer_state(self.learner.model, self.learner.optimizer),
+            }
         else:
             state = self.learner.state_dict()
         return state if dist_rank() == 0 else None
@@ -166,9 +172,15 @@ class LearnerGroup:
         address = node_address()
         self.store = host_store(address, self.timeout)  # listening before any rank is told its port
         self.ranks = [
-            ray.remote(LearnerRank).options(**placement.ray_options()).remote(
-                run.actor_spec("learner", i), world_size=world, master_address=address, master_port=self.store.port,
-                timeout=self.timeout)
+            ray.remote(LearnerRank)
+            .options(**placement.ray_options())
+            .remote(
+                run.actor_spec("learner", i),
+                world_size=world,
+                master_address=address,
+                master_port=self.store.port,
+                timeout=self.timeout,
+            )
             for i in range(world)
         ]
         self.pids = wait_ready(self.ranks, "learner rank", self.timeout)
@@ -193,8 +205,9 @@ class LearnerGroup:
             return ray.get(calls, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError as e:
             self.lost = True
-            raise LearnerLost(f"the learner ranks did not finish {what} within pipeline.timeout_seconds="
-                              f"{self.timeout:g}") from e
+            raise LearnerLost(
+                f"the learner ranks did not finish {what} within pipeline.timeout_seconds={self.timeout:g}"
+            ) from e
         except ray.exceptions.RayActorError as e:
             self.lost = True
             rank = next((i for i, call in enumerate(calls) if call_failed(call, ray.exceptions.RayActorError)), None)
@@ -207,7 +220,9 @@ class LearnerGroup:
         """``train.updates_per_batch`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the
         ranks by whole groups."""
         shards = shard_batch(batch, len(self.ranks))
-        results = self._get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)], "a training step")
+        results = self._get(
+            [r.train_step.remote(s) for r, s in zip(self.ranks, shards, strict=True)], "a training step"
+        )
         metrics = combine_rank_metrics(results)
         self.version, self.skipped_steps = metrics.pop("version"), metrics.pop("skipped_steps")
         return metrics

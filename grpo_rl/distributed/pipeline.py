@@ -3,11 +3,11 @@
 :class:`AsyncRollouts` is a :class:`~grpo_rl.rollout.source.RolloutSource`. It starts one collector actor per
 inference device and a buffer actor, hands the learner the next batch that passes the staleness gate with the
 role metrics, and stops everything in :meth:`AsyncRollouts.close`. The collectors' counters and failing reward
-calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step costs
-the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
-(``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference
-actors into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch
-``k``; the staleness gate applies where the learner takes, at the version it trains with.
+calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step
+costs the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
+(``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference actors
+into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch ``k``; the
+staleness gate applies where the learner takes, at the version it trains with.
 
 Nothing hangs, and losses heal. A collector whose loop ended with an error (its actor died, its engine or engine
 server failed), or that has been inside one engine call for longer than ``pipeline.timeout_seconds`` when no batch
@@ -20,22 +20,23 @@ from a lost actor that lands late cannot be trained twice. Past ``pipeline.max_r
 names the role; the loop's cleanup then checkpoints the last step boundary, whose stream position regenerates
 whatever was in flight (:class:`~grpo_rl.rollout.source.StreamPosition`).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
+from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker
 from grpo_rl.distributed.buffer import TakeResult
 from grpo_rl.distributed.healing import Restarts, died_how, record_pids
-from grpo_rl.distributed.actors import COLLECTOR_COUNTERS, BufferActor, CollectorWorker
 from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
 from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.errors import RoleFailed
-from grpo_rl.rollout.source import Rollout, StreamPosition
 from grpo_rl.placement.context import RunContext
+from grpo_rl.rollout.source import Rollout, StreamPosition
 from grpo_rl.weights.sync import WeightSync
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,17 @@ class AsyncRollouts:
             replacement collector gets the newest push from it.
     """
 
-    def __init__(self, run: RunContext, env, reference: ReferenceActors | None = None, fleet=None,
-                 restarts: Restarts | None = None, *, weight_sync: Callable[[list], WeightSync], wait: bool = True):
+    def __init__(
+        self,
+        run: RunContext,
+        env,
+        reference: ReferenceActors | None = None,
+        fleet=None,
+        restarts: Restarts | None = None,
+        *,
+        weight_sync: Callable[[list], WeightSync],
+        wait: bool = True,
+    ):
         import ray
 
         p = run.cfg.pipeline
@@ -78,11 +88,16 @@ class AsyncRollouts:
         # The buffers live on the driver's node: what they hold cannot be rebuilt elsewhere, and a node that is
         # lost takes only workers that can be replaced.
         here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(  # hard: soft ones were seen to spill
-            ray.get_runtime_context().get_node_id(), soft=False)
+            ray.get_runtime_context().get_node_id(), soft=False
+        )
         buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here)
         self.buffer = buffer.remote(
-            p.buffer_capacity, None if reference is not None else p.max_staleness, "buffer",
-            admit_staleness=p.max_staleness, versions_per_batch=run.cfg.train.updates_per_batch)
+            p.buffer_capacity,
+            None if reference is not None else p.max_staleness,
+            "buffer",
+            admit_staleness=p.max_staleness,
+            versions_per_batch=run.cfg.train.updates_per_batch,
+        )
         self.scored = self.buffer if reference is None else buffer.remote(1, p.max_staleness, "scored")
         self.num_replicas = run.placement.collector.count
         self.collectors = [self._new_collector(i) for i in range(self.num_replicas)]
@@ -128,8 +143,9 @@ class AsyncRollouts:
         waited, dropped, consumed = 0.0, 0, []
         t0 = time.perf_counter()
         while not should_stop():
-            result: TakeResult = self._get(self.scored.take.remote(version, self.poll_seconds), "the buffer",
-                                           extra=self.poll_seconds)
+            result: TakeResult = self._get(
+                self.scored.take.remote(version, self.poll_seconds), "the buffer", extra=self.poll_seconds
+            )
             waited += result.wait_seconds
             dropped += result.dropped
             consumed += result.consumed
@@ -140,15 +156,20 @@ class AsyncRollouts:
                 result.wait_seconds, result.dropped = waited, dropped
                 self.position.consume(consumed)
                 self._reports.update(result.reports)
-                return Rollout(batch=result.batch, metrics={**staleness_metrics(result), **self._step_metrics()},
-                               failure_examples=result.failure_examples)
+                return Rollout(
+                    batch=result.batch,
+                    metrics={**staleness_metrics(result), **self._step_metrics()},
+                    failure_examples=result.failure_examples,
+                )
             self.check_health()
             if time.perf_counter() - t0 > self.timeout:
                 hung = self._hung_collectors()
                 if not hung:
-                    raise RoleFailed(f"no batch from the {len(self.collectors)} collector(s) within "
-                                     f"pipeline.timeout_seconds={self.timeout:g}; they are alive but produce nothing "
-                                     "(a stuck engine?). Raise the timeout if one batch takes them that long")
+                    raise RoleFailed(
+                        f"no batch from the {len(self.collectors)} collector(s) within "
+                        f"pipeline.timeout_seconds={self.timeout:g}; they are alive but produce nothing "
+                        "(a stuck engine?). Raise the timeout if one batch takes them that long"
+                    )
                 for replica in hung:
                     self.replace_collector(replica, f"no answer within pipeline.timeout_seconds={self.timeout:g}")
                 t0 = time.perf_counter()
@@ -190,7 +211,7 @@ class AsyncRollouts:
         if self._closed:
             return
         self._closed = True
-        for call in ([b.close.remote() for b in self._buffers] + [c.stop.remote() for c in self.collectors]):
+        for call in [b.close.remote() for b in self._buffers] + [c.stop.remote() for c in self.collectors]:
             _quietly(ray.get, call, timeout=timeout)
         if self._runs:
             ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout)
@@ -222,8 +243,9 @@ class AsyncRollouts:
 
         try:
             while not self._closed and not self._pump_stop.is_set():
-                result: TakeResult = ray.get(self.buffer.take.remote(0, self.poll_seconds),
-                                             timeout=self.poll_seconds + self.timeout)
+                result: TakeResult = ray.get(
+                    self.buffer.take.remote(0, self.poll_seconds), timeout=self.poll_seconds + self.timeout
+                )
                 if result.batch is None:
                     if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):
                         return
@@ -231,9 +253,14 @@ class AsyncRollouts:
                 t0 = time.perf_counter()
                 batch = self.reference.score(result.batch)
                 self._reference_seconds += time.perf_counter() - t0
-                while not self._closed and not self._pump_stop.is_set() and not ray.get(
+                while (
+                    not self._closed
+                    and not self._pump_stop.is_set()
+                    and not ray.get(
                         self.scored.put.remote(batch, self.poll_seconds, result.reports, result.failure_examples),
-                        timeout=self.poll_seconds + self.timeout):
+                        timeout=self.poll_seconds + self.timeout,
+                    )
+                ):
                     pass
         except BaseException as e:  # noqa: BLE001 - handed to the learner's thread by check_health
             if not self._closed:
@@ -272,9 +299,11 @@ class AsyncRollouts:
         if not self.restarts.allowed("collector"):
             raise RoleFailed(f"{who} {cause}; {self.restarts.exhausted('collector')}; its log is above") from error
         if not self.weight_sync.can_replace:
-            raise RoleFailed(f"{who} {cause}; pipeline.weight_transport=collective cannot give a replacement its "
-                             "weights (its broadcast group is fixed at start): use pipeline.weight_transport="
-                             "object_store to have lost collectors replaced") from error
+            raise RoleFailed(
+                f"{who} {cause}; pipeline.weight_transport=collective cannot give a replacement its "
+                "weights (its broadcast group is fixed at start): use pipeline.weight_transport="
+                "object_store to have lost collectors replaced"
+            ) from error
         log.warning("%s %s: replacing it", who, cause)
         t0 = time.perf_counter()
         _kill_and_wait(self.collectors[replica], self.timeout)
@@ -291,8 +320,15 @@ class AsyncRollouts:
         self._runs[replica] = actor.run.remote(position)
         self.pids["collector"][replica] = pid
         self._write_pids()
-        self.restarts.record("collector", replica, cause, time.perf_counter() - t0, pid=pid,
-                             node=self.nodes[replica], resumes_at=position["next_index"])
+        self.restarts.record(
+            "collector",
+            replica,
+            cause,
+            time.perf_counter() - t0,
+            pid=pid,
+            node=self.nodes[replica],
+            resumes_at=position["next_index"],
+        )
 
     def owed_position(self) -> dict:
         """The stream position a replacement starts from: the learner's watermark, with every batch the buffer
@@ -309,8 +345,17 @@ class AsyncRollouts:
         urls = self.fleet.urls if self.fleet is not None else None
         spec = self.run.actor_spec("collector", replica, engine_urls=urls)
         p = self.run.cfg.pipeline
-        return ray.remote(CollectorWorker).options(**collector_options(self.run)).remote(
-            spec, self.buffer, num_replicas=self.num_replicas, poll_seconds=p.poll_seconds, timeout=p.timeout_seconds)
+        return (
+            ray.remote(CollectorWorker)
+            .options(**collector_options(self.run))
+            .remote(
+                spec,
+                self.buffer,
+                num_replicas=self.num_replicas,
+                poll_seconds=p.poll_seconds,
+                timeout=p.timeout_seconds,
+            )
+        )
 
     def _heal_engine_server(self, replica: int) -> None:
         """Start collector ``replica``'s engine server again when the run owns it and it does not answer (the
@@ -430,8 +475,9 @@ def combine_reports(reports: dict[str, dict], num_collectors: int) -> dict[str, 
     buffer = reports.get("buffer", {})
     out.update({f"buffer/{k}": float(buffer.get(k, 0)) for k in ("fill", "size", "max_fill")})
     # The gate drops in the buffer the learner takes from: the collectors' one, or the reference stage's.
-    out["buffer/dropped_samples"] = float(sum(reports.get(name, {}).get("dropped_samples", 0)
-                                              for name in ("buffer", "scored")))
+    out["buffer/dropped_samples"] = float(
+        sum(reports.get(name, {}).get("dropped_samples", 0) for name in ("buffer", "scored"))
+    )
     return out
 
 
@@ -465,16 +511,20 @@ def collector_options(run: RunContext) -> dict:
     key: a runtime_env is stored in Ray's GCS, and learners and reference replicas never talk to a server."""
     key = os.environ.get(KEY_ENV) if run.placement.served else None
     # SPREAD: across the nodes of a cluster, so that a lost node takes as few collectors as it can
-    return run.placement.collector.ray_options(max_concurrency=4, scheduling_strategy="SPREAD",
-                                               env={KEY_ENV: key} if key else None)
+    return run.placement.collector.ray_options(
+        max_concurrency=4, scheduling_strategy="SPREAD", env={KEY_ENV: key} if key else None
+    )
 
 
 def staleness_metrics(result: TakeResult) -> dict[str, float]:
     """Staleness of the samples about to be trained on (the bound is checked against ``staleness_max``)."""
     age = result.staleness.float()
-    out = {"staleness_mean": float(age.mean()) if age.numel() else 0.0,
-           "staleness_max": int(age.max()) if age.numel() else 0,
-           "dropped_samples": result.dropped, "learner_wait_seconds": result.wait_seconds}
+    out = {
+        "staleness_mean": float(age.mean()) if age.numel() else 0.0,
+        "staleness_max": int(age.max()) if age.numel() else 0,
+        "dropped_samples": result.dropped,
+        "learner_wait_seconds": result.wait_seconds,
+    }
     batch = result.batch
     if batch is not None and "behavior_version" in batch.keys() and age.numel():
         # each token's own age (a group's age is its oldest token's): lower where pushes landed in flight

@@ -6,6 +6,7 @@ asynchronous loop it sits between the buffer and the learner (:class:`~grpo_rl.d
 and scores the next batch while the learner trains on the current one. A batch is cut into whole groups, about
 equal in rows, one shard per replica (:func:`~grpo_rl.distributed.data_parallel.shard_batch`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,7 +63,8 @@ class ReferenceActors:
         self.wait_started()
         shards = [s for s in shard_batch(batch, len(self.actors)) if s.batch_size[0] > 0]
         keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_id")
-        return [a.score.remote(s.select(*keys)) for a, s in zip(self.actors, shards)]
+        # empty shards were dropped above, so a small batch leaves the last replicas idle
+        return [a.score.remote(s.select(*keys)) for a, s in zip(self.actors, shards, strict=False)]
 
     def collect(self, batch: TensorDict, pending: list) -> TensorDict:
         """Wait for :meth:`submit`'s shards and add their ``ref_logprobs`` ``[N, Lr]`` to ``batch``; a replica lost

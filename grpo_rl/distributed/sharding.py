@@ -39,9 +39,11 @@ Full (unsharded) weights and optimizer state, for weight pushes, exports and che
 gathers are collectives), and loaded by broadcasting from rank 0. LoRA models are not sharded: their trainable
 state is a few MB, and :class:`~grpo_rl.distributed.data_parallel.GradientAllReduce` suits them.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -74,8 +76,9 @@ def _default_mesh(model: torch.nn.Module) -> DeviceMesh:
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def shard_model(model: torch.nn.Module, *, mesh: DeviceMesh | None = None,
-                reshard_after_forward: bool = True) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True
+) -> torch.nn.Module:
     """Shard an HF causal LM in place over ``mesh``: one FSDP unit per decoder layer, then the root.
 
     Call it after ``init_process_group`` and before building the :class:`~grpo_rl.training.learner.Learner` (whose
@@ -153,7 +156,6 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return state
 
 
-def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                              state: dict[str, Any]) -> None:
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a :func:`full_optimizer_state` into a sharded model's optimizer; only rank 0's ``state`` is read."""
     set_optimizer_state_dict(model, optimizer, state, options=BROADCAST_FROM_RANK0)

@@ -21,15 +21,18 @@ key                    shape       meaning
 =====================  ==========  ===========================================================
 
 ``group_id`` is the one definition of a group (the answers to one prompt) everywhere downstream: group
-advantages (:mod:`grpo_rl.algo.advantages`), the zero-variance filter (:func:`grpo_rl.algo.advantages.assign_advantages`),
-the staleness gate (:mod:`grpo_rl.distributed.buffer`), shared-prompt packing (:mod:`grpo_rl.model.packing`) and data-parallel
-sharding. No training stage infers groups from row positions or from equal prompts. Filters keep or drop whole
-groups, so the groups left are whole and their rows consecutive, but the ids left need not be ``0 .. P-1``.
+advantages (:mod:`grpo_rl.algo.advantages`), the zero-variance filter
+(:func:`grpo_rl.algo.advantages.assign_advantages`), the staleness gate (:mod:`grpo_rl.distributed.buffer`),
+shared-prompt packing (:mod:`grpo_rl.model.packing`) and data-parallel sharding. No training stage infers groups from
+row positions or from equal prompts. Filters keep or drop whole groups, so the groups left are whole and their rows
+consecutive, but the ids left need not be ``0 .. P-1``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict
@@ -93,8 +96,8 @@ def pack_rollouts(
     behavior = torch.zeros((num, lr), dtype=torch.float32)
     for j in range(num):
         p = prompts[j // n]
-        prompt_ids[j, lp - len(p):] = torch.as_tensor(p, dtype=torch.long)
-        prompt_mask[j, lp - len(p):] = 1
+        prompt_ids[j, lp - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        prompt_mask[j, lp - len(p) :] = 1
         r = responses[j]
         if r:
             response_ids[j, : len(r)] = torch.as_tensor(r, dtype=torch.long)

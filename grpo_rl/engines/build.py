@@ -1,5 +1,6 @@
 """The rollout engine of this process, from ``inference_model`` and the run's placement: vLLM, Hugging Face
 generate (``transformers``), or the scale simulation's timed stand-in."""
+
 from __future__ import annotations
 
 import logging
@@ -25,19 +26,31 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
     if sim.enabled:
         from grpo_rl.engines.simulated import SimulatedEngine
 
-        return SimulatedEngine(vocab_size=len(run.tokenizer), seconds=sim.generation_seconds, jitter=sim.jitter,
-                               answer_tokens=sim.answer_tokens, pad_id=run.tokenizer.pad_token_id or 0,
-                               long_tail=sim.long_tail)
+        return SimulatedEngine(
+            vocab_size=len(run.tokenizer),
+            seconds=sim.generation_seconds,
+            jitter=sim.jitter,
+            answer_tokens=sim.answer_tokens,
+            pad_id=run.tokenizer.pad_token_id or 0,
+            long_tail=sim.long_tail,
+        )
     if run.placement is not None and run.placement.served:
         return make_served_engine(run, fleet.urls if fleet is not None else None)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
         from grpo_rl.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(run.model_path, device, max_model_len=cfg.max_model_len, seed=run.cfg.seed,
-                          kv_cache_gb=cfg.kv_cache_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-                          **kwargs)
+        return VLLMEngine(
+            run.model_path,
+            device,
+            max_model_len=cfg.max_model_len,
+            seed=run.cfg.seed,
+            kv_cache_gb=cfg.kv_cache_gb,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            **kwargs,
+        )
     from grpo_rl.engines.transformers_engine import TransformersEngine
 
     if cfg.share_weights and policy is not None:
@@ -64,11 +77,18 @@ def make_served_engine(run: RunContext, urls: tuple[str, ...] | None = None):
 
     cfg = run.cfg.inference_model
     urls = list(urls or run.engine_urls or cfg.urls or ())
-    return ServedEngine(urls, key=os.environ.get(KEY_ENV), pad_id=run.tokenizer.pad_token_id or 0,
-                        dtype=run.precision.inference.dtype, timeout=cfg.request_timeout_s,
-                        inflight=run.mode == "async" and run.cfg.pipeline.inflight_updates,
-                        transport=weight_transfer(run), weight_dir=cfg.weight_dir, ca_certs=cfg.ssl_ca_certs,
-                        model=model_identity(run.model_path))
+    return ServedEngine(
+        urls,
+        key=os.environ.get(KEY_ENV),
+        pad_id=run.tokenizer.pad_token_id or 0,
+        dtype=run.precision.inference.dtype,
+        timeout=cfg.request_timeout_s,
+        inflight=run.mode == "async" and run.cfg.pipeline.inflight_updates,
+        transport=weight_transfer(run),
+        weight_dir=cfg.weight_dir,
+        ca_certs=cfg.ssl_ca_certs,
+        model=model_identity(run.model_path),
+    )
 
 
 def start_servers(run: RunContext) -> ServerFleet | None:
@@ -84,18 +104,37 @@ def start_servers(run: RunContext) -> ServerFleet | None:
     threads = run.placement.collector.threads
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     own_cores = len(devices) > 1 and devices[0].type == "cpu" and len(cores) >= len(devices) * threads
-    args = engine_args(dtype=run.precision.inference.dtype, max_model_len=cfg.max_model_len, seed=run.cfg.seed,
-                       kv_cache_gb=cfg.kv_cache_gb, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                       enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
-                       on_cpu=devices[0].type == "cpu")
+    args = engine_args(
+        dtype=run.precision.inference.dtype,
+        max_model_len=cfg.max_model_len,
+        seed=run.cfg.seed,
+        kv_cache_gb=cfg.kv_cache_gb,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enforce_eager=cfg.enforce_eager,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        on_cpu=devices[0].type == "cpu",
+    )
     if weight_transfer(run) == "nccl":
         args += ("--weight-transfer-config", '{"backend": "nccl"}')
-    specs = [ServerSpec(run.model_path, device, threads=threads,
-                        cores=tuple(cores[i * threads:(i + 1) * threads]) if own_cores else (), vllm_args=args)
-             for i, device in enumerate(devices)]
+    specs = [
+        ServerSpec(
+            run.model_path,
+            device,
+            threads=threads,
+            cores=tuple(cores[i * threads : (i + 1) * threads]) if own_cores else (),
+            vllm_args=args,
+        )
+        for i, device in enumerate(devices)
+    ]
     tls = (cfg.ssl_certfile, cfg.ssl_keyfile) if cfg.ssl_certfile else None
-    fleet = ServerFleet(specs, run.run_dir, host=cfg.server_host, start_timeout=cfg.server_start_timeout_s, tls=tls,
-                        ca_certs=cfg.ssl_ca_certs)
+    fleet = ServerFleet(
+        specs,
+        run.run_dir,
+        host=cfg.server_host,
+        start_timeout=cfg.server_start_timeout_s,
+        tls=tls,
+        ca_certs=cfg.ssl_ca_certs,
+    )
     os.environ[KEY_ENV] = fleet.key
     log.info("engine servers:\n%s", fleet.describe())
     return fleet

@@ -4,6 +4,7 @@
 The file is read once, without following a symlink, and loaded from those bytes only if their SHA-256 is the one
 the trainer sent (:func:`~grpo_rl.engines.weight_folder.read_weight_file`): a file swapped or changed in the folder
 after the trainer wrote it is refused, never loaded."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -65,8 +66,10 @@ class SharedFileWeightTransfer(WeightTransferEngine[FileInitInfo, FileUpdateInfo
         weights = load(data)
         del data  # the tensors hold their own copy
         if len(weights) != update_info.num_tensors:
-            raise ValueError(f"weight file {update_info.file} holds {len(weights)} tensors; the trainer wrote "
-                             f"{update_info.num_tensors}")
+            raise ValueError(
+                f"weight file {update_info.file} holds {len(weights)} tensors; the trainer wrote "
+                f"{update_info.num_tensors}"
+            )
         named = list(weights.items()) + [(alias, weights[name]) for alias, name in update_info.aliases.items()]
         self.model.load_weights(named)
 

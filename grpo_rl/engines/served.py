@@ -22,14 +22,15 @@ in-process one, with the same batch layout and the same sampling:
 * **Never hangs.** Every request has ``inference_model.request_timeout_s``; a server that does not answer, refuses,
   or is gone is named in one line (:class:`~grpo_rl.errors.RoleFailed`), and the run checkpoints and ends.
 """
+
 from __future__ import annotations
 
 import hashlib
 import logging
 import threading
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -67,10 +68,21 @@ class ServedEngine:
     _pool: ThreadPoolExecutor | None = None
     _weight_folder: RunFolder | None = None
 
-    def __init__(self, urls: Sequence[str], *, key: str | None, pad_id: int, dtype: str = "float32",
-                 timeout: float = 600.0, inflight: bool = False, transport: str = "file",
-                 weight_dir: str | None = None, version: int = 0, ca_certs: str | None = None,
-                 model: dict | None = None):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        key: str | None,
+        pad_id: int,
+        dtype: str = "float32",
+        timeout: float = 600.0,
+        inflight: bool = False,
+        transport: str = "file",
+        weight_dir: str | None = None,
+        version: int = 0,
+        ca_certs: str | None = None,
+        model: dict | None = None,
+    ):
         if not urls:
             raise ValueError("a served engine needs at least one server URL")
         self.servers = [ServerClient(u, key, timeout, ca_certs) for u in urls]
@@ -101,8 +113,10 @@ class ServedEngine:
         """Server ``index`` was started again at ``url``: talk to that one from now on (it is told the weight folder
         at the next push, which must follow before it generates)."""
         if self.transport == "nccl":
-            raise RoleFailed("an engine server was lost and inference_model.weight_transfer=nccl cannot reach a new "
-                             "one (its group is fixed at start): use weight_transfer=file to have it replaced")
+            raise RoleFailed(
+                "an engine server was lost and inference_model.weight_transfer=nccl cannot reach a new "
+                "one (its group is fixed at start): use weight_transfer=file to have it replaced"
+            )
         old = self.servers[index]
         new = ServerClient(url, old.key, old.timeout, old.ca_certs)
         self._check(new)
@@ -113,10 +127,14 @@ class ServedEngine:
     # --- generation -------------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
-        requests = [self._request(p, n, sampling, None if sampling.seed is None else sampling.seed + i * n)
-                    for i, p in enumerate(prompts)]
-        futures = [self._pool.submit(self.servers[i % len(self.servers)].post, "/inference/v1/generate", json=r)
-                   for i, r in enumerate(requests)]
+        requests = [
+            self._request(p, n, sampling, None if sampling.seed is None else sampling.seed + i * n)
+            for i, p in enumerate(prompts)
+        ]
+        futures = [
+            self._pool.submit(self.servers[i % len(self.servers)].post, "/inference/v1/generate", json=r)
+            for i, r in enumerate(requests)
+        ]
         responses, logprobs, truncated, versions = [], [], [], []
         for future in futures:
             choices = sorted(future.result()["choices"], key=lambda c: c["index"])
@@ -132,9 +150,16 @@ class ServedEngine:
 
     @staticmethod
     def _request(prompt: Sequence[int], n: int, sampling: SamplingSpec, seed: int | None) -> dict:
-        params = {"n": n, "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-                  "top_p": sampling.top_p, "top_k": sampling.top_k, "logprobs": 0,
-                  "include_stop_str_in_output": True, "detokenize": bool(sampling.stop)}
+        params = {
+            "n": n,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "logprobs": 0,
+            "include_stop_str_in_output": True,
+            "detokenize": bool(sampling.stop),
+        }
         if sampling.stop:
             params["stop"] = list(sampling.stop)
         if seed is not None:
@@ -149,7 +174,7 @@ class ServedEngine:
                 v = int(span["version"])
             except ValueError:  # a server not yet stamped by this run ("default"): its first weights
                 v = 0
-            out[span["start"]: span["end"]] = [v] * (min(span["end"], length) - span["start"])
+            out[span["start"] : span["end"]] = [v] * (min(span["end"], length) - span["start"])
         return out
 
     # --- weights ----------------------------------------------------------------------------------------------
@@ -175,12 +200,17 @@ class ServedEngine:
         tensors = {k: v.detach().to("cpu", self.dtype).contiguous() for k, v in unique.items()}
         data = save(tensors)
         name = folder.write(data, stem=f"weights_v{version}")
-        info = {"file": name, "num_tensors": len(tensors), "aliases": aliases,
-                "sha256": hashlib.sha256(data).hexdigest()}
+        info = {
+            "file": name,
+            "num_tensors": len(tensors),
+            "aliases": aliases,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         del tensors, data  # the in-memory copy need not outlive the write while the servers load
         try:
-            self._each(lambda s: self._paused(s, lambda: s.post("/update_weights", json={"update_info": info}),
-                                              version))
+            self._each(
+                lambda s: self._paused(s, lambda: s.post("/update_weights", json={"update_info": info}), version)
+            )
         finally:
             folder.remove(name)
 
@@ -226,8 +256,10 @@ class ServedEngine:
     def _check_version(server: ServerClient, version: int) -> None:
         held = server.weight_version()
         if held != str(version):
-            raise RoleFailed(f"engine server {server.url} reports weight version {held} after the push of version "
-                             f"{version}: the update did not land")
+            raise RoleFailed(
+                f"engine server {server.url} reports weight version {held} after the push of version "
+                f"{version}: the update did not land"
+            )
 
     def _each(self, fn) -> None:
         """``fn(server)`` on every server at once; the first failure is raised."""

@@ -25,6 +25,7 @@ run needs to vLLM's own command line and then becomes that server), started:
 vLLM takes tens of seconds to start (about 30 to 60 s for a tiny model on a CPU), so the servers are launched
 together and awaited together.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -73,11 +74,29 @@ class ServerSpec:
     vllm_args: tuple[str, ...] = field(default_factory=tuple)
 
 
-def engine_args(*, dtype: str, max_model_len: int, seed: int, kv_cache_gb: float, gpu_memory_utilization: float,
-                enforce_eager: bool, enable_prefix_caching: bool, on_cpu: bool) -> tuple[str, ...]:
+def engine_args(
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    kv_cache_gb: float,
+    gpu_memory_utilization: float,
+    enforce_eager: bool,
+    enable_prefix_caching: bool,
+    on_cpu: bool,
+) -> tuple[str, ...]:
     """vLLM engine flags equal to the in-process engine's (:class:`~grpo_rl.engines.vllm_engine.VLLMEngine`)."""
-    args = ["--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
-            "--max-num-batched-tokens", str(max(8192, max_model_len)), "--no-enable-chunked-prefill"]
+    args = [
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--seed",
+        str(seed),
+        "--max-num-batched-tokens",
+        str(max(8192, max_model_len)),
+        "--no-enable-chunked-prefill",
+    ]
     args += ["--enforce-eager"] if enforce_eager else []
     args += ["--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"]
     if on_cpu:
@@ -87,8 +106,7 @@ def engine_args(*, dtype: str, max_model_len: int, seed: int, kv_cache_gb: float
     return tuple(args)
 
 
-def server_env(spec: ServerSpec, key: str, base: dict[str, str] | None = None, *,
-               local: bool = True) -> dict[str, str]:
+def server_env(spec: ServerSpec, key: str, base: dict[str, str] | None = None, *, local: bool = True) -> dict[str, str]:
     """The environment of ``spec``'s server process: only its own device visible, its own cores, the run's key,
     and, for a ``local`` server, its own groups on loopback."""
     env = dict(os.environ if base is None else base)
@@ -126,8 +144,16 @@ class ServerProcess:
 
     ``tls``: vLLM's ``--ssl-certfile``/``--ssl-keyfile`` pair for a TCP server (its URL is then ``https``)."""
 
-    def __init__(self, spec: ServerSpec, *, key: str, log_path: Path, socket_path: Path | None = None,
-                 host: str = "127.0.0.1", tls: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        spec: ServerSpec,
+        *,
+        key: str,
+        log_path: Path,
+        socket_path: Path | None = None,
+        host: str = "127.0.0.1",
+        tls: tuple[str, str] | None = None,
+    ):
         self.spec, self.log_path = spec, log_path
         if socket_path is not None:
             self.url = f"unix:{socket_path}"
@@ -140,10 +166,15 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "grpo_rl.cli.serve", "--model", spec.model_path, *where, *spec.vllm_args]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
-        self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=server_env(spec, key, local=socket_path is not None),
-                                        start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=server_env(spec, key, local=socket_path is not None),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
 
     def exited(self) -> int | None:
         return self.process.poll()
@@ -179,8 +210,16 @@ class ServerFleet:
         tls: ``(certfile, keyfile)`` for servers on another address; ``ca_certs`` verifies them.
     """
 
-    def __init__(self, specs: list[ServerSpec], run_dir: Path, *, host: str = "127.0.0.1",
-                 start_timeout: float = 600.0, tls: tuple[str, str] | None = None, ca_certs: str | None = None):
+    def __init__(
+        self,
+        specs: list[ServerSpec],
+        run_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        start_timeout: float = 600.0,
+        tls: tuple[str, str] | None = None,
+        ca_certs: str | None = None,
+    ):
         self.key = secrets.token_urlsafe(32)
         self.run_dir, self.host, self.start_timeout = Path(run_dir), host, start_timeout
         self.tls, self.ca_certs = tls, ca_certs
@@ -199,8 +238,9 @@ class ServerFleet:
         socket_path = None
         if self.socket_dir is not None:
             socket_path = self.socket_dir / f"{index}.{secrets.token_hex(4)}.sock"
-        server = ServerProcess(spec, key=self.key, log_path=log_path, socket_path=socket_path, host=self.host,
-                               tls=self.tls)
+        server = ServerProcess(
+            spec, key=self.key, log_path=log_path, socket_path=socket_path, host=self.host, tls=self.tls
+        )
         client = ServerClient(server.url, self.key, timeout=10.0, ca_certs=self.ca_certs)
         if index < len(self._clients):
             self._clients[index].close()
@@ -222,16 +262,24 @@ class ServerFleet:
                 server = self.servers[index]
                 code = server.exited()
                 if code is not None:
-                    raise RoleFailed(f"engine server {server.url} exited with code {code} while starting; "
-                                     f"its log: {server.log_path}")
+                    raise RoleFailed(
+                        f"engine server {server.url} exited with code {code} while starting; its log: {server.log_path}"
+                    )
                 if self._answers(index):
                     waiting.remove(index)
-                    log.info("engine server %s is up (pid %d, %s, log %s)", server.url, server.process.pid,
-                             server.spec.device, server.log_path)
+                    log.info(
+                        "engine server %s is up (pid %d, %s, log %s)",
+                        server.url,
+                        server.process.pid,
+                        server.spec.device,
+                        server.log_path,
+                    )
             if waiting and time.monotonic() > deadline:
                 server = self.servers[waiting[0]]
-                raise RoleFailed(f"engine server {server.url} did not become healthy within "
-                                 f"inference_model.server_start_timeout_s={timeout:g}; its log: {server.log_path}")
+                raise RoleFailed(
+                    f"engine server {server.url} did not become healthy within "
+                    f"inference_model.server_start_timeout_s={timeout:g}; its log: {server.log_path}"
+                )
             if waiting:
                 time.sleep(1.0)
 
@@ -278,8 +326,9 @@ class ServerFleet:
                 raise RoleFailed(f"engine server {server.url} exited with code {code}; its log: {server.log_path}")
 
     def describe(self) -> str:
-        return "\n".join(f"  engine server {s.url}  pid {s.process.pid}  {s.spec.device}  log {s.log_path}"
-                         for s in self.servers)
+        return "\n".join(
+            f"  engine server {s.url}  pid {s.process.pid}  {s.spec.device}  log {s.log_path}" for s in self.servers
+        )
 
     def close(self) -> None:
         for server in self.servers:
@@ -299,7 +348,7 @@ def private_socket_dir() -> Path:
     Folders that runs now gone left behind (a SIGKILLed driver runs no cleanup) are removed first."""
     base = Path(tempfile.gettempdir())
     for stale in base.glob(f"{SOCKET_DIR_PREFIX}*_*"):
-        pid = stale.name[len(SOCKET_DIR_PREFIX):].split("_", 1)[0]
+        pid = stale.name[len(SOCKET_DIR_PREFIX) :].split("_", 1)[0]
         try:
             st = stale.lstat()
             if not pid.isdigit() or st.st_uid != os.getuid() or not stale.is_dir() or stale.is_symlink():

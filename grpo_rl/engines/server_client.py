@@ -12,6 +12,7 @@ server of ``python -m grpo_rl.cli.serve`` cannot answer it, and is named in one 
 process. Proxies from the environment (``HTTP(S)_PROXY``) are ignored for loopback and Unix sockets, where a
 proxy would be handed the key.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ from grpo_rl.errors import RoleFailed
 
 log = logging.getLogger(__name__)
 
-SERVE_HINT = ("start one with: GRPO_RL_ENGINE_KEY=<key> python -m grpo_rl.cli.serve --model MODEL_DIR --port PORT "
-              "(docs/pipeline.md, 'Server mode')")
+SERVE_HINT = (
+    "start one with: GRPO_RL_ENGINE_KEY=<key> python -m grpo_rl.cli.serve --model MODEL_DIR --port PORT "
+    "(docs/pipeline.md, 'Server mode')"
+)
 
 
 class ServerClient:
@@ -44,12 +47,18 @@ class ServerClient:
         self.key, self.timeout, self.ca_certs = key, timeout, ca_certs
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         if self.url.startswith("unix:"):
-            transport = httpx.HTTPTransport(uds=self.url[len("unix:"):], limits=limits)
-            self._http = httpx.Client(base_url="http://localhost", transport=transport, timeout=timeout,
-                                      trust_env=False)
+            transport = httpx.HTTPTransport(uds=self.url[len("unix:") :], limits=limits)
+            self._http = httpx.Client(
+                base_url="http://localhost", transport=transport, timeout=timeout, trust_env=False
+            )
         else:
-            self._http = httpx.Client(base_url=self.url, timeout=timeout, limits=limits,
-                                      verify=ca_certs or True, trust_env=not is_loopback(self.url))
+            self._http = httpx.Client(
+                base_url=self.url,
+                timeout=timeout,
+                limits=limits,
+                verify=ca_certs or True,
+                trust_env=not is_loopback(self.url),
+            )
         self.verified = key is None  # a keyless server has nothing to prove
 
     def verify(self) -> None:
@@ -63,11 +72,15 @@ class ServerClient:
         except (ValueError, AttributeError):
             proof = None
         if response.status_code != 200 or not isinstance(proof, str):
-            raise RoleFailed(f"engine server {self.url} answers (HTTP {response.status_code}) but is not a server "
-                             f"started by python -m grpo_rl.cli.serve; {SERVE_HINT}")
+            raise RoleFailed(
+                f"engine server {self.url} answers (HTTP {response.status_code}) but is not a server "
+                f"started by python -m grpo_rl.cli.serve; {SERVE_HINT}"
+            )
         if not secrets.compare_digest(proof, key_proof(self.key, nonce)):
-            raise RoleFailed(f"engine server {self.url} was started with another key than the run's: give the run "
-                             f"the key the server was started with ({KEY_ENV}); the key was not sent")
+            raise RoleFailed(
+                f"engine server {self.url} was started with another key than the run's: give the run "
+                f"the key the server was started with ({KEY_ENV}); the key was not sent"
+            )
         self.verified = True
 
     def proves_key(self) -> bool:
@@ -83,11 +96,14 @@ class ServerClient:
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         response = self._request(method, path, headers=headers, **kwargs)
         if response.status_code == 401:
-            raise RoleFailed(f"engine server {self.url} refused the key (401): give the run the key the server was "
-                             f"started with ({KEY_ENV})")
+            raise RoleFailed(
+                f"engine server {self.url} refused the key (401): give the run the key the server was "
+                f"started with ({KEY_ENV})"
+            )
         if response.status_code >= 400:
-            raise RoleFailed(f"engine server {self.url} failed {path}: HTTP {response.status_code}"
-                             f"{_short_reason(response)}")
+            raise RoleFailed(
+                f"engine server {self.url} failed {path}: HTTP {response.status_code}{_short_reason(response)}"
+            )
         return response.json() if response.content else {}
 
     def _request(self, method: str, path: str, **kwargs):
@@ -96,11 +112,14 @@ class ServerClient:
         try:
             return self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as e:
-            raise RoleFailed(f"engine server {self.url} did not answer {path} within "
-                             f"inference_model.request_timeout_s={self.timeout:g}") from e
+            raise RoleFailed(
+                f"engine server {self.url} did not answer {path} within "
+                f"inference_model.request_timeout_s={self.timeout:g}"
+            ) from e
         except httpx.HTTPError as e:
-            raise RoleFailed(f"engine server {self.url} is not reachable ({path}: {type(e).__name__}: "
-                             f"{_first_line(str(e))})") from e
+            raise RoleFailed(
+                f"engine server {self.url} is not reachable ({path}: {type(e).__name__}: {_first_line(str(e))})"
+            ) from e
 
     def post(self, path: str, **kwargs) -> dict:
         return self.call("POST", path, **kwargs)
@@ -117,8 +136,10 @@ class ServerClient:
         differ = [k for k in MODEL_FIELDS if k in held and k in expected and held[k] != expected[k]]
         if differ:
             what = ", ".join(f"{k} {held[k]} there, {expected[k]} in the run's model" for k in differ)
-            raise RoleFailed(f"engine server {self.url} holds another model than the run's ({what}): start it with "
-                             f"--model set to the run's model folder")
+            raise RoleFailed(
+                f"engine server {self.url} holds another model than the run's ({what}): start it with "
+                f"--model set to the run's model folder"
+            )
 
     def close(self) -> None:
         self._http.close()

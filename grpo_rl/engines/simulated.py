@@ -1,15 +1,17 @@
 """The scale simulation's engine: sleeps for a batch's generation time and answers with random tokens
 (:mod:`grpo_rl.training.simulated` has the whole story)."""
+
 from __future__ import annotations
 
 import math
 import random
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+
 import torch
 from tensordict import TensorDict
-from grpo_rl.engines.base import SamplingSpec, pack_rollouts
 
+from grpo_rl.engines.base import SamplingSpec, pack_rollouts
 
 
 def _sleep(seconds: float, jitter: float, rng: random.Random) -> float:
@@ -31,8 +33,9 @@ class SimulatedEngine:
         long_tail: spread of answer lengths (``simulate.long_tail``); 0: all of ``answer_tokens``.
     """
 
-    def __init__(self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int,
-                 long_tail: float = 0.0):
+    def __init__(
+        self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int, long_tail: float = 0.0
+    ):
         self.vocab_size, self.seconds, self.jitter = vocab_size, seconds, jitter
         self.answer_tokens, self.pad_id, self.long_tail = answer_tokens, pad_id, long_tail
         self.rng = random.Random()  # fresh per process: replicas must not draw the same times

@@ -12,18 +12,24 @@ On a GPU, eager decoding of a small model is bound by the host launching kernels
 CUDA graphs: generation many times faster after a compile of tens of seconds (measured; see
 ``benchmarks/micro/gpu_engine.py`` and benchmarks/README.md, "One GPU").
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from typing import Iterable, Sequence
 
 import torch
 from tensordict import TensorDict
-from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from grpo_rl.model.loading import load_causal_lm, load_tokenizer
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.model.loading import load_causal_lm, load_tokenizer
 
 
 class SampledLogprobs(LogitsProcessor):
@@ -65,8 +71,18 @@ class TransformersEngine:
     shares_weights = False
     """Whether the model is the learner's own (``update_weights`` has nothing to do)."""
 
-    def __init__(self, model_path: str | None, device: torch.device, *, dtype: str = "float32", max_batch: int = 64,
-                 model: torch.nn.Module | None = None, tokenizer=None, compile: bool = False, **_):
+    def __init__(
+        self,
+        model_path: str | None,
+        device: torch.device,
+        *,
+        dtype: str = "float32",
+        max_batch: int = 64,
+        model: torch.nn.Module | None = None,
+        tokenizer=None,
+        compile: bool = False,
+        **_,
+    ):
         self.device = device
         self.compile = compile
         self.autocast = False
@@ -88,8 +104,16 @@ class TransformersEngine:
         self.max_batch = max_batch
 
     @classmethod
-    def sharing(cls, model: torch.nn.Module, tokenizer, device: torch.device, *, dtype: str = "float32",
-                max_batch: int = 64, **_) -> "TransformersEngine":
+    def sharing(
+        cls,
+        model: torch.nn.Module,
+        tokenizer,
+        device: torch.device,
+        *,
+        dtype: str = "float32",
+        max_batch: int = 64,
+        **_,
+    ) -> TransformersEngine:
         """An engine that generates with ``model``, the learner's own (``inference_model.share_weights``): in eval
         mode and without gradients, under bf16 autocast when ``dtype`` is bfloat16 and the weights are not."""
         engine = cls(None, device, dtype=dtype, max_batch=max_batch, model=model, tokenizer=tokenizer)
@@ -123,8 +147,8 @@ class TransformersEngine:
         ids = torch.full((len(chunk), lp), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(chunk):
-            ids[i, lp - len(p):] = torch.as_tensor(p)
-            mask[i, lp - len(p):] = 1
+            ids[i, lp - len(p) :] = torch.as_tensor(p)
+            mask[i, lp - len(p) :] = 1
         # The warpers are given here, in vLLM's order, with the recorder after them; generate adds none of its own.
         sample = sampling.temperature > 0  # temperature 0 means greedy, as in vLLM
         processors = []
@@ -138,7 +162,10 @@ class TransformersEngine:
         sequences = self.model.generate(
             input_ids=ids.repeat_interleave(n, 0).to(self.device),
             attention_mask=mask.repeat_interleave(n, 0).to(self.device),
-            do_sample=sample, temperature=1.0, top_k=0, top_p=1.0,
+            do_sample=sample,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
             logits_processor=LogitsProcessorList([*processors, recorder]),
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,

@@ -23,11 +23,12 @@ Log-probs are ``processed_logprobs``: log-softmax of the logits the sampler drew
 then truncated by top-k and top-p (tokens outside get -inf, the kept ones are renormalised), which is what the
 learner recomputes (``logits / temperature`` under the same truncation, :mod:`grpo_rl.model.vocab`).
 """
+
 from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -112,15 +113,13 @@ class VLLMEngine:
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
-        )
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         responses, logprobs, truncated = [], [], []
         for out in outputs:
             for completion in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(completion.token_ids)
                 responses.append(ids)
-                logprobs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids)])
+                logprobs.append([step[tok].logprob for step, tok in zip(completion.logprobs, ids, strict=True)])
                 truncated.append(completion.finish_reason == "length")  # "stop": an end token or stop string
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 

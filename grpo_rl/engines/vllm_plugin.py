@@ -4,8 +4,8 @@ Loaded inside the server's processes, never by the learner:
 
 * :func:`register` is a vLLM general plugin (the ``vllm.general_plugins`` entry point in ``pyproject.toml``), which
   vLLM calls in every process it starts (API server, engine core, workers). It registers
-  :class:`~grpo_rl.engines.file_transfer.SharedFileWeightTransfer` as the weight-transfer backend ``grpo_rl_file``, chosen on the command line with
-  ``--weight-transfer-config '{"backend": "grpo_rl_file"}'``.
+  :class:`~grpo_rl.engines.file_transfer.SharedFileWeightTransfer` as the weight-transfer backend ``grpo_rl_file``,
+  chosen on the command line with ``--weight-transfer-config '{"backend": "grpo_rl_file"}'``.
 * :class:`RequireKey` is the ASGI middleware given with ``--middleware grpo_rl.engines.vllm_plugin.RequireKey``.
   vLLM's own ``--api-key`` guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``: the weight-update routes
   (``/pause``, ``/update_weights``, ``/collective_rpc``, ...) stay open, so anyone who reaches the port could replace
@@ -23,6 +23,7 @@ through vLLM's layerwise reload, the same path as its CUDA IPC backend. safetens
 cannot run code when read, unlike a pickle. The file is named relative to the folder fixed at
 ``/init_weight_transfer_engine`` and must not leave it. Between GPUs the run uses vLLM's own NCCL backend instead.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,15 @@ MIN_KEY_LENGTH = 32
 """Characters a key needs at least (``secrets.token_urlsafe(32)`` gives 43)."""
 PROOF_PATH = "/grpo_rl/proof"
 MODEL_PATH = "/grpo_rl/model"
-MODEL_FIELDS = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "intermediate_size")
+MODEL_FIELDS = (
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+)
 """What says which model a server holds: two sizes of one family share the architecture and the vocabulary."""
 
 
@@ -55,7 +63,9 @@ def register() -> None:
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, "grpo_rl.engines.file_transfer", "SharedFileWeightTransfer")
+        WeightTransferEngineFactory.register_engine(
+            BACKEND, "grpo_rl.engines.file_transfer", "SharedFileWeightTransfer"
+        )
 
 
 class RequireKey:
@@ -73,7 +83,8 @@ class RequireKey:
             if name == b"authorization":
                 scheme, _, token = value.decode("latin-1").partition(" ")
                 return scheme.lower() == "bearer" and secrets.compare_digest(
-                    hashlib.sha256(token.encode()).digest(), self.digest)
+                    hashlib.sha256(token.encode()).digest(), self.digest
+                )
         return False
 
     async def __call__(self, scope, receive, send) -> None:

@@ -23,6 +23,7 @@ The file is built in memory (``safetensors.torch.save``) before it is written: o
 where ``save_file`` would stream them, because ``save_file`` opens the path itself, with no way to ask for
 ``O_EXCL | O_NOFOLLOW``.
 """
+
 from __future__ import annotations
 
 import errno
@@ -58,16 +59,20 @@ def check_weight_dir(weight_dir: str) -> Path:
     :class:`ConfigError` naming the setting and the fix."""
     folder = Path(weight_dir).expanduser().resolve()
     if not folder.is_dir():
-        raise ConfigError(f"inference_model.weight_dir={weight_dir}: no such folder; create it with "
-                          f"`mkdir -m 700 {folder}`, or set inference_model.weight_dir=null (a private folder in "
-                          "/dev/shm)")
+        raise ConfigError(
+            f"inference_model.weight_dir={weight_dir}: no such folder; create it with "
+            f"`mkdir -m 700 {folder}`, or set inference_model.weight_dir=null (a private folder in "
+            "/dev/shm)"
+        )
     for path in (folder, *folder.parents):
         problem = _unsafe(path)
         if problem is not None:
-            raise ConfigError(f"inference_model.weight_dir={weight_dir}: {problem}, so another user could replace "
-                              "the weights the servers load; use a folder of yours that only you can write to "
-                              "(`mkdir -m 700 DIR`), or set inference_model.weight_dir=null (a private folder in "
-                              "/dev/shm)")
+            raise ConfigError(
+                f"inference_model.weight_dir={weight_dir}: {problem}, so another user could replace "
+                "the weights the servers load; use a folder of yours that only you can write to "
+                "(`mkdir -m 700 DIR`), or set inference_model.weight_dir=null (a private folder in "
+                "/dev/shm)"
+            )
     return folder
 
 
@@ -89,8 +94,7 @@ class RunFolder:
     def __init__(self, parent: Path):
         sweep_stale(parent)
         self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}@{_host()}-", dir=parent))  # mode 0700
-        self._lock: int | None = os.open(self.path / LOCK, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY,
-                                         0o600)
+        self._lock: int | None = os.open(self.path / LOCK, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)  # released by the kernel however this process ends
 
     def write(self, data: bytes, stem: str) -> str:
@@ -190,6 +194,8 @@ def read_weight_file(directory: Path, name: str, sha256: str) -> bytes:
         os.close(fd)
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        raise ValueError(f"weight file {path} has SHA-256 {digest}, but the trainer wrote {sha256}: it was changed "
-                         "after it was written; refused")
+        raise ValueError(
+            f"weight file {path} has SHA-256 {digest}, but the trainer wrote {sha256}: it was changed "
+            "after it was written; refused"
+        )
     return data

@@ -11,9 +11,10 @@ The package holds the tasks (:mod:`.tasks`) and what they share: the environment
 (:mod:`.tools`) and multi-turn episodes (:mod:`.multiturn`). May import :mod:`grpo_rl.engines` and below (an
 episode drives an engine through its protocol).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from grpo_rl.envs.base import PromptEnv, PromptTooLongError, group_answers, rewards_per_answer
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
@@ -22,8 +23,16 @@ from grpo_rl.envs.tasks import system_prompt, task_of
 from grpo_rl.errors import ConfigError
 
 
-def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_prompts_ok: bool = False,
-             rewards: Sequence[RewardFunction] = (), records: Sequence[dict] | None = None) -> PromptEnv:
+def make_env(
+    cfg,
+    tokenizer,
+    *,
+    split: str | None = None,
+    devices=None,
+    fewer_prompts_ok: bool = False,
+    rewards: Sequence[RewardFunction] = (),
+    records: Sequence[dict] | None = None,
+) -> PromptEnv:
     """Build the environment of the task ``cfg.env.dataset`` names (:func:`~grpo_rl.envs.tasks.task_of`).
 
     The task's own reward components come first, then the shared ones (:func:`shared_reward_components`), summed
@@ -53,25 +62,44 @@ def make_env(cfg, tokenizer, *, split: str | None = None, devices=None, fewer_pr
     tool_use = _tool_use(cfg.env, tokenizer, cfg.model.name) if cfg.env.tools else None
     shared = shared_reward_components(cfg, devices, rewards)
     rows = list(records) if records is not None else task.records(cfg.env, split)
-    reward = CompositeReward([*task.reward(cfg.env, cfg.reward, tokenizer), *shared], fallback=cfg.reward.fallback,
-                             scale=cfg.reward.scale, bias=cfg.reward.bias)
-    env = task.make_env(cfg.env, rows, tokenizer, reward, seed=cfg.seed,
-                        system_prompt=system_prompt(cfg.env, cfg.reward), tool_use=tool_use)
+    reward = CompositeReward(
+        [*task.reward(cfg.env, cfg.reward, tokenizer), *shared],
+        fallback=cfg.reward.fallback,
+        scale=cfg.reward.scale,
+        bias=cfg.reward.bias,
+    )
+    env = task.make_env(
+        cfg.env,
+        rows,
+        tokenizer,
+        reward,
+        seed=cfg.seed,
+        system_prompt=system_prompt(cfg.env, cfg.reward),
+        tool_use=tool_use,
+    )
     for comp in env.reward.components:
         if isinstance(comp.fn, UserReward):
             comp.fn.check_columns(env.extra_columns)
     names = [c.name for c in env.reward.components]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
-        raise ValueError(f"reward components {clashes} would be logged under the same name; give your reward "
-                         "functions distinct labels (reward.functions=[{path: ..., name: ..., label: ...}])")
+        raise ValueError(
+            f"reward components {clashes} would be logged under the same name; give your reward "
+            "functions distinct labels (reward.functions=[{path: ..., name: ..., label: ...}])"
+        )
     if env.prompts_per_step > len(env):
         if not fewer_prompts_ok:
-            skipped = (f" ({env.num_skipped} more were skipped as longer than env.max_prompt_tokens="
-                       f"{cfg.env.max_prompt_tokens})" if env.num_skipped else "")
-            raise ConfigError(f"env.prompts_per_step={env.prompts_per_step} is more than the {len(env)} prompts in "
-                              f"{env.name}{skipped}, so every step would repeat prompts; set env.prompts_per_step to "
-                              f"at most {len(env)}, or add prompts to the data")
+            skipped = (
+                f" ({env.num_skipped} more were skipped as longer than env.max_prompt_tokens="
+                f"{cfg.env.max_prompt_tokens})"
+                if env.num_skipped
+                else ""
+            )
+            raise ConfigError(
+                f"env.prompts_per_step={env.prompts_per_step} is more than the {len(env)} prompts in "
+                f"{env.name}{skipped}, so every step would repeat prompts; set env.prompts_per_step to "
+                f"at most {len(env)}, or add prompts to the data"
+            )
         env.prompts_per_step = len(env)
     return env
 
@@ -88,8 +116,10 @@ def _tool_use(env, tokenizer, model_name: str):
     try:
         ToolMessages(tokenizer)
     except ValueError as e:
-        raise ConfigError(f"env.tools: {e} (model.name={model_name}); use a model whose chat template has a tool "
-                          "role, or train without env.tools") from e
+        raise ConfigError(
+            f"env.tools: {e} (model.name={model_name}); use a model whose chat template has a tool "
+            "role, or train without env.tools"
+        ) from e
     return ToolUse(configured_tools(env.tools), max_chars=env.tool_reply_chars)
 
 
@@ -98,8 +128,9 @@ def shared_reward_components(cfg, devices=None, rewards: Sequence[RewardFunction
     model."""
     task = task_of(cfg.env.dataset)
     prompt_column, reference_column = task.prompt_column(cfg.env), task.reference_column(cfg.env)
-    components = user_reward_components(cfg.reward, prompt_column=prompt_column, reference_column=reference_column,
-                                        functions=rewards)
+    components = user_reward_components(
+        cfg.reward, prompt_column=prompt_column, reference_column=reference_column, functions=rewards
+    )
     if cfg.reward.model_path:
         import torch
 
@@ -109,11 +140,23 @@ def shared_reward_components(cfg, devices=None, rewards: Sequence[RewardFunction
         # notebook) scores on the CPU.
         device = devices.reward_model[0] if devices is not None and devices.reward_model else torch.device("cpu")
         rm = cfg.reward_model
-        scorer = RewardModelScorer(cfg.reward.model_path, device, prompt_column=prompt_column,
-                                   batch_size=rm.batch_size, max_length=rm.max_length, dtype=rm.dtype)
+        scorer = RewardModelScorer(
+            cfg.reward.model_path,
+            device,
+            prompt_column=prompt_column,
+            batch_size=rm.batch_size,
+            max_length=rm.max_length,
+            dtype=rm.dtype,
+        )
         components.append(RewardComponent("model", scorer, cfg.reward.model_weight))
     return components
 
 
-__all__ = ["PromptEnv", "PromptTooLongError", "group_answers", "make_env", "rewards_per_answer",
-           "shared_reward_components"]
+__all__ = [
+    "PromptEnv",
+    "PromptTooLongError",
+    "group_answers",
+    "make_env",
+    "rewards_per_answer",
+    "shared_reward_components",
+]

@@ -35,10 +35,12 @@ reset + step, against seconds per training step, since it checks no data against
 The prompt stream is a seeded permutation of the data set, reshuffled every epoch; its position is what
 :meth:`PromptEnv.state_dict` holds, so a resumed run sees the same prompts in the same order.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -69,14 +71,18 @@ def _group_order(group_id: torch.Tensor, group_size: int) -> torch.Tensor | None
     order = torch.argsort(group_id, stable=True)
     ids = group_id[order]
     n = ids.numel()
-    if group_size < 1 or n % group_size or not torch.equal(
-            ids.view(-1, group_size), torch.arange(n // group_size).unsqueeze(-1).expand(-1, group_size)):
+    if (
+        group_size < 1
+        or n % group_size
+        or not torch.equal(ids.view(-1, group_size), torch.arange(n // group_size).unsqueeze(-1).expand(-1, group_size))
+    ):
         raise ValueError(f"group_id does not give each of its prompts {group_size} answers")
     return None if torch.equal(order, torch.arange(n)) else order
 
 
-def group_answers(answers: Sequence[str] | NonTensorStack, group_size: int,
-                  group_id: torch.Tensor | None = None) -> NonTensorStack:
+def group_answers(
+    answers: Sequence[str] | NonTensorStack, group_size: int, group_id: torch.Tensor | None = None
+) -> NonTensorStack:
     """``P * G`` answers as the ``[P, G]`` ``response_text`` action.
 
     Args:
@@ -98,8 +104,11 @@ def group_answers(answers: Sequence[str] | NonTensorStack, group_size: int,
 def rewards_per_answer(next_td: TensorDictBase, group_id: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``reward`` and every ``reward_<component>`` of a step's ``"next"`` (``[P, G, 1]``), one value per answer
     (``[P * G]``): in the rows of ``group_id`` (the rows given to :func:`group_answers`), or prompt-major."""
-    values = {key: val.reshape(-1) for key, val in next_td.items()
-              if isinstance(key, str) and (key == "reward" or key.startswith("reward_"))}
+    values = {
+        key: val.reshape(-1)
+        for key, val in next_td.items()
+        if isinstance(key, str) and (key == "reward" or key.startswith("reward_"))
+    }
     g = next_td.get("reward").shape[1]
     order = None if group_id is None else _group_order(group_id, g)
     if order is None:
@@ -168,7 +177,9 @@ class PromptEnv(EnvBase):
                 continue
             rows.append((i, text, tokens, reference_of(row), {k: row.get(k) for k in extra_columns}))
         if skipped:
-            log.warning("%s: skipped %d of %d prompts longer than %d tokens", name, skipped, len(records), max_prompt_tokens)
+            log.warning(
+                "%s: skipped %d of %d prompts longer than %d tokens", name, skipped, len(records), max_prompt_tokens
+            )
         if not rows:
             raise PromptTooLongError(
                 f"{name}: every prompt is longer than env.max_prompt_tokens={max_prompt_tokens}; raise it"
@@ -234,14 +245,22 @@ class PromptEnv(EnvBase):
             prompt_index=Categorical(self.num_records, shape=(p,), dtype=torch.int64),
             shape=(p,),
         )
-        reward = Composite({"reward": per_answer(), **{f"reward_{n}": per_answer() for n in self._spec_components}},
-                           shape=(p,))
-        done = Composite(done=Categorical(2, shape=(p, 1), dtype=torch.bool),
-                         terminated=Categorical(2, shape=(p, 1), dtype=torch.bool), shape=(p,))
-        self.__dict__["_output_spec"] = Composite(full_observation_spec=observation, full_reward_spec=reward,
-                                                  full_done_spec=done, shape=(p,))
-        state = Composite(reference=NonTensor(shape=(p,), example_data=first[3]),
-                          extra=NonTensor(shape=(p,), example_data=first[4]), shape=(p,))
+        reward = Composite(
+            {"reward": per_answer(), **{f"reward_{n}": per_answer() for n in self._spec_components}}, shape=(p,)
+        )
+        done = Composite(
+            done=Categorical(2, shape=(p, 1), dtype=torch.bool),
+            terminated=Categorical(2, shape=(p, 1), dtype=torch.bool),
+            shape=(p,),
+        )
+        self.__dict__["_output_spec"] = Composite(
+            full_observation_spec=observation, full_reward_spec=reward, full_done_spec=done, shape=(p,)
+        )
+        state = Composite(
+            reference=NonTensor(shape=(p,), example_data=first[3]),
+            extra=NonTensor(shape=(p,), example_data=first[4]),
+            shape=(p,),
+        )
         action = Composite(response_text=NonTensor(shape=(p, -1), example_data=""), shape=(p,))
         self.__dict__["_input_spec"] = Composite(full_state_spec=state, full_action_spec=action, shape=(p,))
         self._cache.clear()
@@ -302,8 +321,10 @@ class PromptEnv(EnvBase):
         groups = [[a] if isinstance(a, str) else list(a) for a in _rows(tensordict, "response_text")]
         p, g = len(groups), len(groups[0]) if groups else 0
         if any(len(answers) != g for answers in groups):
-            raise ValueError(f"response_text holds groups of {sorted({len(a) for a in groups})} answers; every prompt "
-                             "needs the same number (build it with group_answers)")
+            raise ValueError(
+                f"response_text holds groups of {sorted({len(a) for a in groups})} answers; every prompt "
+                "needs the same number (build it with group_answers)"
+            )
         responses = [a for answers in groups for a in answers]
         references = [ref for ref in _rows(tensordict, "reference") for _ in range(g)]
         extra: dict[str, list] = {}
@@ -312,8 +333,14 @@ class PromptEnv(EnvBase):
             extra = {k: [r.get(k) for r in rows] for k in self.extra_columns}
         result = self.reward(responses, references, **extra)
         shape = (p, g, 1)
-        out = TensorDict({"reward": result.total.reshape(shape), "done": torch.ones(p, 1, dtype=torch.bool),
-                          "terminated": torch.ones(p, 1, dtype=torch.bool)}, batch_size=[p])
+        out = TensorDict(
+            {
+                "reward": result.total.reshape(shape),
+                "done": torch.ones(p, 1, dtype=torch.bool),
+                "terminated": torch.ones(p, 1, dtype=torch.bool),
+            },
+            batch_size=[p],
+        )
         for name, vals in result.components.items():
             out.set(f"reward_{name}", vals.reshape(shape))
         if result.unscaled is not None:

@@ -94,10 +94,7 @@ def data_dir() -> pathlib.Path | None:
 
 
 def _hub_offline() -> bool:
-    return any(
-        os.environ.get(var, "").strip().lower() in _TRUTHY
-        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
+    return any(os.environ.get(var, "").strip().lower() in _TRUTHY for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _hub_unreachable(timeout: float = 3.0) -> str | None:
@@ -155,12 +152,16 @@ def load_hub_records(name: str, config: str | None = None, split: str = "train")
     import datasets  # heavy; only imported when a hub data set is asked for
 
     where = f"env.hub_dataset={name}" + (f" (env.hub_config={config})" if config else "") + f" split {split!r}"
-    save = (f"or, where the hub is reachable, save it with datasets.load_dataset({name!r}, {config!r}, "
-            f"split={split!r}).to_json('prompts.jsonl') and pass env.path=prompts.jsonl instead of env.hub_dataset")
+    save = (
+        f"or, where the hub is reachable, save it with datasets.load_dataset({name!r}, {config!r}, "
+        f"split={split!r}).to_json('prompts.jsonl') and pass env.path=prompts.jsonl instead of env.hub_dataset"
+    )
     if _hub_offline():
-        offline = ("HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set",
-                   "set HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 to download it (scripts/env.sh sets both to 1 unless "
-                   "they are set)")
+        offline = (
+            "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set",
+            "set HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 to download it (scripts/env.sh sets both to 1 unless "
+            "they are set)",
+        )
     else:
         host = _hub_unreachable()
         offline = (f"the hub ({host}) is unreachable", "check the network (and HF_ENDPOINT)") if host else None
@@ -169,15 +170,20 @@ def load_hub_records(name: str, config: str | None = None, split: str = "train")
             hub = datasets.load_dataset(name, config, split=split)
     except Exception as e:  # missing cache, no network, no such data set, config or split: all end the run here
         if offline is not None:
-            raise DataFileNotFoundError(f"cannot load {where}: {offline[0]} and the local datasets cache could not "
-                                        f"serve it ({_first_line(e)}); to fix, {offline[1]}, {save}") from e
-        raise DataFileNotFoundError(f"cannot load {where} from the hub ({_first_line(e)}); check env.hub_dataset, "
-                                    f"env.hub_config and env.split, {save}") from e
+            raise DataFileNotFoundError(
+                f"cannot load {where}: {offline[0]} and the local datasets cache could not "
+                f"serve it ({_first_line(e)}); to fix, {offline[1]}, {save}"
+            ) from e
+        raise DataFileNotFoundError(
+            f"cannot load {where} from the hub ({_first_line(e)}); check env.hub_dataset, "
+            f"env.hub_config and env.split, {save}"
+        ) from e
     records = hub.to_list()
     if not records:
         raise DataError(f"{where} is empty (no rows); choose another env.split or data set")
-    log.info("  data:      file: %d records from hub:%s%s[%s]", len(records), name, f"/{config}" if config else "",
-             split)
+    log.info(
+        "  data:      file: %d records from hub:%s%s[%s]", len(records), name, f"/{config}" if config else "", split
+    )
     return records
 
 
@@ -196,8 +202,7 @@ def _decode(raw: bytes, path: pathlib.Path) -> str:
         line = raw.count(b"\n", 0, e.start) + 1
         column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise DataError(
-            f"{path}:{line}: not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {column}); "
-            f"{_UTF8_FIX}"
+            f"{path}:{line}: not valid UTF-8 (byte {raw[e.start : e.start + 1]!r} at column {column}); {_UTF8_FIX}"
         ) from e
 
 
@@ -217,10 +222,7 @@ def _read_jsonl(path: pathlib.Path, raw: bytes | None = None) -> list[dict[str, 
                 "(each line must be one JSON object)"
             ) from e
         if not isinstance(record, dict):
-            raise DataError(
-                f"{path}:{line_number}: expected a JSON object per line, "
-                f"got {type(record).__name__}"
-            )
+            raise DataError(f"{path}:{line_number}: expected a JSON object per line, got {type(record).__name__}")
         records.append(record)
     return records
 
@@ -237,9 +239,7 @@ def _read_json(path: pathlib.Path) -> list[dict[str, Any]]:
             return _read_jsonl(path, raw)
         raise DataError(f"{path}: malformed JSON at line {e.lineno}: {e}; fix the file") from e
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise DataError(
-            f"{path}: expected a JSON list of objects (or JSON Lines), got {type(data).__name__}"
-        )
+        raise DataError(f"{path}: expected a JSON list of objects (or JSON Lines), got {type(data).__name__}")
     return data
 
 
@@ -267,10 +267,7 @@ def _read_file(path: pathlib.Path) -> list[dict[str, Any]]:
         return _read_json(path)
     if suffix == ".parquet":
         return _read_parquet(path)
-    raise DataError(
-        f"data file {path}: unsupported extension {path.suffix!r}; "
-        f"expected one of {list(_FILE_SUFFIXES)}"
-    )
+    raise DataError(f"data file {path}: unsupported extension {path.suffix!r}; expected one of {list(_FILE_SUFFIXES)}")
 
 
 def _local_file(dataset: _NamedDataset, root: pathlib.Path, split: str) -> pathlib.Path:
@@ -287,9 +284,7 @@ def _load_from_hub(name: str, dataset: _NamedDataset, split: str) -> list[dict[s
     records = hub.to_list()
     if name == "ifeval":
         for record in records:
-            record["kwargs"] = [
-                {k: v for k, v in kwargs.items() if v is not None} for kwargs in record["kwargs"]
-            ]
+            record["kwargs"] = [{k: v for k, v in kwargs.items() if v is not None} for kwargs in record["kwargs"]]
     return records
 
 
@@ -297,9 +292,7 @@ def _load_named(name: str, split: str, paths: list[str] | None) -> list[tuple[li
     """Loads gsm8k/ifeval; returns the records of each source with a description of where from."""
     dataset = _NAMED[name]
     if split not in dataset.split_files:
-        raise DataError(
-            f"{name} has no split {split!r}; set env.split to one of {sorted(dataset.split_files)}"
-        )
+        raise DataError(f"{name} has no split {split!r}; set env.split to one of {sorted(dataset.split_files)}")
     if paths is not None:
         files = [_local_file(dataset, pathlib.Path(path).expanduser(), split) for path in paths]
         return [(_read_file(file), str(file)) for file in files]
@@ -347,8 +340,9 @@ def _as_paths(path: str | os.PathLike | Sequence[str] | None) -> list[str] | Non
         return [path]
     paths = list(path)
     if not paths:
-        raise DataError("env.path=[] names no file; set env.path to a file, or a list of files such as "
-                        "env.path=[a.jsonl,b.jsonl]")
+        raise DataError(
+            "env.path=[] names no file; set env.path to a file, or a list of files such as env.path=[a.jsonl,b.jsonl]"
+        )
     for entry in paths:
         if not isinstance(entry, (str, os.PathLike)) or not str(entry):
             raise DataError(f"env.path={paths}: entry {entry!r} is not a file path; list file paths only")
@@ -400,9 +394,7 @@ def load_records(
         parts = _load_named(source, split, paths)
         required = _NAMED[source].fields + tuple(required_fields)
     else:
-        raise DataError(
-            f"unknown data source {source!r}; set env.dataset to one of {[*sorted(_NAMED), 'file']}"
-        )
+        raise DataError(f"unknown data source {source!r}; set env.dataset to one of {[*sorted(_NAMED), 'file']}")
     records: list[dict[str, Any]] = []
     for part, where in parts:
         if not part:
@@ -410,6 +402,7 @@ def load_records(
         _check_fields(part, list(dict.fromkeys(required)), where)
         records.extend(part)
     where = parts[0][1] if len(parts) == 1 else f"{len(parts)} files ({', '.join(w for _, w in parts)})"
-    log.info("  data:      %s: %d records from %s", source if source == "file" else f"{source} {split}", len(records),
-             where)
+    log.info(
+        "  data:      %s: %d records from %s", source if source == "file" else f"{source} {split}", len(records), where
+    )
     return records

@@ -17,12 +17,13 @@ Batch layout: :mod:`grpo_rl.engines.base`'s, where ``response_ids``/``response_m
 prompt (model, tool and template tokens) and ``behavior_logprobs`` is the engine's log-prob on model tokens (0 on
 the others), plus ``loss_mask`` ``[N, Lr]`` and, per episode, ``turns``, ``tool_calls`` and ``tool_errors``.
 """
+
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -37,8 +38,7 @@ _SENTINEL = "\u2063grpo-rl-turn\u2063"
 # Kinds of tool errors, counted per episode: a malformed call, a call to a tool that does not exist, arguments the
 # tool does not take, the calculator's own kinds (its "timeout" also counts any tool past its timeout_seconds),
 # another error a tool reported (ToolError), a tool that raised, a reply that is no text.
-ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", *CALCULATOR_KINDS, "tool_error", "exception",
-               "bad_output")
+ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", *CALCULATOR_KINDS, "tool_error", "exception", "bad_output")
 
 
 class ToolMessages:
@@ -58,13 +58,16 @@ class ToolMessages:
         user = {"role": "user", "content": "?"}
         assistant = {"role": "assistant", "content": _SENTINEL}
         base = tokenizer.apply_chat_template([user, assistant], tokenize=False)
-        full = tokenizer.apply_chat_template([user, assistant, {"role": "tool", "content": _SENTINEL + "R"}],
-                                             add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(
+            [user, assistant, {"role": "tool", "content": _SENTINEL + "R"}], add_generation_prompt=True, tokenize=False
+        )
         if not full.startswith(base) or _SENTINEL not in base:
-            raise ValueError("the tokenizer's chat template does not render a tool message after an assistant turn as "
-                             "a continuation of the conversation; multi-turn tool use needs one that does")
-        self._close = base[base.index(_SENTINEL) + len(_SENTINEL):]  # e.g. "<|im_end|>\n"
-        before, after = full[len(base):].split(_SENTINEL + "R")
+            raise ValueError(
+                "the tokenizer's chat template does not render a tool message after an assistant turn as "
+                "a continuation of the conversation; multi-turn tool use needs one that does"
+            )
+        self._close = base[base.index(_SENTINEL) + len(_SENTINEL) :]  # e.g. "<|im_end|>\n"
+        before, after = full[len(base) :].split(_SENTINEL + "R")
         self._before, self._after = before, after  # e.g. "<|im_start|>tool\n", "<|im_end|>\n<|im_start|>assistant\n"
 
     def render(self, reply: str) -> list[int]:
@@ -88,8 +91,7 @@ class ToolUse:
 
     tools: dict[str, Tool]
     max_chars: int = 500
-    _abandoned: dict[str, list[threading.Thread]] = field(default_factory=dict, init=False, repr=False,
-                                                          compare=False)
+    _abandoned: dict[str, list[threading.Thread]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -110,10 +112,10 @@ class ToolUse:
         assert isinstance(call, ToolCall)
         tool = self.tools.get(call.name)
         if tool is None:
-            return (f"error: no tool named {call.name!r}; tools: {', '.join(sorted(self.tools))}", "unknown_tool",
-                    True)
-        reply, error = call_tool(tool, call.arguments, max_chars=self.max_chars,
-                                 abandoned=self._abandoned.setdefault(tool.name, []))
+            return (f"error: no tool named {call.name!r}; tools: {', '.join(sorted(self.tools))}", "unknown_tool", True)
+        reply, error = call_tool(
+            tool, call.arguments, max_chars=self.max_chars, abandoned=self._abandoned.setdefault(tool.name, [])
+        )
         return reply, error, True
 
 
@@ -159,16 +161,26 @@ class Episode:
 def _rows(batch: TensorDict) -> list[tuple[list[int], list[float], bool]]:
     """The engine batch's answers as ``(ids, logprobs, truncated)`` per row, padding removed."""
     out = []
-    for ids, mask, lp, trunc in zip(batch["response_ids"], batch["response_mask"], batch["behavior_logprobs"],
-                                    batch["truncated"]):
+    for ids, mask, lp, trunc in zip(
+        batch["response_ids"], batch["response_mask"], batch["behavior_logprobs"], batch["truncated"], strict=True
+    ):
         n = int(mask.sum())
         out.append((ids[:n].tolist(), lp[:n].tolist(), bool(trunc)))
     return out
 
 
-def run_episodes(engine: RolloutEngine, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec, *,
-                 tools: ToolUse, messages: ToolMessages, decode: Callable[[list[int]], str], max_turns: int,
-                 max_total_tokens: int) -> list[Episode]:
+def run_episodes(
+    engine: RolloutEngine,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    sampling: SamplingSpec,
+    *,
+    tools: ToolUse,
+    messages: ToolMessages,
+    decode: Callable[[list[int]], str],
+    max_turns: int,
+    max_total_tokens: int,
+) -> list[Episode]:
     """Sample ``n`` multi-turn episodes per prompt (see the module docstring); episodes of prompt ``i`` at
     ``i*n .. i*n+n-1``.
 
@@ -184,7 +196,7 @@ def run_episodes(engine: RolloutEngine, prompts: Sequence[Sequence[int]], n: int
     rows = _rows(first)
     for turn in range(max_turns):
         going = []
-        for j, (ids, lps, truncated) in zip(pending, rows):
+        for j, (ids, lps, truncated) in zip(pending, rows, strict=True):
             ep = episodes[j]
             ep.add_turn(ids, lps)
             if truncated:
@@ -208,8 +220,9 @@ def run_episodes(engine: RolloutEngine, prompts: Sequence[Sequence[int]], n: int
         if not going:
             break
         seed = None if sampling.seed is None else sampling.seed + 7919 * (turn + 1)
-        batch = engine.generate([contexts[j] + episodes[j].ids for j in going], 1,
-                                replace(sampling, stop=stop, seed=seed))
+        batch = engine.generate(
+            [contexts[j] + episodes[j].ids for j in going], 1, replace(sampling, stop=stop, seed=seed)
+        )
         pending, rows = going, _rows(batch)
     return episodes
 
@@ -228,24 +241,32 @@ def pack_episodes(prompts: Sequence[Sequence[int]], episodes: Sequence[Episode],
     behavior = torch.zeros((num, lr), dtype=torch.float32)
     for j, ep in enumerate(episodes):
         p = prompts[j // n]
-        prompt_ids[j, lp - len(p):] = torch.as_tensor(p, dtype=torch.long)
-        prompt_mask[j, lp - len(p):] = 1
+        prompt_ids[j, lp - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        prompt_mask[j, lp - len(p) :] = 1
         k = len(ep.ids)
         if k:
             response_ids[j, :k] = torch.as_tensor(ep.ids, dtype=torch.long)
             response_mask[j, :k] = 1
             loss_mask[j, :k] = torch.as_tensor(ep.model, dtype=torch.long)
             behavior[j, :k] = torch.as_tensor(ep.logprobs, dtype=torch.float32)
-    return TensorDict({
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
-        "response_mask": response_mask, "loss_mask": loss_mask, "behavior_logprobs": behavior,
-        "group_id": torch.arange(num) // n,
-        "truncated": torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
-        "turns": torch.tensor([e.turns for e in episodes], dtype=torch.long),
-        "tool_calls": torch.tensor([e.tool_calls for e in episodes], dtype=torch.long),
-        "tool_error_kinds": torch.tensor([[e.tool_errors.get(k, 0) for k in ERROR_KINDS] for e in episodes],
-                                         dtype=torch.long).view(num, len(ERROR_KINDS)),
-    }, batch_size=[num])
+    return TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "loss_mask": loss_mask,
+            "behavior_logprobs": behavior,
+            "group_id": torch.arange(num) // n,
+            "truncated": torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
+            "turns": torch.tensor([e.turns for e in episodes], dtype=torch.long),
+            "tool_calls": torch.tensor([e.tool_calls for e in episodes], dtype=torch.long),
+            "tool_error_kinds": torch.tensor(
+                [[e.tool_errors.get(k, 0) for k in ERROR_KINDS] for e in episodes], dtype=torch.long
+            ).view(num, len(ERROR_KINDS)),
+        },
+        batch_size=[num],
+    )
 
 
 def tool_metrics(batch: TensorDict) -> dict[str, float]:
@@ -258,5 +279,5 @@ def tool_metrics(batch: TensorDict) -> dict[str, float]:
         "tool_call_rate": float((batch["tool_calls"] > 0).float().mean()),
         "tool_errors": float(kinds.sum()),
     }
-    out.update({f"tool_errors_{kind}": float(c) for kind, c in zip(ERROR_KINDS, kinds.tolist()) if c})
+    out.update({f"tool_errors_{kind}": float(c) for kind, c in zip(ERROR_KINDS, kinds.tolist(), strict=True) if c})
     return out

@@ -6,13 +6,14 @@ the torchrl route to the same data::
     policy = EnginePolicy(engine, tokenizer, group_size=8, sampling=SamplingSpec(max_new_tokens=256))
     td = env.rollout(1, policy)  # [P, 1]: prompts, answers [P, 1, G], ("next", "reward") [P, 1, G, 1]
 """
+
 from __future__ import annotations
 
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from grpo_rl.envs.base import group_answers
 from grpo_rl.engines.base import RolloutEngine, SamplingSpec
+from grpo_rl.envs.base import group_answers
 
 
 class EnginePolicy(TensorDictModuleBase):
@@ -41,7 +42,7 @@ class EnginePolicy(TensorDictModuleBase):
         prompts = tensordict.get("prompt_tokens").tolist()
         batch = self.engine.generate(prompts, self.group_size, self.sampling)
         texts = self.tokenizer.batch_decode(
-            [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])],
+            [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"], strict=True)],
             skip_special_tokens=True,
         )
         tensordict.set("response_text", group_answers(texts, self.group_size))

@@ -8,11 +8,13 @@ or the process ends. The caller keeps the abandoned threads and stops calling a 
 :data:`MAX_ABANDONED_CALLS` of them still running (:func:`still_running`), so a function that never returns costs a
 few limits and a few threads in all, not one of each per call.
 """
+
 from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -31,8 +33,9 @@ class CallTimeout(Exception):
         self.thread = thread
 
 
-def call_with_time_limit(fn: Callable[[], T], timeout: float, *, name: str, message: str,
-                         error: type[CallTimeout] = CallTimeout) -> T:
+def call_with_time_limit(
+    fn: Callable[[], T], timeout: float, *, name: str, message: str, error: type[CallTimeout] = CallTimeout
+) -> T:
     """``fn()``, or ``error(message, thread)`` raised after ``timeout`` seconds while ``fn`` still runs.
 
     Args:

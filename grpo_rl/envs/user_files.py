@@ -4,6 +4,7 @@ A file is imported under a module name derived from its path, registered in ``sy
 dataclasses and pickling inside it find their module) and cached by path and modification time, so validating the
 config and building the environments import it once, and an edited file is imported again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,14 @@ from grpo_rl.errors import ConfigError
 _MODULES: dict[tuple[str, float], ModuleType] = {}
 
 
-def import_user_file(path: str, key: str, *, what: str = "reward function", error: type[ConfigError] = ConfigError,
-                     docs: str = "see docs/custom_tasks.md") -> ModuleType:
+def import_user_file(
+    path: str,
+    key: str,
+    *,
+    what: str = "reward function",
+    error: type[ConfigError] = ConfigError,
+    docs: str = "see docs/custom_tasks.md",
+) -> ModuleType:
     """Import the Python file ``path`` named by the setting ``key``; ``what`` it should define, for messages.
 
     Raises:
@@ -30,8 +37,10 @@ def import_user_file(path: str, key: str, *, what: str = "reward function", erro
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         state = "is a directory" if file.is_dir() else "does not exist"
-        raise error(f"{key}={path}: {file} {state}; set {key} to the Python file that defines your {what} (an "
-                    f"absolute path, or relative to where you run the script; {docs})")
+        raise error(
+            f"{key}={path}: {file} {state}; set {key} to the Python file that defines your {what} (an "
+            f"absolute path, or relative to where you run the script; {docs})"
+        )
     if file.suffix != ".py":
         raise error(f"{key}={path}: expected a Python source file (.py)")
     cache_key = (str(file), file.stat().st_mtime)
@@ -51,8 +60,15 @@ def import_user_file(path: str, key: str, *, what: str = "reward function", erro
     return module
 
 
-def user_function(path: str, name: str, key: str, *, what: str = "reward function",
-                  error: type[ConfigError] = ConfigError, docs: str = "see docs/custom_tasks.md") -> Any:
+def user_function(
+    path: str,
+    name: str,
+    key: str,
+    *,
+    what: str = "reward function",
+    error: type[ConfigError] = ConfigError,
+    docs: str = "see docs/custom_tasks.md",
+) -> Any:
     """The object ``name`` defined (or imported) at the top level of the file ``path``, which the settings
     ``{key}.path`` and ``{key}.name`` give; the caller checks that it is the function it needs.
 
@@ -63,8 +79,13 @@ def user_function(path: str, name: str, key: str, *, what: str = "reward functio
     module = import_user_file(path, f"{key}.path", what=what, error=error, docs=docs)
     fn = getattr(module, name, None)
     if fn is None:
-        defined = sorted(n for n, v in vars(module).items()
-                         if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
-        raise error(f"{key}.name={name}: {path} defines no {name!r}; functions it defines: {defined or 'none'}. "
-                    f"Set {key}.name to one of them ({docs})")
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_")
+        )
+        raise error(
+            f"{key}.name={name}: {path} defines no {name!r}; functions it defines: {defined or 'none'}. "
+            f"Set {key}.name to one of them ({docs})"
+        )
     return fn

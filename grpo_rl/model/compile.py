@@ -29,6 +29,7 @@ eager). LoRA and FSDP-sharded learners stay eager (untested under compilation). 
 function is compiled through the same backend, forward and backward; where that fails (no C++ compiler on the CPU,
 an unsupported GPU) the run stays eager and logs one line that says why.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,13 +71,20 @@ class CompileDecision:
         per_step = min(self.seconds)
         worth = SAVING * per_step * left
         go = worth > COMPILE_COST_S
-        log.info("train.compile=auto: %s (%.1f s of reference + training a step x %d steps left x %.2f saved = "
-                 "%.0f s, against ~%.0f s to compile)", "compiling the decoder layers" if go else "staying eager",
-                 per_step, left, SAVING, worth, COMPILE_COST_S)
+        log.info(
+            "train.compile=auto: %s (%.1f s of reference + training a step x %d steps left x %.2f saved = "
+            "%.0f s, against ~%.0f s to compile)",
+            "compiling the decoder layers" if go else "staying eager",
+            per_step,
+            left,
+            SAVING,
+            worth,
+            COMPILE_COST_S,
+        )
         return go
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_problem(device_type: str) -> str | None:
     """None when ``torch.compile`` builds and runs a forward + backward on ``device_type``, else why not
     (checked once per process: a few seconds the first time, Inductor's cache after that)."""
@@ -109,8 +117,13 @@ def compile_model(model: torch.nn.Module, device: torch.device, who: str) -> boo
     toolchain cannot compile on ``device``."""
     problem = compiler_problem(device.type)
     if problem is not None:
-        log.warning("train.compile: torch.compile does not work on %s here (%s); the %s stays eager. Install a C++ "
-                    "compiler (CPU) or set train.compile=false to skip this check.", device.type, problem, who)
+        log.warning(
+            "train.compile: torch.compile does not work on %s here (%s); the %s stays eager. Install a C++ "
+            "compiler (CPU) or set train.compile=false to skip this check.",
+            device.type,
+            problem,
+            who,
+        )
         return False
     for layer in decoder_layers(model):
         layer.compile(dynamic=True)

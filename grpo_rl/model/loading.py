@@ -10,6 +10,7 @@ loads that folder:
 * a hub id: used only when it is already in the local HF cache or the hub is reachable; otherwise start-up
   fails at once with a message explaining how to point at a local copy.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -45,8 +46,14 @@ class TokenizerNotFoundError(UserError, FileNotFoundError):
 # The files a tokenizer is loaded from: the tokenizers library's own JSON, or the vocabulary of a sentencepiece,
 # BPE or WordPiece tokenizer (tiktoken vocabularies end in .tiktoken). Without any of them transformers tries to
 # convert a slow tokenizer and fails with a message that names no file.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
-                   "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+)
 
 
 def cache_dir(configured: str | None = None) -> Path:
@@ -60,7 +67,9 @@ def resolve_model(name: str, configured_cache: str | None = None) -> str:
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise ModelNotFoundError(f"model.name={name}: the folder exists but has no config.json; point it at a HF model folder")
+            raise ModelNotFoundError(
+                f"model.name={name}: the folder exists but has no config.json; point it at a HF model folder"
+            )
         return str(path.resolve())
     if name.startswith(("/", ".", "~")):
         raise ModelNotFoundError(f"model.name={name}: no such folder")
@@ -161,12 +170,17 @@ def missing_tokenizer(folder: str | Path) -> str | None:
     folder = Path(folder)
     if any((folder / name).is_file() for name in TOKENIZER_FILES) or any(folder.glob("*.tiktoken")):
         return None
-    missing = ("tokenizer.json is missing" if (folder / "tokenizer_config.json").is_file()
-               else "tokenizer.json and tokenizer_config.json are missing")
-    return (f"holds no tokenizer: {missing}, and so is every vocabulary file a tokenizer can be built "
-            "from (tokenizer.model, vocab.json with merges.txt, vocab.txt, *.tiktoken). Copy the tokenizer files of "
-            "the model these weights come from into that folder (AutoTokenizer.from_pretrained(<that model>)"
-            f".save_pretrained('{folder}') writes them)")
+    missing = (
+        "tokenizer.json is missing"
+        if (folder / "tokenizer_config.json").is_file()
+        else "tokenizer.json and tokenizer_config.json are missing"
+    )
+    return (
+        f"holds no tokenizer: {missing}, and so is every vocabulary file a tokenizer can be built "
+        "from (tokenizer.model, vocab.json with merges.txt, vocab.txt, *.tiktoken). Copy the tokenizer files of "
+        "the model these weights come from into that folder (AutoTokenizer.from_pretrained(<that model>)"
+        f".save_pretrained('{folder}') writes them)"
+    )
 
 
 def check_model_folder(path: str, key: str = "model.name") -> None:
@@ -191,11 +205,15 @@ def _model_file_error(folder: Path, error: BaseException | None) -> ModelFileErr
         return None
     file, problem = found
     if folder.name in {name.split(":", 1)[1] for name in EMBEDDED}:
-        fix = (f"this is the converted copy of the embedded model: delete the folder {folder} and the next run "
-               "converts it again")
+        fix = (
+            f"this is the converted copy of the embedded model: delete the folder {folder} and the next run "
+            "converts it again"
+        )
     else:
-        fix = ("download or convert the model again into that folder (an interrupted download or copy leaves "
-               "such files), or point model.name at a complete copy")
+        fix = (
+            "download or convert the model again into that folder (an interrupted download or copy leaves "
+            "such files), or point model.name at a complete copy"
+        )
     cause = f" ({type(error).__name__})" if error is not None else ""
     return ModelFileError(f"{file} {problem}, so the model in {folder} cannot be loaded{cause}; {fix}")
 
@@ -246,9 +264,17 @@ def load_causal_lm(path: str, device: torch.device, dtype: str = "float32", *, t
     return model
 
 
-def build_tiny_model(tokenizer_path: str, out_dir: str | Path, *, seed: int = 0, hidden_size: int = 64,
-                     num_layers: int = 2, num_heads: int = 2, intermediate_size: int = 128,
-                     initializer_range: float = 0.02) -> Path:
+def build_tiny_model(
+    tokenizer_path: str,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    intermediate_size: int = 128,
+    initializer_range: float = 0.02,
+) -> Path:
     """Write a tiny random Llama with a real tokenizer to ``out_dir`` (tests, smoke runs).
 
     The head size (``hidden_size / num_heads``) must be one vLLM's CPU attention supports (32, 64, ...).
@@ -257,11 +283,19 @@ def build_tiny_model(tokenizer_path: str, out_dir: str | Path, *, seed: int = 0,
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-        rms_norm_eps=1e-5, initializer_range=initializer_range,
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        rms_norm_eps=1e-5,
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -12,6 +12,7 @@ real answer tokens reach the LM head. The log-probs are the same up to summation
 With ``top_p < 1`` or ``top_k > 0`` the log-probs are those of the truncated distribution the engine sampled from
 (:mod:`grpo_rl.model.vocab`), and ``outside`` flags the answer tokens that lie outside the learner's own truncated set.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,8 +60,15 @@ def sequence_logprobs(
         share_prompt: run each group's prompt once (:func:`packed_sequence_logprobs`).
     """
     if share_prompt:
-        return packed_sequence_logprobs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                        entropy_grad=entropy_grad, top_p=top_p, top_k=top_k)
+        return packed_sequence_logprobs(
+            model,
+            batch,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            top_p=top_p,
+            top_k=top_k,
+        )
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
     response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
     lp, lr = prompt_ids.shape[1], response_ids.shape[1]
@@ -73,9 +81,16 @@ def sequence_logprobs(
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     hidden = hidden[:, lp - 1 : lp - 1 + lr]  # [B, Lr, H]: the states that predict answer tokens
     b = response_ids.shape[0]
-    flat_lp, flat_ent, flat_out = token_logprobs(hidden.reshape(b * lr, -1), head, response_ids.reshape(-1),
-                                                 temperature=temperature, with_entropy=with_entropy,
-                                                 entropy_grad=entropy_grad, top_p=top_p, top_k=top_k)
+    flat_lp, flat_ent, flat_out = token_logprobs(
+        hidden.reshape(b * lr, -1),
+        head,
+        response_ids.reshape(-1),
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        top_p=top_p,
+        top_k=top_k,
+    )
     mask = response_mask.to(flat_lp.dtype)
     logprobs = flat_lp.view(b, lr) * mask  # [B, Lr]
     entropy = flat_ent.view(b, lr) * mask if flat_ent is not None else None
@@ -90,9 +105,12 @@ def _packed_mask(model: torch.nn.Module, mask_bool: torch.Tensor, dtype: torch.d
         return mask_bool  # torch's SDPA: True = attend
     if impl == "eager":
         return torch.zeros(mask_bool.shape, dtype=dtype, device=mask_bool.device).masked_fill(
-            ~mask_bool, torch.finfo(dtype).min)  # added to the scores
-    raise ValueError(f"share_prompt needs the 'sdpa' or 'eager' attention implementation, not {impl!r}; "
-                     "set train.share_prompt=false or load the model with attn_implementation='sdpa'")
+            ~mask_bool, torch.finfo(dtype).min
+        )  # added to the scores
+    raise ValueError(
+        f"share_prompt needs the 'sdpa' or 'eager' attention implementation, not {impl!r}; "
+        "set train.share_prompt=false or load the model with attn_implementation='sdpa'"
+    )
 
 
 def packed_sequence_logprobs(
@@ -117,9 +135,16 @@ def packed_sequence_logprobs(
         position_ids=packed.position_ids,
     ).last_hidden_state  # [R, S, H]
     hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source_index)  # [T, H]
-    token_lp, token_ent, token_out = token_logprobs(hidden, head, packed.target_ids, temperature=temperature,
-                                                    with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                                    top_p=top_p, top_k=top_k)  # [T]
+    token_lp, token_ent, token_out = token_logprobs(
+        hidden,
+        head,
+        packed.target_ids,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        top_p=top_p,
+        top_k=top_k,
+    )  # [T]
     where = (packed.target_row, packed.target_col)
     zeros = torch.zeros(response_ids.shape, dtype=token_lp.dtype, device=token_lp.device)  # [B, Lr]
     logprobs = zeros.index_put(where, token_lp)  # [B, Lr]

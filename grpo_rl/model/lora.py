@@ -13,13 +13,13 @@
 Departure from the paper: none beyond peft's defaults (Kaiming-uniform ``A``, zero ``B``, dropout on the
 adapter input only). DoRA and adapters on embeddings are not supported by the merge.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
-
 
 ADAPTER_DIR = "adapter"
 """Where a checkpoint keeps a LoRA run's adapter (``adapter_config.json`` + ``adapter_model.safetensors``)."""
@@ -30,8 +30,9 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-def apply_lora(model: torch.nn.Module, *, r: int, alpha: float, dropout: float,
-               target_modules: Sequence[str]) -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module, *, r: int, alpha: float, dropout: float, target_modules: Sequence[str]
+) -> torch.nn.Module:
     """Wrap ``target_modules`` (``q_proj``, ..., or ``["all-linear"]``) of the HF causal LM ``model``, already on
     its device, in rank-``r`` LoRA adapters (update ``(alpha / r) B A``) and freeze everything else; returns the
     ``PeftModel`` (``model`` itself is modified)."""
@@ -40,7 +41,11 @@ def apply_lora(model: torch.nn.Module, *, r: int, alpha: float, dropout: float,
 
     targets = list(target_modules)
     config = PeftLoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        bias="none",
+        task_type="CAUSAL_LM",
         target_modules="all-linear" if targets == ["all-linear"] else targets,
     )
     return get_peft_model(model, config)
@@ -105,5 +110,3 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path) -> None:
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise RuntimeError(f"{adapter_dir}: adapter weights do not fit this model (unexpected keys {unexpected[:3]})")
-
-

@@ -15,11 +15,13 @@ so checkpoints and bit-exact resume work unchanged. bitsandbytes' CPU ``AdamW8bi
 over fp32 weights, but has no stochastic rounding, which bf16 weights need. The first torchao step also compiles
 its kernels (tens of seconds the first time, then cached on disk by inductor).
 """
+
 from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from grpo_rl.config.schema import OPTIMIZERS
 from grpo_rl.errors import ConfigError
@@ -44,13 +46,16 @@ def _adamw8bit_class():
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
-            from torchao.optim import AdamW8bit
+            # torchao is the optional lowmem extra: absent from a plain install, hence the ImportError below
+            from torchao.optim import AdamW8bit  # pyright: ignore[reportMissingImports]
     except ImportError as e:
-        raise ConfigError(f"optimizer.name=adamw8bit (the lowmem preset) needs torchao ({e}): install the lowmem "
-                          "extra (GRPO_EXTRAS=lowmem bash scripts/setup.sh, or pip install -e '.[lowmem]'), or set "
-                          "optimizer.name=adamw") from None
+        raise ConfigError(
+            f"optimizer.name=adamw8bit (the lowmem preset) needs torchao ({e}): install the lowmem "
+            "extra (GRPO_EXTRAS=lowmem bash scripts/setup.sh, or pip install -e '.[lowmem]'), or set "
+            "optimizer.name=adamw"
+        ) from None
     finally:
-        for logger, level in zip(quiet, levels):
+        for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return AdamW8bit
 
@@ -65,12 +70,22 @@ def check_optimizer(name: str, device_type: str) -> None:
 
     problem = compiler_problem(device_type)
     if problem is not None:
-        raise ConfigError(f"optimizer.name=adamw8bit compiles its update with torch.compile, which does not work on "
-                          f"{device_type} here ({problem}): install a C++ compiler, or set optimizer.name=adamw")
+        raise ConfigError(
+            f"optimizer.name=adamw8bit compiles its update with torch.compile, which does not work on "
+            f"{device_type} here ({problem}): install a C++ compiler, or set optimizer.name=adamw"
+        )
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], name: str, device: torch.device, *, lr: float,
-                   betas: tuple[float, float], eps: float, weight_decay: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter],
+    name: str,
+    device: torch.device,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> torch.optim.Optimizer:
     """AdamW over ``params`` with the moments ``name`` says (see the module docstring)."""
     import torch
 
@@ -82,6 +97,7 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], name: str, device: torc
         if not verbose():  # printed at its first compiled step: a note to torchao's authors, not to this run's user
             warnings.filterwarnings("ignore", message=".*does not implement _stable_hash_for_caching")
         # bf16 weights (train_model.dtype) take each update with stochastic rounding: exact in expectation
-        return _adamw8bit_class()(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                  bf16_stochastic_round=True)
+        return _adamw8bit_class()(
+            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bf16_stochastic_round=True
+        )
     raise ConfigError(f"optimizer.name={name!r}: use one of {', '.join(OPTIMIZERS)}")

@@ -27,6 +27,7 @@ Departures and limits:
 * A group whose rows are not consecutive is packed as one row per run; the log-probs are unchanged, only the
   saving shrinks. Two groups with the same prompt stay two rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ def group_spans(group_id: torch.Tensor) -> list[tuple[int, int]]:
     if b == 0:
         return []
     starts = [0] + [i + 1 for i in torch.nonzero(group_id[1:] != group_id[:-1]).flatten().tolist()]
-    return list(zip(starts, starts[1:] + [b]))
+    return list(zip(starts, starts[1:] + [b], strict=True))
 
 
 def _check_shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, spans: list[tuple[int, int]]) -> None:
@@ -72,8 +73,10 @@ def _check_shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, s
     same_ids = ((prompt_ids == prompt_ids[first]) | (prompt_mask == 0)).all(-1)  # [B]
     if not bool((same_mask & same_ids).all()):
         row = int(torch.nonzero(~(same_mask & same_ids))[0])
-        raise ValueError(f"row {row} has the group_id of row {int(first[row])} but a different prompt: "
-                         "the rows of a group must share their prompt")
+        raise ValueError(
+            f"row {row} has the group_id of row {int(first[row])} but a different prompt: "
+            "the rows of a group must share their prompt"
+        )
 
 
 def packed_lengths(batch: TensorDict, spans: list[tuple[int, int]]) -> list[int]:
@@ -117,7 +120,9 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
             position_ids[g, sl] = lp + torch.arange(n, device=device)
             segment[g, sl] = i + 1
             # Answer token 0 is predicted by the last prompt token, token t > 0 by answer token t - 1.
-            pred = torch.cat([torch.tensor([lp - 1], device=device), torch.arange(offset, offset + n - 1, device=device)])
+            pred = torch.cat(
+                [torch.tensor([lp - 1], device=device), torch.arange(offset, offset + n - 1, device=device)]
+            )
             source.append(g * s + pred)
             rows.append(torch.full((n,), row, dtype=torch.long, device=device))
             cols.append(torch.arange(n, device=device))

@@ -15,6 +15,7 @@ engine) decides from a measurement:
 
 An explicit ``float32`` or ``bfloat16`` always wins. The choice and its reason are logged at start-up.
 """
+
 from __future__ import annotations
 
 import functools
@@ -92,15 +93,22 @@ def _probe_cpu() -> BF16Probe:
 def measure_cpu_bf16(size: int = 512, repeats: int = 5) -> BF16Probe:
     """Time ``[size x size] @ [size x size]`` in fp32 and bf16 (interleaved, best of ``repeats``)."""
     if not _onednn_bf16():
-        return BF16Probe(False, "this CPU has no bf16 matmul instructions (no avx512_bf16 or AMX): bf16 would run "
-                                "tens of times slower than float32")
+        return BF16Probe(
+            False,
+            "this CPU has no bf16 matmul instructions (no avx512_bf16 or AMX): bf16 would run "
+            "tens of times slower than float32",
+        )
     best = _best_matmul_seconds(size, repeats)
     flop = 2 * size**3 / 1e9
     fp32, bf16 = flop / best["float32"], flop / best["bfloat16"]
     fast = bf16 >= MIN_SPEEDUP * fp32
     verdict = "faster" if fast else f"not {MIN_SPEEDUP}x faster"
-    return BF16Probe(fast, f"measured bf16 matmul {bf16:.0f} GFLOP/s vs float32 {fp32:.0f}: {verdict}",
-                     fp32_gflops=round(fp32, 1), bf16_gflops=round(bf16, 1))
+    return BF16Probe(
+        fast,
+        f"measured bf16 matmul {bf16:.0f} GFLOP/s vs float32 {fp32:.0f}: {verdict}",
+        fp32_gflops=round(fp32, 1),
+        bf16_gflops=round(bf16, 1),
+    )
 
 
 def _onednn_bf16() -> bool:

@@ -46,6 +46,7 @@ chunk's kept set with ``topk`` (the whole vocabulary sorted only for rows whose 
 ``[c, V]`` logits. Measured by ``benchmarks/micro/kernels.py truncation`` (benchmarks/README.md, "Sampling truncation
 and the importance ratio").
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,8 +85,7 @@ class _LogitScratch:
             return gz
         return self.logits[: gz.shape[0]].copy_(gz)
 
-    def accumulate_weight_grad(self, grad_weight: torch.Tensor, gz: torch.Tensor, h: torch.Tensor,
-                               first: bool) -> None:
+    def accumulate_weight_grad(self, grad_weight: torch.Tensor, gz: torch.Tensor, h: torch.Tensor, first: bool) -> None:
         """``grad_weight [V, H] (fp32) (+)= gz.t() @ h``, in place; the product rounded to the compute dtype first,
         as ``(gz.t() @ h).float()`` is."""
         if gz.dtype == torch.float32:
@@ -103,8 +103,14 @@ class _LogitScratch:
             grad_weight.add_(product)
 
 
-def _logit_grad(p: torch.Tensor, z: torch.Tensor, g: torch.Tensor, grad_entropy: torch.Tensor | None,
-                targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def _logit_grad(
+    p: torch.Tensor,
+    z: torch.Tensor,
+    g: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """The gradient w.r.t. one chunk's raw logits (module docstring), overwriting ``p``, the softmax of ``z``
     ``[c, V]``; a truncated ``p`` (0 off the kept set) gives the truncated distribution's gradient."""
     if grad_entropy is not None:
@@ -124,8 +130,9 @@ class ChunkedTokenLogprob(torch.autograd.Function):
     ``T``; the entropy carries a gradient only with ``entropy_grad``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int,
-                entropy_grad: bool = False):
+    def forward(
+        ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int, entropy_grad: bool = False
+    ):
         dtype = _compute_dtype(hidden.device.type, hidden.dtype)
         w = weight.to(dtype)
         n = hidden.shape[0]
@@ -251,8 +258,9 @@ def truncation_threshold(z: torch.Tensor, top_p: float, top_k: int) -> torch.Ten
     return threshold
 
 
-def _kept_logits(z: torch.Tensor, targets: torch.Tensor, top_p: float,
-                 top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _kept_logits(
+    z: torch.Tensor, targets: torch.Tensor, top_p: float, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(kept [c, V], threshold [c], outside [c])`` of one chunk: the logits with the truncated-away ones at
     ``-inf``, the threshold, and where the target lies outside the kept set; those rows keep every logit (threshold
     ``-inf``), so that their log-prob, entropy and gradient are the untruncated ones."""
@@ -268,8 +276,18 @@ class TruncatedTokenLogprob(torch.autograd.Function):
     ``(hidden, weight, targets, ...)`` -> ``(logprob [T], entropy [T], outside [T])``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, chunk: int,
-                entropy_grad: bool, top_p: float, top_k: int):
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        targets,
+        temperature: float,
+        with_entropy: bool,
+        chunk: int,
+        entropy_grad: bool,
+        top_p: float,
+        top_k: int,
+    ):
         dtype = _compute_dtype(hidden.device.type, hidden.dtype)
         w = weight.to(dtype)
         n = hidden.shape[0]
@@ -304,7 +322,9 @@ class TruncatedTokenLogprob(torch.autograd.Function):
         w = weight.to(dtype)
         n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
         scratch = _LogitScratch(min(chunk, n), weight.shape[0], dtype, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
@@ -348,10 +368,20 @@ def token_logprobs(
     if type(head) is torch.nn.Linear and head.bias is None:  # the kernels compute hidden @ weight.T only
         chunk = max(1, CHUNK_ELEMENTS // head.weight.shape[0])
         if truncated:
-            return TruncatedTokenLogprob.apply(hidden, head.weight, targets, float(temperature), with_entropy, chunk,
-                                               entropy_grad, float(top_p), int(top_k))
-        logprob, entropy = ChunkedTokenLogprob.apply(hidden, head.weight, targets, float(temperature), with_entropy,
-                                                     chunk, entropy_grad)
+            return TruncatedTokenLogprob.apply(
+                hidden,
+                head.weight,
+                targets,
+                float(temperature),
+                with_entropy,
+                chunk,
+                entropy_grad,
+                float(top_p),
+                int(top_k),
+            )
+        logprob, entropy = ChunkedTokenLogprob.apply(
+            hidden, head.weight, targets, float(temperature), with_entropy, chunk, entropy_grad
+        )
         return logprob, entropy, None
     logits = head(hidden).float()  # [T, V]
     if temperature != 1.0:

@@ -31,28 +31,43 @@ the roles in the driver take turns and use every core; workers that compute at o
 replicas, and in the asynchronous loop the collectors next to the learner) split the cores between them, one
 thread at least.
 """
+
 from __future__ import annotations
 
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from grpo_rl import ONEDNN_DEFAULTS, OPENMP_DEFAULTS
 from grpo_rl.config.schema import needs_reference_model, uses_reference
-from grpo_rl.placement.devices import DeviceAllocation, available_cpus
 from grpo_rl.model.precision import Precision, resolve_precision
+from grpo_rl.placement.devices import DeviceAllocation, available_cpus
 
 # Forwarded to every actor, so that actors on other nodes see the same offline/data/cache settings. No secret
 # belongs here: a runtime_env is stored in Ray's GCS; the engine key goes only to the actors that need it
 # (``ray_options(env=...)``).
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "GRPO_DATA_DIR", "GRPO_CACHE_DIR",
-                 "TORCHINDUCTOR_CACHE_DIR", "VLLM_CPU_KVCACHE_SPACE", "WANDB_MODE", "PYTHONPATH", "GRPO_VERBOSE",
-                 "GOMP_SPINCOUNT", "KMP_BLOCKTIME", *OPENMP_DEFAULTS, *ONEDNN_DEFAULTS)
+FORWARDED_ENV = (
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "HF_HOME",
+    "GRPO_DATA_DIR",
+    "GRPO_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "WANDB_MODE",
+    "PYTHONPATH",
+    "GRPO_VERBOSE",
+    "GOMP_SPINCOUNT",
+    "KMP_BLOCKTIME",
+    *OPENMP_DEFAULTS,
+    *ONEDNN_DEFAULTS,
+)
 
 
 @dataclass(frozen=True)
@@ -109,8 +124,13 @@ class RolePlacement:
         ``env``: variables for this actor only, on top of :data:`FORWARDED_ENV` (the engine key of a collector that
         drives a server)."""
         env = {**{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}, **(env or {})}
-        env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
-                   TOKENIZERS_PARALLELISM="false", VLLM_ENABLE_V1_MULTIPROCESSING="0", RAY_DEDUP_LOGS="0")
+        env.update(
+            OMP_NUM_THREADS=str(self.threads),
+            MKL_NUM_THREADS=str(self.threads),
+            TOKENIZERS_PARALLELISM="false",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            RAY_DEDUP_LOGS="0",
+        )
         resources: dict[str, Any] = {"num_cpus": self.threads}
         if self.devices[0].type == "cuda":
             resources = {"num_cpus": 1, "num_gpus": self.gpu_fraction}
@@ -178,8 +198,10 @@ def engine_is_served(cfg, devices: DeviceAllocation, mode: str) -> bool:
         return True
     if engine != "vllm" or mode != "sync" or cfg.simulate.enabled:
         return False
-    return devices.inference[0] != devices.train[0] or devices.inference[0] not in (torch.device("cpu"),
-                                                                                    torch.device("cuda", 0))
+    return devices.inference[0] != devices.train[0] or devices.inference[0] not in (
+        torch.device("cpu"),
+        torch.device("cuda", 0),
+    )
 
 
 def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | None = None) -> Placement:
@@ -201,10 +223,12 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
     else:  # roles take turns; only a role's own workers (ranks, replicas) compute at once
         busy = max(len(devices.train) if learner_actors else 1, len(devices.ref) if ref_actors else 1)
     shared = max(1, cores // max(1, busy))
-    collector = RolePlacement("collector", devices.inference, shared if mode == "async" else cores,
-                              actors=mode == "async")
-    learner = RolePlacement("learner", devices.train, shared if (mode == "async" or learner_actors) else cores,
-                            actors=learner_actors)
+    collector = RolePlacement(
+        "collector", devices.inference, shared if mode == "async" else cores, actors=mode == "async"
+    )
+    learner = RolePlacement(
+        "learner", devices.train, shared if (mode == "async" or learner_actors) else cores, actors=learner_actors
+    )
     reference = None
     if uses_ref:
         threads = shared if ref_actors or mode == "async" else cores
@@ -214,8 +238,14 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
         reward_model = RolePlacement("reward_model", devices.reward_model, collector.threads, actors=False)
     driver = learner.threads if not learner_actors else (shared if mode == "async" else cores)
     collector, learner, reference = _share_gpus(collector, learner, reference)
-    return Placement(collector=collector, learner=learner, reference=reference, reward_model=reward_model,
-                     driver_threads=driver, served=engine_is_served(cfg, devices, mode))
+    return Placement(
+        collector=collector,
+        learner=learner,
+        reference=reference,
+        reward_model=reward_model,
+        driver_threads=driver,
+        served=engine_is_served(cfg, devices, mode),
+    )
 
 
 def _share_gpus(*roles: RolePlacement | None) -> list[RolePlacement | None]:
@@ -276,7 +306,7 @@ class RunContext:
         """A KL penalty needs reference log-probs (from a reference model, or for LoRA the adapters-off model)."""
         return uses_reference(self.cfg)
 
-    def actor_spec(self, role: str, index: int, engine_urls: tuple[str, ...] | None = None) -> "ActorSpec":
+    def actor_spec(self, role: str, index: int, engine_urls: tuple[str, ...] | None = None) -> ActorSpec:
         """The slice of this context that worker ``index`` of ``role`` (an actor) needs; a collector drives one of
         ``engine_urls`` (the servers the run started; default :attr:`engine_urls`)."""
         from omegaconf import OmegaConf
@@ -285,10 +315,18 @@ class RunContext:
         urls = self.engine_urls if engine_urls is None else tuple(engine_urls)
         if role == "collector" and urls:  # each collector drives a server of its own
             urls = (urls[index % len(urls)],)
-        return ActorSpec(cfg=OmegaConf.to_container(self.cfg, resolve=True), run_dir=str(self.run_dir),
-                         model_path=self.model_path, role=role, index=index,
-                         device=actor_device(placement.devices[index]), threads=placement.threads, mode=self.mode,
-                         rewards=self.rewards, engine_urls=urls)
+        return ActorSpec(
+            cfg=OmegaConf.to_container(self.cfg, resolve=True),
+            run_dir=str(self.run_dir),
+            model_path=self.model_path,
+            role=role,
+            index=index,
+            device=actor_device(placement.devices[index]),
+            threads=placement.threads,
+            mode=self.mode,
+            rewards=self.rewards,
+            engine_urls=urls,
+        )
 
 
 def actor_device(device: torch.device) -> torch.device:
@@ -330,9 +368,23 @@ class ActorSpec:
         d = (self.device,)
         devices = DeviceAllocation(train=d, ref=d, inference=d, reward_model=d if cfg.reward.model_path else ())
         own = RolePlacement(self.role, d, self.threads, actors=False)
-        placement = Placement(collector=replace(own, role="collector"), learner=replace(own, role="learner"),
-                              reference=replace(own, role="reference"), reward_model=None,
-                              driver_threads=self.threads, served=bool(self.engine_urls))
-        return RunContext(cfg=cfg, run_dir=Path(self.run_dir), devices=devices, model_path=self.model_path,
-                          tokenizer=load_tokenizer(self.model_path), precision=resolve_run_precision(cfg, devices),
-                          placement=placement, mode=self.mode, rewards=self.rewards, engine_urls=self.engine_urls)
+        placement = Placement(
+            collector=replace(own, role="collector"),
+            learner=replace(own, role="learner"),
+            reference=replace(own, role="reference"),
+            reward_model=None,
+            driver_threads=self.threads,
+            served=bool(self.engine_urls),
+        )
+        return RunContext(
+            cfg=cfg,
+            run_dir=Path(self.run_dir),
+            devices=devices,
+            model_path=self.model_path,
+            tokenizer=load_tokenizer(self.model_path),
+            precision=resolve_run_precision(cfg, devices),
+            placement=placement,
+            mode=self.mode,
+            rewards=self.rewards,
+            engine_urls=self.engine_urls,
+        )

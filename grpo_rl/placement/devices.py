@@ -13,6 +13,7 @@ rollout engine (``inference_model``). Each asks for ``num_devices`` or an explic
 * On a machine without GPUs every role maps to the CPU. ``num_devices`` then counts CPU workers (processes);
   one role's workers compute at once and need a core each, and all roles together get at most 2 per core.
 """
+
 from __future__ import annotations
 
 import logging
@@ -93,7 +94,11 @@ def _cgroup_cpu_quota(root: str) -> float | None:
 
 
 def allocate_devices(
-    cfg, *, need_ref: bool = True, need_reward_model: bool | None = None, num_gpus: int | None = None,
+    cfg,
+    *,
+    need_ref: bool = True,
+    need_reward_model: bool | None = None,
+    num_gpus: int | None = None,
     num_cpus: int | None = None,
 ) -> DeviceAllocation:
     """Turn the ``train_model``, ``ref_model`` and ``inference_model`` groups into devices.
@@ -171,14 +176,21 @@ def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
     explicit = {r: list(getattr(cfg, r).devices) for r in roles if getattr(cfg, r).devices}
     if not explicit and num_gpus < len(roles) and all(getattr(cfg, r).num_devices == 1 for r in roles):
         assigned = _colocated(roles, num_gpus)
-        log.info("%d GPU%s for %d roles: %s", num_gpus, "" if num_gpus == 1 else "s", len(roles),
-                 ", ".join(f"{r} on cuda:{ids[0]}" for r, ids in assigned.items()))
+        log.info(
+            "%d GPU%s for %d roles: %s",
+            num_gpus,
+            "" if num_gpus == 1 else "s",
+            len(roles),
+            ", ".join(f"{r} on cuda:{ids[0]}" for r, ids in assigned.items()),
+        )
         return _cuda_allocation(assigned)
     used: set[int] = {i for ids in explicit.values() for i in ids}
     for role, ids in explicit.items():
         bad = [i for i in ids if not 0 <= i < num_gpus]
         if bad:
-            raise ConfigError(f"{role}.devices={ids}: GPU(s) {bad} do not exist; this machine has GPUs 0..{num_gpus - 1}")
+            raise ConfigError(
+                f"{role}.devices={ids}: GPU(s) {bad} do not exist; this machine has GPUs 0..{num_gpus - 1}"
+            )
         if len(set(ids)) != len(ids):
             raise ConfigError(f"{role}.devices={ids} lists a GPU twice")
     next_free = 0
@@ -210,7 +222,8 @@ def _allocate_gpu(cfg, roles: list[str], num_gpus: int) -> DeviceAllocation:
                 if {a, b} == {"train_model", "ref_model"} and share:
                     continue
                 raise ConfigError(
-                    f"{a} {assigned[a]} and {b} {assigned[b]} share GPUs {sorted(set(assigned[a]) & set(assigned[b]))}; "
+                    f"{a} {assigned[a]} and {b} {assigned[b]} share GPUs "
+                    f"{sorted(set(assigned[a]) & set(assigned[b]))}; "
                     f"give them disjoint devices (ref_model.share_with_train=true allows train/ref overlap)"
                 )
     return _cuda_allocation(assigned)

@@ -12,6 +12,7 @@ Ray uses between machines, and everything listens there: that network must be tr
 a token where the cluster has one (``ray get-auth-token --generate``); torch's ``TCPStore``, gloo and NCCL check
 nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
-def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = (), withhold: tuple[str, ...] = ()) -> bool:
+def start_ray(
+    ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = (), withhold: tuple[str, ...] = ()
+) -> bool:
     """Start or join Ray as ``ray_cfg`` says; return True if this call started a local instance.
 
     Args:
@@ -49,8 +52,7 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
 
     if ray.is_initialized():
         return False
-    common = dict(include_dashboard=ray_cfg.include_dashboard, log_to_driver=True,
-                  configure_logging=False)
+    common = dict(include_dashboard=ray_cfg.include_dashboard, log_to_driver=True, configure_logging=False)
     if ray_cfg.address:
         ray.init(address=ray_cfg.address, **common)
         log.info("joined Ray cluster at %s: %s", ray_cfg.address, ray.cluster_resources())
@@ -58,8 +60,12 @@ def start_ray(ray_cfg, *, min_cpus: int = 0, actor_gpus: list[torch.device] = ()
     num_cpus = max(ray_cfg.num_cpus or available_cpus(), min_cpus)
     gpu_ids = sorted({d.index for d in actor_gpus if d.type == "cuda"})
     # The Ray processes started now inherit this process's environment: only the actors' GPUs, none of the secrets.
-    inherited = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids) if gpu_ids else os.environ.get(
-        "CUDA_VISIBLE_DEVICES"), **{name: None for name in withhold}}
+    inherited = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids)
+        if gpu_ids
+        else os.environ.get("CUDA_VISIBLE_DEVICES"),
+        **{name: None for name in withhold},
+    }
     with _environment(inherited):
         _init_on_loopback(num_cpus=num_cpus, num_gpus=len(gpu_ids), **common)
     log.info("started a local Ray instance: %d CPUs, GPUs %s for actors", num_cpus, gpu_ids or "none")
@@ -117,8 +123,10 @@ def _init_on_loopback(**init_kwargs) -> None:
     found = node_address()
     if not is_loopback_host(found):
         ray.shutdown()
-        raise RuntimeError(f"the local Ray instance took the node address {found}, not loopback: its servers would "
-                           f"listen beyond this machine (ray {ray.__version__}; see grpo_rl/placement/ray.py)")
+        raise RuntimeError(
+            f"the local Ray instance took the node address {found}, not loopback: its servers would "
+            f"listen beyond this machine (ray {ray.__version__}; see grpo_rl/placement/ray.py)"
+        )
 
 
 def stop_ray(started: bool) -> None:
@@ -171,8 +179,9 @@ def host_store(address: str, timeout: float, *, port: int = 0):
         raise
     port, fd = listener.getsockname()[1], listener.detach()
     try:
-        return dist.TCPStore(address, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
-                             master_listen_fd=fd)
+        return dist.TCPStore(
+            address, port, None, True, timedelta(seconds=timeout), wait_for_workers=False, master_listen_fd=fd
+        )
     except BaseException:
         with contextlib.suppress(OSError):  # unless the store closed it already
             os.close(fd)
@@ -209,8 +218,9 @@ def interface_with_address(address: str) -> str:
                     continue
                 if socket.inet_ntoa(ifreq[20:24]) == address:
                     return name
-    raise RuntimeError(f"no network interface of this machine holds {address}, the address its process groups "
-                       "must bind")
+    raise RuntimeError(
+        f"no network interface of this machine holds {address}, the address its process groups must bind"
+    )
 
 
 def _family(address: str) -> socket.AddressFamily:

@@ -18,6 +18,7 @@ engine                 see :mod:`grpo_rl.engines.base`
                        ``reward_overlong``  ``[N]`` DAPO's length shaping, with ``policy.overlong_buffer > 0``
 =====================  ==========  =================================================
 """
+
 from __future__ import annotations
 
 import time
@@ -26,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from grpo_rl.engines.base import RolloutEngine, SamplingSpec
 from grpo_rl.envs import make_env
 from grpo_rl.envs.base import PromptEnv, group_answers, rewards_per_answer
 from grpo_rl.envs.multiturn import ToolMessages, ToolUse, pack_episodes, run_episodes
-from grpo_rl.engines.base import RolloutEngine, SamplingSpec
 from grpo_rl.placement.context import RunContext
 
 
@@ -59,9 +60,22 @@ class Collector:
         max_total_tokens: the engine's context length (prompt and every turn), for multi-turn episodes.
     """
 
-    def __init__(self, env: PromptEnv, engine: RolloutEngine, tokenizer, *, group_size: int, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                 tools: ToolUse | None = None, max_turns: int = 1, max_total_tokens: int = 1 << 30):
+    def __init__(
+        self,
+        env: PromptEnv,
+        engine: RolloutEngine,
+        tokenizer,
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+        tools: ToolUse | None = None,
+        max_turns: int = 1,
+        max_total_tokens: int = 1 << 30,
+    ):
         self.env = env
         self.engine = engine
         self.tokenizer = tokenizer
@@ -81,18 +95,35 @@ class Collector:
         prompts = self.env.reset()
         n = self.group_size
         # One seed per (run seed, step): resuming at step s reproduces its samples exactly.
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step)))
-        sampling = SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                                top_k=self.top_k, seed=seed)
+        seed = int(
+            torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + step))
+        )
+        sampling = SamplingSpec(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=seed,
+        )
         prompt_tokens = list(prompts["prompt_tokens"])
         if self.tools is None:
             batch = self.engine.generate(prompt_tokens, n, sampling)
-            answers = [ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"])]
+            answers = [
+                ids[: int(m.sum())] for ids, m in zip(batch["response_ids"], batch["response_mask"], strict=True)
+            ]
         else:  # the reward scores each episode's last turn
             decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-            episodes = run_episodes(self.engine, prompt_tokens, n, sampling, tools=self.tools,
-                                    messages=self.tool_messages, decode=decode, max_turns=self.max_turns,
-                                    max_total_tokens=self.max_total_tokens)
+            episodes = run_episodes(
+                self.engine,
+                prompt_tokens,
+                n,
+                sampling,
+                tools=self.tools,
+                messages=self.tool_messages,
+                decode=decode,
+                max_turns=self.max_turns,
+                max_total_tokens=self.max_total_tokens,
+            )
             batch = pack_episodes(prompt_tokens, episodes, n, pad_id=self.tokenizer.pad_token_id or 0)
             answers = [e.answer_ids for e in episodes]
             # The whole episode as the model saw it (calls, tool messages, answer): what samples.jsonl shows.
@@ -111,8 +142,10 @@ class Collector:
         batch.set("policy_version", oldest_token_version(batch, policy_version))
         t2 = time.perf_counter()
         stats = CollectStats(
-            generation_seconds=t1 - t0, reward_seconds=t2 - t1,
-            num_tokens=int(batch["response_mask"].sum()), reward_failures=dict(self.env.last_reward_failures),
+            generation_seconds=t1 - t0,
+            reward_seconds=t2 - t1,
+            num_tokens=int(batch["response_mask"].sum()),
+            reward_failures=dict(self.env.last_reward_failures),
             failure_examples=list(self.env.last_failure_examples),
         )
         return batch, stats
@@ -134,8 +167,17 @@ def make_collector(run: RunContext, engine, env=None) -> Collector:
     cfg = run.cfg
     # An actor's own copy of the environment: its cfg already holds the driver's train.steps (make_run).
     env = env if env is not None else make_env(cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
-    return Collector(env, engine, run.tokenizer, group_size=cfg.env.group_size,
-                     max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-                     top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, seed=cfg.seed,
-                     tools=env.tool_use, max_turns=cfg.env.max_turns,
-                     max_total_tokens=cfg.inference_model.max_model_len)
+    return Collector(
+        env,
+        engine,
+        run.tokenizer,
+        group_size=cfg.env.group_size,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        top_k=cfg.sampling.top_k,
+        seed=cfg.seed,
+        tools=env.tool_use,
+        max_turns=cfg.env.max_turns,
+        max_total_tokens=cfg.inference_model.max_model_len,
+    )

@@ -21,15 +21,16 @@ Logged every step: ``sampling_rounds`` (batches drawn), ``dynamic_sampling_group
 the step (all rounds), so runs with and without dynamic sampling log comparable rewards; ``reward_mean_trained``
 is the mean over the answers trained on.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from grpo_rl.rollout.stats import batch_metrics
 from grpo_rl.rollout.source import Rollout
+from grpo_rl.rollout.stats import batch_metrics
 
 # Metrics of one round that add up over the rounds of a step; ``*_max`` take the maximum; the rest are averaged
 # over the rounds, weighted by their rows.
@@ -145,7 +146,8 @@ class DynamicSampling:
         metrics = combine_round_metrics(rounds)
         metrics.update({k: v for k, v in batch_metrics(every).items() if k.startswith("reward")})
         metrics.update(
-            sampling_rounds=float(len(drawn)), dynamic_sampling_groups=float(trained_groups),
+            sampling_rounds=float(len(drawn)),
+            dynamic_sampling_groups=float(trained_groups),
             dynamic_sampling_dropped_groups=float(total_groups - trained_groups),
             dynamic_sampling_short=float(trained_groups < self.groups),
             reward_mean_trained=float(batch["reward"].mean()) if kept else float("nan"),

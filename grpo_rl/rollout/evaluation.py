@@ -16,6 +16,7 @@ It runs on the training engine (whose weights are the learner's after each push)
 :class:`~grpo_rl.rollout.collector.Collector` and environment code as training, so prompts are formatted and scored
 exactly as in training.
 """
+
 from __future__ import annotations
 
 import copy
@@ -95,9 +96,22 @@ class Evaluator:
         every: evaluate in :meth:`maybe_evaluate` every this many steps (0: never).
     """
 
-    def __init__(self, env, engine, tokenizer, *, pass_k: int, num_samples: int | None, temperature: float,
-                 max_new_tokens: int, success_component: str | None, seed: int = 0, every: int = 0,
-                 max_turns: int = 1, max_total_tokens: int = 1 << 30):
+    def __init__(
+        self,
+        env,
+        engine,
+        tokenizer,
+        *,
+        pass_k: int,
+        num_samples: int | None,
+        temperature: float,
+        max_new_tokens: int,
+        success_component: str | None,
+        seed: int = 0,
+        every: int = 0,
+        max_turns: int = 1,
+        max_total_tokens: int = 1 << 30,
+    ):
         self.env = env
         self.pass_k = pass_k
         self.num_samples = num_samples or pass_k
@@ -105,12 +119,28 @@ class Evaluator:
         self.every = every
         # Episodes as in training: with the environment's tools, over up to max_turns turns.
         episodes = dict(tools=env.tool_use, max_turns=max_turns, max_total_tokens=max_total_tokens)
-        self.greedy = Collector(env, engine, tokenizer, group_size=1, max_new_tokens=max_new_tokens, temperature=0.0,
-                                seed=seed + _EVAL_SEED_OFFSET, **episodes)
+        self.greedy = Collector(
+            env,
+            engine,
+            tokenizer,
+            group_size=1,
+            max_new_tokens=max_new_tokens,
+            temperature=0.0,
+            seed=seed + _EVAL_SEED_OFFSET,
+            **episodes,
+        )
         self.sampled = None
         if pass_k > 0:
-            self.sampled = Collector(env, engine, tokenizer, group_size=self.num_samples, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, seed=seed + _EVAL_SEED_OFFSET, **episodes)
+            self.sampled = Collector(
+                env,
+                engine,
+                tokenizer,
+                group_size=self.num_samples,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed + _EVAL_SEED_OFFSET,
+                **episodes,
+            )
         self.last_answers: list[dict] = []
 
     def _rewind(self) -> None:
@@ -122,23 +152,34 @@ class Evaluator:
         self._rewind()
         batch, _ = self.greedy.collect(0, 0)
         ok = solved(batch, self.success_component)  # [P]
-        metrics = {"eval/accuracy": float(ok.float().mean()), "eval/reward_mean": float(batch["reward"].mean()),
-                   "eval/num_prompts": float(batch.batch_size[0])}
+        metrics = {
+            "eval/accuracy": float(ok.float().mean()),
+            "eval/reward_mean": float(batch["reward"].mean()),
+            "eval/num_prompts": float(batch.batch_size[0]),
+        }
         for key in batch.keys():
             if isinstance(key, str) and key.startswith("reward_"):
                 metrics[f"eval/{key}_mean"] = float(batch[key].float().mean())
         metrics["eval/response_length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
         metrics["eval/truncated_fraction"] = float(batch["truncated"].float().mean())
-        self.last_answers = [{"prompt": batch["prompt"][i], "response": batch["response_text"][i],
-                              "solved": bool(ok[i])} for i in range(batch.batch_size[0])]
+        self.last_answers = [
+            {"prompt": batch["prompt"][i], "response": batch["response_text"][i], "solved": bool(ok[i])}
+            for i in range(batch.batch_size[0])
+        ]
         if self.sampled is not None:
             self._rewind()
             samples, _ = self.sampled.collect(0, 0)
             _, group_N = torch.unique(samples["group_id"], return_inverse=True)  # [N] a prompt's answers
             count_P = torch.bincount(group_N)  # [P]
             correct_P = torch.bincount(group_N, weights=solved(samples, self.success_component).double())  # [P]
-            metrics[f"eval/pass@{self.pass_k}"] = float(np.mean(
-                [pass_at_k(int(n), int(c), self.pass_k) for n, c in zip(count_P.tolist(), correct_P.tolist())]))
+            metrics[f"eval/pass@{self.pass_k}"] = float(
+                np.mean(
+                    [
+                        pass_at_k(int(n), int(c), self.pass_k)
+                        for n, c in zip(count_P.tolist(), correct_P.tolist(), strict=True)
+                    ]
+                )
+            )
             metrics["eval/sample_accuracy"] = float(correct_P.sum() / count_P.sum())
         metrics["eval/seconds"] = time.perf_counter() - t0
         return metrics
@@ -148,8 +189,13 @@ class Evaluator:
         if not due_for_evaluation(self.every, step, last_step):
             return {}
         metrics = self.evaluate()
-        log.info("eval at step %d: %s", step, "  ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items()
-                                                           if k in ("eval/accuracy", f"eval/pass@{self.pass_k}")))
+        log.info(
+            "eval at step %d: %s",
+            step,
+            "  ".join(
+                f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k in ("eval/accuracy", f"eval/pass@{self.pass_k}")
+            ),
+        )
         return metrics
 
 
@@ -166,8 +212,14 @@ def make_eval_env(run, *, every: int | None = None):
         return None
     from grpo_rl.envs import make_env
 
-    return make_env(eval_config(cfg), run.tokenizer, split=eval_split(cfg), devices=run.devices, fewer_prompts_ok=True,
-                    rewards=run.rewards)
+    return make_env(
+        eval_config(cfg),
+        run.tokenizer,
+        split=eval_split(cfg),
+        devices=run.devices,
+        fewer_prompts_ok=True,
+        rewards=run.rewards,
+    )
 
 
 def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evaluator | None:
@@ -180,13 +232,27 @@ def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evalua
         return None
     env = env if env is not None else make_eval_env(run, every=every)
     split, success = eval_split(cfg), success_component(cfg)
-    log.info("evaluation: %d %s/%s prompts (success: %s)%s", min(len(env), cfg.eval.num_prompts), cfg.env.dataset,
-             split, f"reward_{success}" if success else "total reward >= 1",
-             f", every {every} steps" if in_training else "")
+    log.info(
+        "evaluation: %d %s/%s prompts (success: %s)%s",
+        min(len(env), cfg.eval.num_prompts),
+        cfg.env.dataset,
+        split,
+        f"reward_{success}" if success else "total reward >= 1",
+        f", every {every} steps" if in_training else "",
+    )
     if len(env) < cfg.eval.num_prompts:
         env.prompts_per_step = len(env)
-    return Evaluator(env, engine, run.tokenizer, pass_k=cfg.eval.pass_k, num_samples=cfg.eval.num_samples,
-                     temperature=cfg.eval.temperature,
-                     max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
-                     success_component=success, seed=cfg.seed, every=every, max_turns=cfg.env.max_turns,
-                     max_total_tokens=cfg.inference_model.max_model_len)
+    return Evaluator(
+        env,
+        engine,
+        run.tokenizer,
+        pass_k=cfg.eval.pass_k,
+        num_samples=cfg.eval.num_samples,
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
+        success_component=success,
+        seed=cfg.seed,
+        every=every,
+        max_turns=cfg.env.max_turns,
+        max_total_tokens=cfg.inference_model.max_model_len,
+    )

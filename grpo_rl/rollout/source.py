@@ -15,12 +15,14 @@ indices the learner has consumed (trained on, or dropped by the staleness gate):
 record and the environment's state at the watermark, so a resumed run regenerates exactly the batches that were
 not consumed (those in the buffer, or being generated, when the run stopped) and never one that was.
 """
+
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict
@@ -123,8 +125,9 @@ class InProcessRollouts:
             failure ends the run.
     """
 
-    def __init__(self, collector: Collector, evaluator: Evaluator | None = None,
-                 heal: Callable[[RoleFailed], bool] | None = None):
+    def __init__(
+        self, collector: Collector, evaluator: Evaluator | None = None, heal: Callable[[RoleFailed], bool] | None = None
+    ):
         self.collector = collector
         self.evaluator = evaluator
         self.heal = heal
@@ -138,7 +141,8 @@ class InProcessRollouts:
         batch.set("batch_index", torch.full((batch.batch_size[0],), index, dtype=torch.long))
         self.position.next_index += 1  # the collector's env is the position's env: nothing to skip
         metrics = {
-            "generation_seconds": cs.generation_seconds, "reward_seconds": cs.reward_seconds,
+            "generation_seconds": cs.generation_seconds,
+            "reward_seconds": cs.reward_seconds,
             "reward_failures": float(sum(cs.reward_failures.values())),
             "generation_tokens_per_second": cs.num_tokens / max(cs.generation_seconds, 1e-9),
             "collect_seconds": time.perf_counter() - t0,
@@ -165,9 +169,11 @@ class InProcessRollouts:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("consumed"):
-            raise ValueError(f"this checkpoint's stream has batches {state['consumed']} consumed past its position "
-                             f"{state['next_index']}; the synchronous loop reads the stream in order. Resume it with "
-                             "sota/grpo-async.py")
+            raise ValueError(
+                f"this checkpoint's stream has batches {state['consumed']} consumed past its position "
+                f"{state['next_index']}; the synchronous loop reads the stream in order. Resume it with "
+                "sota/grpo-async.py"
+            )
         self.position.load_state_dict(state)
 
     def rewind(self) -> None:

@@ -1,4 +1,5 @@
 """Statistics of a collected batch: what both loops log of its rewards, lengths and tool calls."""
+
 from __future__ import annotations
 
 import torch
@@ -29,5 +30,6 @@ def first_rows(group_id):
     """The distinct groups of ``group_id`` ``[N]`` and the index of each one's first row."""
     groups, inverse = torch.unique(group_id, return_inverse=True)
     first = torch.full((len(groups),), len(group_id), dtype=torch.long).scatter_reduce(
-        0, inverse, torch.arange(len(group_id)), "amin")
+        0, inverse, torch.arange(len(group_id)), "amin"
+    )
     return groups.tolist(), first

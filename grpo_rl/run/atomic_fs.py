@@ -11,6 +11,7 @@
 * a full disk (or quota) is a :class:`DiskFullError` that says so and what is still intact, whichever library hid
   the errno; the partial folder is removed, so a full disk never leaves half a checkpoint behind.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,8 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from grpo_rl.errors import UserError
 
@@ -146,7 +147,7 @@ def publish(tmp: Path, final: Path) -> None:
 def recover_moved_aside(root: Path) -> None:
     """Put back a folder that :func:`publish` moved aside when the process died before its replacement landed."""
     for old in root.glob(".old-*"):
-        name = old.name[len(".old-"):].rsplit("-", 1)[0]
+        name = old.name[len(".old-") :].rsplit("-", 1)[0]
         if not (root / name).exists():
             os.replace(old, root / name)
             log.warning("restored %s, moved aside by a save that did not finish", root / name)
@@ -215,8 +216,7 @@ def free_bytes(path: Path) -> int | None:
     return None
 
 
-def disk_full_error(error: BaseException, what: str, target: Path, free: int | None,
-                    kept: str) -> DiskFullError | None:
+def disk_full_error(error: BaseException, what: str, target: Path, free: int | None, kept: str) -> DiskFullError | None:
     """A :class:`DiskFullError` for ``error`` if a full disk caused it, else None.
 
     Args:
@@ -237,8 +237,12 @@ def disk_full_error(error: BaseException, what: str, target: Path, free: int | N
             break
     if code is None:
         # torch.save says only "file write failed": a failed write on a nearly full disk is taken as full.
-        if ("write" not in str(error).lower() or not isinstance(error, (OSError, RuntimeError))
-                or free is None or free >= _NEARLY_FULL_BYTES):
+        if (
+            "write" not in str(error).lower()
+            or not isinstance(error, (OSError, RuntimeError))
+            or free is None
+            or free >= _NEARLY_FULL_BYTES
+        ):
             return None
         code = errno.ENOSPC
     if code == errno.ENOSPC:
@@ -247,8 +251,10 @@ def disk_full_error(error: BaseException, what: str, target: Path, free: int | N
         cause = f"your disk quota is used up ({os.strerror(code)}, EDQUOT"
     now = free_bytes(target)
     cause += f"; {now / 2**20:.0f} MiB free now)" if now is not None else ")"
-    full = DiskFullError(f"cannot write {what}: {cause}. Free space on that disk, or set output_dir to a folder on "
-                         f"another disk (train.keep_checkpoints=1 keeps fewer checkpoints). The partial folder was "
-                         f"removed; {kept}")
+    full = DiskFullError(
+        f"cannot write {what}: {cause}. Free space on that disk, or set output_dir to a folder on "
+        f"another disk (train.keep_checkpoints=1 keeps fewer checkpoints). The partial folder was "
+        f"removed; {kept}"
+    )
     full.errno = code
     return full

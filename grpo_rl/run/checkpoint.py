@@ -26,6 +26,7 @@ Nothing is loaded from a checkpoint before it is checked against its manifest (:
 checkpoints to the newest intact one. A checkpoint written before manifests existed gets the checks that need no
 manifest (its JSON files and safetensors headers), and a load that fails on it names the file too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,12 @@ import numpy as np
 import torch
 
 from grpo_rl.errors import RunFolderError
-from grpo_rl.run.atomic_fs import DiskFullError  # noqa: F401 - what the saves and exports below raise
-from grpo_rl.run.atomic_fs import atomic_folder, recover_moved_aside, remove_stale_tmp
+from grpo_rl.run.atomic_fs import (
+    DiskFullError,  # noqa: F401 - what the saves and exports below raise
+    atomic_folder,
+    recover_moved_aside,
+    remove_stale_tmp,
+)
 from grpo_rl.run.manifest import (
     CheckpointDamagedError,
     Damage,
@@ -71,8 +76,13 @@ def rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
-                  "has_gauss": has_gauss, "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "gauss": gauss,
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -106,11 +116,22 @@ class Checkpointer:
         self.keep = keep
         removed = remove_stale_tmp(self.root)
         if removed:
-            log.info("removed %d unfinished checkpoint folder(s) (.tmp-*) left in %s by an interrupted save",
-                     removed, self.root)
+            log.info(
+                "removed %d unfinished checkpoint folder(s) (.tmp-*) left in %s by an interrupted save",
+                removed,
+                self.root,
+            )
 
-    def save(self, step: int, model: torch.nn.Module, tokenizer, state: dict[str, Any], *,
-             export_model_dir: bool = True, config_yaml: str | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        tokenizer,
+        state: dict[str, Any],
+        *,
+        export_model_dir: bool = True,
+        config_yaml: str | None = None,
+    ) -> Path:
         """Write checkpoint ``step`` atomically and prune old ones; returns its folder.
 
         Args:
@@ -155,8 +176,12 @@ class Checkpointer:
         for stale in self.root.glob(".old-*"):
             shutil.rmtree(stale, ignore_errors=True)
         for newer in [c for c in self.list() if checkpoint_step(c) > saved_step]:
-            log.warning("removed %s, a checkpoint of the history this run replaced (it resumed from an earlier one "
-                        "and has now saved step %d)", newer, saved_step)
+            log.warning(
+                "removed %s, a checkpoint of the history this run replaced (it resumed from an earlier one "
+                "and has now saved step %d)",
+                newer,
+                saved_step,
+            )
             shutil.rmtree(newer, ignore_errors=True)
         if self.keep > 0:
             for old in self.list()[: -self.keep]:
@@ -168,8 +193,11 @@ class Checkpointer:
         if not self.root.exists():
             return []
         recover_moved_aside(self.root)
-        found = [p for p in self.root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)
-                 and (p / "trainer_state.pt").exists()]
+        found = [
+            p
+            for p in self.root.iterdir()
+            if p.is_dir() and _STEP_DIR.match(p.name) and (p / "trainer_state.pt").exists()
+        ]
         return sorted(found, key=checkpoint_step)
 
     def latest(self) -> Path | None:
@@ -195,10 +223,14 @@ class Checkpointer:
             damaged.append((checkpoint, damage))
         if not damaged:
             return None
-        which = (f"the only checkpoint in {self.root} is damaged" if len(checkpoints) == 1 else
-                 f"all {len(checkpoints)} checkpoints in {self.root} are damaged; the newest")
+        which = (
+            f"the only checkpoint in {self.root} is damaged"
+            if len(checkpoints) == 1
+            else f"all {len(checkpoints)} checkpoints in {self.root} are damaged; the newest"
+        )
         raise CheckpointDamagedError(
-            f"{which}: {damaged[0][1]}. Restore the checkpoints from a copy, or start a new run in another output_dir")
+            f"{which}: {damaged[0][1]}. Restore the checkpoints from a copy, or start a new run in another output_dir"
+        )
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:
@@ -218,8 +250,9 @@ def _warn_damaged(checkpoint: Path, damage: Damage, instead: Path) -> None:
     if (str(checkpoint), str(damage)) in _WARNED:
         return
     _WARNED.add((str(checkpoint), str(damage)))
-    log.warning("checkpoint %s is damaged (%s); using %s, the newest intact one, instead", checkpoint, damage,
-                instead.name)
+    log.warning(
+        "checkpoint %s is damaged (%s); using %s, the newest intact one, instead", checkpoint, damage, instead.name
+    )
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
@@ -232,8 +265,10 @@ def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     """
     path = Path(checkpoint) / "trainer_state.pt"
     if not path.exists():
-        raise CheckpointNotFoundError(f"{checkpoint} is not a checkpoint folder (no trainer_state.pt); pass a "
-                                      "<run dir>/checkpoints/step_NNNNNNNN folder")
+        raise CheckpointNotFoundError(
+            f"{checkpoint} is not a checkpoint folder (no trainer_state.pt); pass a "
+            "<run dir>/checkpoints/step_NNNNNNNN folder"
+        )
     verify_checkpoint(checkpoint)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -268,8 +303,7 @@ def _weights_mismatch(saved: dict[str, torch.Tensor], current: dict[str, torch.T
         return " and ".join(parts)
     for key, tensor in current.items():
         if saved[key].shape != tensor.shape:
-            return (f"{key} has shape {list(saved[key].shape)} in the checkpoint and {list(tensor.shape)} "
-                    "in this model")
+            return f"{key} has shape {list(saved[key].shape)} in the checkpoint and {list(tensor.shape)} in this model"
     return None
 
 
@@ -280,7 +314,8 @@ def _mismatch_error(checkpoint: Path, model: torch.nn.Module, reason: str) -> Ch
     same = f"model.name={saved}" if saved else "the model.name it was trained with"
     return CheckpointMismatchError(
         f"{checkpoint} was trained {trained}, not {current}: its weights do not fit ({reason}). Resume it with "
-        f"{same}, or set output_dir to another folder to start a fresh run")
+        f"{same}, or set output_dir to another folder to start a fresh run"
+    )
 
 
 def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
@@ -301,7 +336,8 @@ def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
         if not (checkpoint / ADAPTER_DIR).exists():
             raise CheckpointNotFoundError(
                 f"{checkpoint}: no {ADAPTER_DIR}/ folder; was it written by a run with model.lora.enabled=false? "
-                "Resume it with the same model.lora settings")
+                "Resume it with the same model.lora settings"
+            )
         try:
             load_adapter(model, checkpoint / ADAPTER_DIR)
         except RuntimeError as e:  # unexpected keys or size mismatches: adapters of another model or rank
@@ -316,8 +352,10 @@ def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
     if (checkpoint / ADAPTER_DIR).exists():
         raise CheckpointMismatchError(f"{checkpoint} holds LoRA adapters; resume it with model.lora.enabled=true")
     if not (checkpoint / "model" / "config.json").exists():
-        raise CheckpointNotFoundError(f"{checkpoint}: no model/ folder with the policy's weights; pass a checkpoint "
-                                      "folder written by grpo_rl (<run dir>/checkpoints/step_NNNNNNNN)")
+        raise CheckpointNotFoundError(
+            f"{checkpoint}: no model/ folder with the policy's weights; pass a checkpoint "
+            "folder written by grpo_rl (<run dir>/checkpoints/step_NNNNNNNN)"
+        )
     from transformers import AutoModelForCausalLM
 
     dtype = next(model.parameters()).dtype

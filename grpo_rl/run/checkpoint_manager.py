@@ -23,6 +23,7 @@ What makes the synchronous resume exact:
 * the resumed run cuts its logs back to the checkpoint's step (:meth:`grpo_rl.run.step_log.StepLog.rewind`), so
   a step logged after the last checkpoint by the killed run is not logged twice.
 """
+
 from __future__ import annotations
 
 import copy
@@ -124,15 +125,17 @@ class CheckpointManager:
         if state.get("config"):
             changes = config_changes(state["config"], self.cfg)
             if changes:
-                log.warning("resuming %s with changed settings (the run will not match an uninterrupted one):\n  %s",
-                            checkpoint, "\n  ".join(changes))
+                log.warning(
+                    "resuming %s with changed settings (the run will not match an uninterrupted one):\n  %s",
+                    checkpoint,
+                    "\n  ".join(changes),
+                )
         self.learner.load_state_dict(state["learner"])
         stream = dict(state["env"])
         stream.setdefault("next_index", int(state["step"]))  # checkpoints from before the stream record
         self.source.load_state_dict(stream)
         set_rng_state(state["rng"])
-        log.info("resumed from %s at step %d (policy version %d)", checkpoint, int(state["step"]),
-                 self.learner.version)
+        log.info("resumed from %s at step %d (policy version %d)", checkpoint, int(state["step"]), self.learner.version)
         return int(state["step"]), list(state.get("rewards", []))
 
     def step_done(self) -> None:
@@ -152,13 +155,22 @@ class CheckpointManager:
 
     def _save(self, env_state: dict, rng: dict | None = None) -> Path:
         config_yaml = OmegaConf.to_yaml(self.cfg)
-        state = {"learner": self.learner.state_dict(), "env": env_state, "rewards": list(self.steps.rewards),
-                 "config": config_yaml}
+        state = {
+            "learner": self.learner.state_dict(),
+            "env": env_state,
+            "rewards": list(self.steps.rewards),
+            "config": config_yaml,
+        }
         if rng is not None:
             state["rng"] = rng
         self.last_checkpoint = self.store.save(
-            self.steps.step, self.learner.model, self.tokenizer, state,
-            export_model_dir=self.cfg.train.export_checkpoints, config_yaml=config_yaml)
+            self.steps.step,
+            self.learner.model,
+            self.tokenizer,
+            state,
+            export_model_dir=self.cfg.train.export_checkpoints,
+            config_yaml=config_yaml,
+        )
         return self.last_checkpoint
 
     def finish(self, stopped_because: str | None = None) -> None:
@@ -174,24 +186,40 @@ class CheckpointManager:
             return
         if self.learner.lost:  # a learner group without one of its ranks holds no usable state
             since = self.last_checkpoint or self.resumed_from
-            log.warning("the learner lost a rank: no final checkpoint; resume=auto %s",
-                        f"continues from {since}" if since else "starts over (no checkpoint was written: see "
-                        "train.checkpoint_frequency)")
+            log.warning(
+                "the learner lost a rank: no final checkpoint; resume=auto %s",
+                f"continues from {since}"
+                if since
+                else "starts over (no checkpoint was written: see train.checkpoint_frequency)",
+            )
             return
         fingerprint, env_state, rng = self._boundary
         if _learner_fingerprint(self.learner) != fingerprint:
-            since = (f"continues from {self.last_checkpoint}" if self.last_checkpoint is not None
-                     else "starts over (no checkpoint was written: see train.checkpoint_frequency)")
-            log.warning("stopped in the middle of step %d after the learner had been updated: no checkpoint "
-                        "written; resume=auto %s", step + 1, since)
+            since = (
+                f"continues from {self.last_checkpoint}"
+                if self.last_checkpoint is not None
+                else "starts over (no checkpoint was written: see train.checkpoint_frequency)"
+            )
+            log.warning(
+                "stopped in the middle of step %d after the learner had been updated: no checkpoint "
+                "written; resume=auto %s",
+                step + 1,
+                since,
+            )
             return
         saved_step = checkpoint_step(self.last_checkpoint) if self.last_checkpoint is not None else None
         if saved_step != step:
             self._save(env_state, rng=rng)
         self.export_final()
         if stopped_because is not None:
-            log.warning("stopped: %s; step %d is the last completed step, checkpointed at %s (continue with "
-                        "resume=auto output_dir=%s)", stopped_because, step, self.last_checkpoint, self.run_dir)
+            log.warning(
+                "stopped: %s; step %d is the last completed step, checkpointed at %s (continue with "
+                "resume=auto output_dir=%s)",
+                stopped_because,
+                step,
+                self.last_checkpoint,
+                self.run_dir,
+            )
 
     def export_final(self) -> Path:
         """The policy as an HF folder (merged, for LoRA) at ``<run_dir>/final_model``, replaced atomically."""

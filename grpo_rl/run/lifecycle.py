@@ -7,6 +7,7 @@ about every setting that changed and matters (:func:`config_changes`). Resuming 
 run, stopping and the step logs are :mod:`grpo_rl.run.checkpoint_manager`'s, :mod:`grpo_rl.run.stopping`'s and
 :mod:`grpo_rl.run.step_log`'s.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,9 +18,19 @@ from grpo_rl.errors import RunFolderError
 from grpo_rl.run.checkpoint import CheckpointDamagedError, Checkpointer, saved_model_name, verify_checkpoint
 
 # Keys that may change between a run and its resumption without changing what is computed.
-_RESUMABLE_CHANGES = ("resume", "output_dir", "train.steps", "train.prompt_epochs", "train.max_time_minutes",
-                      "train.checkpoint_frequency", "train.keep_checkpoints", "train.export_checkpoints", "logger.",
-                      "eval.", "model.cache_dir")
+_RESUMABLE_CHANGES = (
+    "resume",
+    "output_dir",
+    "train.steps",
+    "train.prompt_epochs",
+    "train.max_time_minutes",
+    "train.checkpoint_frequency",
+    "train.keep_checkpoints",
+    "train.export_checkpoints",
+    "logger.",
+    "eval.",
+    "model.cache_dir",
+)
 
 
 def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
@@ -44,7 +55,8 @@ def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
     if not (path / "trainer_state.pt").exists():
         raise RunFolderError(
             f"resume={cfg.resume}: not a checkpoint folder (expected {path}/trainer_state.pt); pass a "
-            f"<run dir>/checkpoints/step_NNNNNNNN folder, or resume=auto output_dir=<run dir> for the newest one")
+            f"<run dir>/checkpoints/step_NNNNNNNN folder, or resume=auto output_dir=<run dir> for the newest one"
+        )
     try:
         verify_checkpoint(path)
     except CheckpointDamagedError as e:
@@ -65,7 +77,8 @@ def check_output_dir(run_dir: Path) -> None:
             where = f"is {kind}" if path == run_dir else f"is inside {path}, which is {kind}"
             raise RunFolderError(
                 f"output_dir={run_dir} {where}, so the run cannot write there; set output_dir to a folder (it is "
-                "made if it does not exist), or move that file away")
+                "made if it does not exist), or move that file away"
+            )
 
 
 def check_run_folder(cfg, run_dir: Path) -> None:
@@ -85,7 +98,8 @@ def check_run_folder(cfg, run_dir: Path) -> None:
             held = f"checkpoints up to {checkpoints[-1].name}" if checkpoints else "the metrics of an earlier run"
             raise RunFolderError(
                 f"output_dir={run_dir} already holds {held}. To continue that run pass resume=auto; to start a "
-                f"new one choose another output_dir (or leave it unset for a fresh outputs/DATE/TIME folder)")
+                f"new one choose another output_dir (or leave it unset for a fresh outputs/DATE/TIME folder)"
+            )
         return
     checkpoint = find_resume_checkpoint(cfg, Checkpointer(run_dir, keep=cfg.train.keep_checkpoints))
     if checkpoint is None:
@@ -94,7 +108,8 @@ def check_run_folder(cfg, run_dir: Path) -> None:
     if saved is not None and saved != cfg.model.name:
         raise RunFolderError(
             f"resume={cfg.resume}: {checkpoint} was trained with model.name={saved}, not {cfg.model.name}. Resume "
-            f"with model.name={saved}, or start a new run in another output_dir")
+            f"with model.name={saved}, or start a new run in another output_dir"
+        )
 
 
 def config_changes(saved_yaml: str, cfg) -> list[str]:

@@ -17,6 +17,7 @@ The loop composes three small objects: a :class:`~grpo_rl.run.stopping.Stopper` 
 once) and a :class:`~grpo_rl.run.checkpoint_manager.CheckpointManager` (resume, the step boundaries, periodic and
 final checkpoints: stopping checkpoints the last completed step).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,8 +66,12 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
             run_healing_steps(run, roles, stopper, steps, checkpoints)
         except StopRun as e:
             print(f"stopping: {e}", flush=True)
-    return steps.outcome(started=stopper.started, stopped_because=stopper.stopped_because,
-                         resumed_from=checkpoints.resumed_from, last_checkpoint=checkpoints.last_checkpoint)
+    return steps.outcome(
+        started=stopper.started,
+        stopped_because=stopper.stopped_because,
+        resumed_from=checkpoints.resumed_from,
+        last_checkpoint=checkpoints.last_checkpoint,
+    )
 
 
 def run_healing_steps(run, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: CheckpointManager) -> None:
@@ -78,22 +83,34 @@ def run_healing_steps(run, roles: Roles, stopper: Stopper, steps: StepLog, check
             return run_steps(run.cfg, roles, stopper, steps, checkpoints)
         except LearnerLost as e:
             if restarts >= limit:
-                why = ("train.max_restarts=0: a lost learner rank ends the run" if limit == 0 else
-                       f"after {restarts} restart(s), the most train.max_restarts={limit} allows")
+                why = (
+                    "train.max_restarts=0: a lost learner rank ends the run"
+                    if limit == 0
+                    else f"after {restarts} restart(s), the most train.max_restarts={limit} allows"
+                )
                 raise LearnerLost(f"{e}; {why}") from e
             restarts += 1
-            log.warning("%s: starting the learner group again from the last checkpoint (%d of train.max_restarts=%d)",
-                        e, restarts, limit)
+            log.warning(
+                "%s: starting the learner group again from the last checkpoint (%d of train.max_restarts=%d)",
+                e,
+                restarts,
+                limit,
+            )
             t0 = time.perf_counter()
             roles.learner.shutdown()
             roles.learner = make_learner(run)
             checkpoint = checkpoints.restart(roles.learner, roles.weight_sync)
             seconds = time.perf_counter() - t0
-            log.warning("learner group started again in %.1f s; continuing from step %d (%s)", seconds, steps.step,
-                        checkpoint or "the start: no checkpoint was written")
+            log.warning(
+                "learner group started again in %.1f s; continuing from step %d (%s)",
+                seconds,
+                steps.step,
+                checkpoint or "the start: no checkpoint was written",
+            )
             if roles.restarts is not None:
-                roles.restarts.record("learner", 0, str(e), seconds, step=steps.step,
-                                      checkpoint=str(checkpoint) if checkpoint else None)
+                roles.restarts.record(
+                    "learner", 0, str(e), seconds, step=steps.step, checkpoint=str(checkpoint) if checkpoint else None
+                )
 
 
 def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: CheckpointManager) -> None:
@@ -110,14 +127,23 @@ def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: 
         if between_phases is not None:
             between_phases("generation")
         t1 = time.perf_counter()
-        batch, metrics = train_on_batch(learner, roles.reference, rollout.batch, cfg.policy,
-                                        cfg.sampling.max_new_tokens, between_phases=between_phases)
+        batch, metrics = train_on_batch(
+            learner,
+            roles.reference,
+            rollout.batch,
+            cfg.policy,
+            cfg.sampling.max_new_tokens,
+            between_phases=between_phases,
+        )
         step = steps.step + 1
         evaluate = not stopping() and due_for_evaluation(cfg.eval.every, step, cfg.train.steps)
         push_seconds, push_failed = 0.0, None
         try:
             if push.due(learner.version, pushed, evaluate):
-                push_seconds, pushed = roles.weight_sync.push(learner.weights_for_push(), learner.version), learner.version
+                push_seconds, pushed = (
+                    roles.weight_sync.push(learner.weights_for_push(), learner.version),
+                    learner.version,
+                )
             if evaluate:  # the engines must hold the push before they are evaluated
                 push_seconds += roles.weight_sync.delivered()
         except RoleFailed as e:  # the step is trained: it is logged and checkpointed before the failure ends the run
@@ -129,8 +155,11 @@ def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: 
         if roles.restarts is not None:
             metrics.update(roles.restarts.metrics())
         metrics.update(
-            policy_version=learner.version, weight_sync_seconds=push_seconds, step_seconds=step_seconds,
-            learner_busy_fraction=(t2 - t1) / step_seconds, tokens_per_second=metrics["answer_tokens"] / step_seconds,
+            policy_version=learner.version,
+            weight_sync_seconds=push_seconds,
+            step_seconds=step_seconds,
+            learner_busy_fraction=(t2 - t1) / step_seconds,
+            tokens_per_second=metrics["answer_tokens"] / step_seconds,
             learner_samples_per_second=rollout.batch.batch_size[0] / step_seconds,
         )
         if evaluate:

@@ -21,6 +21,7 @@ run folder at start, then the load) read it once.
 need none (its JSON files and safetensors headers); :func:`verify_checkpoint` and :func:`damaged_file_error` turn
 what is found into a :class:`CheckpointDamagedError` that names the file and the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,7 @@ _MAX_THREADS = 8
 
 # folder (resolved) -> (stat signature of its manifest and listed files, what find_damage found then, its file
 # relative to the folder)
-_CHECKED: dict[str, tuple[tuple, "Damage | None"]] = {}
+_CHECKED: dict[str, tuple[tuple, Damage | None]] = {}
 
 
 class CheckpointDamagedError(RunFolderError, OSError):
@@ -88,8 +89,10 @@ def write_manifest(folder: Path) -> Path:
     manifest = folder / MANIFEST_NAME
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p != manifest)
     hashes = _hash_all(files)
-    entries = {f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": h}
-               for f, h in zip(files, hashes)}
+    entries = {
+        f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": h}
+        for f, h in zip(files, hashes, strict=True)
+    }
     manifest.write_text(json.dumps({"format": FORMAT, "hash": "sha256", "files": entries}, indent=1) + "\n")
     return manifest
 
@@ -109,8 +112,9 @@ def _read_entries(folder: Path) -> dict[str, dict] | Damage:
         for name, entry in entries.items():
             if Path(name).is_absolute() or ".." in Path(name).parts:
                 raise ValueError(f"a path outside the folder: {name!r}")
-            if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
-                    and isinstance(entry.get("sha256"), str)):
+            if not (
+                isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
+            ):
                 raise ValueError(f"the entry of {name!r} is not {{size, sha256}}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return Damage(manifest, f"cannot be read as a manifest ({type(e).__name__}: {str(e)[:200]})")
@@ -155,14 +159,18 @@ def _compare(folder: Path, entries: dict[str, dict]) -> Damage | None:
             return Damage(file, f"is missing (it was written with the checkpoint, {entry['size']} bytes)")
         size = file.stat().st_size
         if size != int(entry["size"]):
-            return Damage(file, f"is {size} bytes, but {entry['size']} were written (cut short or changed after "
-                                "the save)")
+            return Damage(
+                file, f"is {size} bytes, but {entry['size']} were written (cut short or changed after the save)"
+            )
     names = list(entries)
-    for name, found in zip(names, _hash_all([folder / n for n in names])):
+    for name, found in zip(names, _hash_all([folder / n for n in names]), strict=True):
         expected = str(entries[name]["sha256"])
         if found != expected:
-            return Damage(folder / name, f"has changed since it was written: its sha256 is {found[:16]}..., "
-                                         f"{expected[:16]}... when written (same size, other bytes)")
+            return Damage(
+                folder / name,
+                f"has changed since it was written: its sha256 is {found[:16]}..., "
+                f"{expected[:16]}... when written (same size, other bytes)",
+            )
     return None
 
 
@@ -203,8 +211,10 @@ def torch_file_problem(file: Path, *, read_all: bool = False) -> str | None:
     if head != b"PK\x03\x04":
         return "does not start as a torch file does (a zip archive)"
     if not zipfile.is_zipfile(file):
-        return (f"is not a whole torch file ({file.stat().st_size} bytes without the zip directory that ends one: "
-                "cut short?)")
+        return (
+            f"is not a whole torch file ({file.stat().st_size} bytes without the zip directory that ends one: "
+            "cut short?)"
+        )
     if read_all:
         try:
             with zipfile.ZipFile(file) as archive:
@@ -216,8 +226,10 @@ def torch_file_problem(file: Path, *, read_all: bool = False) -> str | None:
     return None
 
 
-_DAMAGED_FIX = ("Use another checkpoint (resume=auto, or the evaluation's checkpoint=<run dir>, takes the newest "
-                "intact one of a run), or copy this one again from where it came from")
+_DAMAGED_FIX = (
+    "Use another checkpoint (resume=auto, or the evaluation's checkpoint=<run dir>, takes the newest "
+    "intact one of a run), or copy this one again from where it came from"
+)
 
 
 def verify_checkpoint(checkpoint: str | Path) -> None:

@@ -3,10 +3,11 @@ on request, and a console line.
 
 Every step writes one JSON object to ``<run_dir>/metrics.jsonl``; sample tables go to
 ``<run_dir>/samples.jsonl`` and, one line each, to the console (:mod:`grpo_rl.run.sample_log`); ``logger.csv`` adds
-``metrics.csv`` and ``logger.tensorboard`` adds ``<run_dir>/tensorboard/``. A resumed run cuts all of them back to its checkpoint's step
-(:meth:`RunLogger.rewind`). wandb is imported lazily, runs in offline mode when no ``WANDB_API_KEY`` is set
-(``WANDB_MODE`` still wins if the user set it), and writes under ``<run_dir>/wandb``.
+``metrics.csv`` and ``logger.tensorboard`` adds ``<run_dir>/tensorboard/``. A resumed run cuts all of them back to its
+checkpoint's step (:meth:`RunLogger.rewind`). wandb is imported lazily, runs in offline mode when no ``WANDB_API_KEY``
+is set (``WANDB_MODE`` still wins if the user set it), and writes under ``<run_dir>/wandb``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -58,9 +59,19 @@ class RunLogger:
         tags: the wandb run's tags (None: none).
     """
 
-    def __init__(self, run_dir: str | Path, *, backend: str = "wandb", project: str = "grpo_rl",
-                 config: dict | None = None, resume: bool = False, csv: bool = False, tensorboard: bool = False,
-                 run_name: str | None = None, tags: list[str] | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        backend: str = "wandb",
+        project: str = "grpo_rl",
+        config: dict | None = None,
+        resume: bool = False,
+        csv: bool = False,
+        tensorboard: bool = False,
+        run_name: str | None = None,
+        tags: list[str] | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         mode = "a" if resume else "w"
@@ -78,17 +89,25 @@ class RunLogger:
             self._wandb = self._start_wandb(project, config, run_name=run_name, tags=tags)
 
     @classmethod
-    def from_config(cls, cfg, run_dir: str | Path) -> "RunLogger":
+    def from_config(cls, cfg, run_dir: str | Path) -> RunLogger:
         """The logger the ``logger`` config group asks for (the config itself goes to wandb)."""
         from omegaconf import OmegaConf
 
-        return cls(run_dir, backend=cfg.logger.backend, project=cfg.logger.project,
-                   config=OmegaConf.to_container(cfg, resolve=True), resume=bool(cfg.resume),
-                   csv=cfg.logger.csv, tensorboard=cfg.logger.tensorboard, run_name=cfg.logger.run_name,
-                   tags=None if cfg.logger.tags is None else list(cfg.logger.tags))
+        return cls(
+            run_dir,
+            backend=cfg.logger.backend,
+            project=cfg.logger.project,
+            config=OmegaConf.to_container(cfg, resolve=True),
+            resume=bool(cfg.resume),
+            csv=cfg.logger.csv,
+            tensorboard=cfg.logger.tensorboard,
+            run_name=cfg.logger.run_name,
+            tags=None if cfg.logger.tags is None else list(cfg.logger.tags),
+        )
 
-    def _start_wandb(self, project: str, config: dict | None, *, run_name: str | None = None,
-                     tags: list[str] | None = None):
+    def _start_wandb(
+        self, project: str, config: dict | None, *, run_name: str | None = None, tags: list[str] | None = None
+    ):
         try:
             import wandb
         except ImportError:
@@ -96,8 +115,15 @@ class RunLogger:
             return None
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         try:
-            return wandb.init(project=project, dir=str(self.run_dir), config=config, mode=mode,
-                              name=run_name or self.run_dir.name, tags=tags, reinit="finish_previous")
+            return wandb.init(
+                project=project,
+                dir=str(self.run_dir),
+                config=config,
+                mode=mode,
+                name=run_name or self.run_dir.name,
+                tags=tags,
+                reinit="finish_previous",
+            )
         except Exception as e:  # a broken wandb must not take the run down
             log.warning("wandb could not start (%s); logging to JSONL only", e)
             return None
@@ -197,14 +223,24 @@ class RunLogger:
             self._samples.write(json.dumps(row) + "\n")
         if rows:
             groups = len(set(group_id.tolist())) if group_id is not None else batch.batch_size[0]
-            log.info("samples at step %d (first answer of %d of %d groups):\n%s", step, len(rows), groups,
-                     "\n".join("  " + sample_line(r) for r in rows))
+            log.info(
+                "samples at step %d (first answer of %d of %d groups):\n%s",
+                step,
+                len(rows),
+                groups,
+                "\n".join("  " + sample_line(r) for r in rows),
+            )
         if self._wandb is not None and rows:
             import wandb
 
             columns = list(rows[0].keys())
-            data = [[r.get(c) if isinstance(r.get(c), (str, int, float, bool, type(None))) else json.dumps(r.get(c))
-                     for c in columns] for r in rows]
+            data = [
+                [
+                    r.get(c) if isinstance(r.get(c), (str, int, float, bool, type(None))) else json.dumps(r.get(c))
+                    for c in columns
+                ]
+                for r in rows
+            ]
             self._wandb.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
         if self._tb is not None and rows:
             text = "\n\n".join(f"**reward {r['reward']:.3f}**\n\n{r['response']}" for r in rows)
@@ -267,8 +303,10 @@ def pipeline_suffix(metrics: dict[str, float]) -> str:
     (empty for a step without them)."""
     if "staleness_mean" not in metrics:
         return ""
-    return (f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
-            f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s")
+    return (
+        f" | stale {metrics['staleness_mean']:.1f}/{metrics['staleness_max']}"
+        f" | drop {metrics['dropped_samples']} | wait {metrics['learner_wait_seconds']:.1f}s"
+    )
 
 
 def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
@@ -283,5 +321,3 @@ def _plain(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.item() if v.numel() == 1 else v.tolist()
     return v
-
-

@@ -22,6 +22,7 @@ caller passed, in place (on its device, in its dtype). A ``peft`` model is left 
 new one over merged weights, not the one passed, so the trained model is ``<run_dir>/final_model`` (merged) and its
 adapter the newest checkpoint's ``adapter/``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,22 +65,30 @@ class ModelObjects:
             if obj is None or isinstance(obj, (str, Path)):
                 continue
             if not (hasattr(obj, "save_pretrained") and hasattr(obj, "config")):
-                raise ConfigError(f"{key}= is a {type(obj).__name__}; pass a transformers PreTrainedModel (a peft "
-                                  "model for model=), or the path of a local HF folder")
+                raise ConfigError(
+                    f"{key}= is a {type(obj).__name__}; pass a transformers PreTrainedModel (a peft "
+                    "model for model=), or the path of a local HF folder"
+                )
         if _is_peft(self.ref_model) or _is_peft(self.reward_model):
-            raise ConfigError("ref_model= and reward_model= take plain transformers models; merge a peft model first "
-                              "(model.merge_and_unload())")
+            raise ConfigError(
+                "ref_model= and reward_model= take plain transformers models; merge a peft model first "
+                "(model.merge_and_unload())"
+            )
         if _is_peft(self.model):
             config = next(iter(self.model.peft_config.values()))
             if type(config).__name__ != "LoraConfig" or getattr(config, "use_dora", False):
-                raise ConfigError(f"model= is a peft model with a {type(config).__name__}"
-                                  f"{' (DoRA)' if getattr(config, 'use_dora', False) else ''}; only LoRA adapters are "
-                                  "supported: pass a LoRA model, or merge it (model.merge_and_unload())")
+                raise ConfigError(
+                    f"model= is a peft model with a {type(config).__name__}"
+                    f"{' (DoRA)' if getattr(config, 'use_dora', False) else ''}; only LoRA adapters are "
+                    "supported: pass a LoRA model, or merge it (model.merge_and_unload())"
+                )
         for key, obj in (("model", self.model), ("reward_model", self.reward_model)):
             tokenizer = self.tokenizer if key == "model" else self.reward_tokenizer
             if obj is not None and not isinstance(obj, (str, Path)) and tokenizer is None and _saved_with(obj) is None:
-                raise ConfigError(f"{key}= is an object not loaded from a local folder, so its tokenizer cannot be "
-                                  f"found; pass {'tokenizer' if key == 'model' else 'reward_tokenizer'}= too")
+                raise ConfigError(
+                    f"{key}= is an object not loaded from a local folder, so its tokenizer cannot be "
+                    f"found; pass {'tokenizer' if key == 'model' else 'reward_tokenizer'}= too"
+                )
 
 
 def write_model_objects(cfg, run_dir: Path, objects: ModelObjects) -> None:
@@ -106,8 +115,9 @@ def write_model_objects(cfg, run_dir: Path, objects: ModelObjects) -> None:
         cfg.reward.model_path = str(objects.reward_model)
     elif objects.reward_model is not None:
         folder = run_dir / REWARD_MODEL
-        tokenizer = (objects.reward_tokenizer if objects.reward_tokenizer is not None
-                     else _load_tokenizer(objects.reward_model))
+        tokenizer = (
+            objects.reward_tokenizer if objects.reward_tokenizer is not None else _load_tokenizer(objects.reward_model)
+        )
         _write(folder, objects.reward_model, tokenizer, resuming)
         cfg.reward.model_path = str(folder)
 
@@ -123,15 +133,18 @@ def copy_trained_weights(final_model: Path, model) -> bool:
         RuntimeError: the folder's weights do not fit ``model``.
     """
     if _is_peft(model):
-        log.info("model= was a peft model and is left as it was; the trained model is %s (merged weights), its "
-                 "adapter the newest checkpoint's adapter/", final_model)
+        log.info(
+            "model= was a peft model and is left as it was; the trained model is %s (merged weights), its "
+            "adapter the newest checkpoint's adapter/",
+            final_model,
+        )
         return False
     files = sorted(Path(final_model).glob("*.safetensors"))
     if not files:
         log.warning("no final model in %s: the object passed as model= keeps its weights", final_model)
         return False
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
     for file in files:
@@ -141,8 +154,9 @@ def copy_trained_weights(final_model: Path, model) -> bool:
     loaded = {t.data_ptr() for name, t in own.items() if name in state}
     untied = [name for name in missing if own[name].data_ptr() not in loaded]  # a tied weight shares a loaded one
     if unexpected or untied:
-        raise RuntimeError(f"{final_model} does not fit the model passed as model= (missing {untied[:3]}, unexpected "
-                           f"{unexpected[:3]})")
+        raise RuntimeError(
+            f"{final_model} does not fit the model passed as model= (missing {untied[:3]}, unexpected {unexpected[:3]})"
+        )
     return True
 
 
@@ -174,11 +188,20 @@ def _take_lora_settings(cfg, model) -> None:
     targets = config.target_modules
     targets = [targets] if isinstance(targets, str) else sorted(targets)
     lora = cfg.model.lora
-    lora.enabled, lora.r, lora.alpha, lora.dropout = True, int(config.r), float(config.lora_alpha), float(
-        config.lora_dropout)
+    lora.enabled, lora.r, lora.alpha, lora.dropout = (
+        True,
+        int(config.r),
+        float(config.lora_alpha),
+        float(config.lora_dropout),
+    )
     lora.target_modules = targets
-    log.info("model= is a LoRA model: training a new adapter (r=%d, alpha=%g, dropout=%g, targets %s) on its merged "
-             "weights", lora.r, lora.alpha, lora.dropout, ",".join(targets))
+    log.info(
+        "model= is a LoRA model: training a new adapter (r=%d, alpha=%g, dropout=%g, targets %s) on its merged weights",
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        ",".join(targets),
+    )
 
 
 def _is_peft(obj) -> bool:

@@ -11,6 +11,7 @@ once, by :mod:`grpo_rl.placement.context`, and never by a script:
 
 Ray is started once, by :func:`start_roles`, when some role runs as actors.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,18 +24,17 @@ from grpo_rl.distributed.healing import Restarts
 from grpo_rl.distributed.learner_group import LearnerGroup
 from grpo_rl.distributed.pipeline import AsyncRollouts
 from grpo_rl.distributed.reference_actors import ReferenceActors
-from grpo_rl.errors import RoleFailed
 from grpo_rl.engines.build import make_engine, start_servers
 from grpo_rl.engines.server import ServerFleet
 from grpo_rl.engines.vllm_plugin import KEY_ENV
+from grpo_rl.errors import RoleFailed
 from grpo_rl.placement.context import RunContext
 from grpo_rl.placement.ray import start_ray, stop_ray
 from grpo_rl.rollout.collector import make_collector
 from grpo_rl.rollout.dynamic_sampling import DynamicSampling
 from grpo_rl.rollout.evaluation import Evaluator, make_evaluator
 from grpo_rl.rollout.source import InProcessRollouts, RolloutSource
-from grpo_rl.training.build import seed_everything
-from grpo_rl.training.build import make_local_learner, make_ref_scorer
+from grpo_rl.training.build import make_local_learner, make_ref_scorer, seed_everything
 from grpo_rl.training.protocols import LearnerProtocol, ReferenceScorer
 from grpo_rl.weights.sync import InPlaceWeightSync, ObjectStoreWeightSync, WeightSync
 
@@ -45,8 +45,9 @@ def start_roles(run: RunContext, cleanup: contextlib.ExitStack) -> None:
     """Start (or join) Ray if a role runs as actors, sized for them; it is stopped when ``cleanup`` closes."""
     placement = run.placement
     if placement.uses_ray:
-        started = start_ray(run.cfg.ray, min_cpus=placement.ray_cpus, actor_gpus=placement.actor_gpus,
-                            withhold=(KEY_ENV,))  # only collectors of served engines get it (collector_options)
+        started = start_ray(
+            run.cfg.ray, min_cpus=placement.ray_cpus, actor_gpus=placement.actor_gpus, withhold=(KEY_ENV,)
+        )  # only collectors of served engines get it (collector_options)
         cleanup.callback(stop_ray, started)
 
 
@@ -68,8 +69,16 @@ def make_reference(run: RunContext, learner=None, restarts: Restarts | None = No
     return make_ref_scorer(run, learner)
 
 
-def make_rollout_source(run: RunContext, env, *, engine=None, reference=None, evaluator: Evaluator | None = None,
-                        fleet=None, restarts: Restarts | None = None) -> tuple[RolloutSource, ReferenceScorer | None]:
+def make_rollout_source(
+    run: RunContext,
+    env,
+    *,
+    engine=None,
+    reference=None,
+    evaluator: Evaluator | None = None,
+    fleet=None,
+    restarts: Restarts | None = None,
+) -> tuple[RolloutSource, ReferenceScorer | None]:
     """The rollout source, and the reference scorer the learner still applies (None when the source scores).
 
     With ``engine``: the synchronous loop's :class:`InProcessRollouts` over ``engine`` and ``env`` (evaluating with
@@ -79,19 +88,37 @@ def make_rollout_source(run: RunContext, env, *, engine=None, reference=None, ev
     three roles overlap; lost collectors (and their engine servers, from ``fleet``) are replaced within
     ``restarts``. DAPO's dynamic sampling wraps either.
     """
-    source, reference = _collecting_source(run, env, engine=engine, reference=reference, evaluator=evaluator,
-                                           fleet=fleet, restarts=restarts)
+    source, reference = _collecting_source(
+        run, env, engine=engine, reference=reference, evaluator=evaluator, fleet=fleet, restarts=restarts
+    )
     return with_dynamic_sampling(run, source), reference
 
 
-def _collecting_source(run: RunContext, env, *, engine, reference, evaluator, fleet=None, restarts=None,
-                       weight_sync=None, wait: bool = True):
+def _collecting_source(
+    run: RunContext,
+    env,
+    *,
+    engine,
+    reference,
+    evaluator,
+    fleet=None,
+    restarts=None,
+    weight_sync=None,
+    wait: bool = True,
+):
     if engine is not None:
         heal = served_healer(fleet, engine, weight_sync, restarts) if fleet is not None else None
         return InProcessRollouts(make_collector(run, engine, env), evaluator, heal=heal), reference
     stage = reference if isinstance(reference, ReferenceActors) else None
-    rollouts = AsyncRollouts(run, env, reference=stage, fleet=fleet, restarts=restarts, wait=wait,
-                             weight_sync=functools.partial(make_weight_sync, run))
+    rollouts = AsyncRollouts(
+        run,
+        env,
+        reference=stage,
+        fleet=fleet,
+        restarts=restarts,
+        wait=wait,
+        weight_sync=functools.partial(make_weight_sync, run),
+    )
     return rollouts, (None if stage is not None else reference)
 
 
@@ -124,8 +151,12 @@ def with_dynamic_sampling(run: RunContext, source: RolloutSource) -> RolloutSour
     policy = run.cfg.policy
     if not policy.dynamic_sampling:
         return source
-    return DynamicSampling(source, groups=run.cfg.env.prompts_per_step, pad_id=run.tokenizer.pad_token_id or 0,
-                           max_extra_rounds=policy.dynamic_sampling_max_rounds)
+    return DynamicSampling(
+        source,
+        groups=run.cfg.env.prompts_per_step,
+        pad_id=run.tokenizer.pad_token_id or 0,
+        max_extra_rounds=policy.dynamic_sampling_max_rounds,
+    )
 
 
 def make_weight_sync(run: RunContext, collectors: list | None = None, *, engine=None) -> WeightSync:
@@ -138,16 +169,19 @@ def make_weight_sync(run: RunContext, collectors: list | None = None, *, engine=
     if transport == "auto":  # NCCL needs a GPU per rank: not between roles that share one
         transport = "collective" if run.devices.on_gpu and not run.devices.engine_shares_a_gpu else "object_store"
     if transport == "collective" and run.placement.learner.actors and run.devices.on_gpu:
-        log.warning("pipeline.weight_transport=collective broadcasts from the driver, which holds no GPU when the "
-                    "learner runs as ranks: using the object store")
+        log.warning(
+            "pipeline.weight_transport=collective broadcasts from the driver, which holds no GPU when the "
+            "learner runs as ranks: using the object store"
+        )
         transport = "object_store"
     if transport == "collective":
         from grpo_rl.weights.collective_sync import CollectiveWeightSync
 
         return CollectiveWeightSync(collectors, device=run.devices.train[0], timeout=run.cfg.pipeline.timeout_seconds)
     # a push skips a collector that died: its replacement is given the newest push
-    return ObjectStoreWeightSync(collectors, timeout=run.cfg.pipeline.timeout_seconds,
-                                 lost_ok=run.cfg.pipeline.max_restarts > 0)
+    return ObjectStoreWeightSync(
+        collectors, timeout=run.cfg.pipeline.timeout_seconds, lost_ok=run.cfg.pipeline.max_restarts > 0
+    )
 
 
 @dataclass(frozen=True)
@@ -211,17 +245,30 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
             engine = make_engine(run, policy=learner.model, fleet=fleet)
         cleanup.callback(engine.shutdown)
         weight_sync = make_weight_sync(run, engine=engine)
-        source, reference = _collecting_source(run, env, engine=engine,
-                                               reference=make_reference(run, learner, restarts=restarts),
-                                               evaluator=make_evaluator(run, engine, env=eval_env), fleet=fleet,
-                                               restarts=restarts, weight_sync=weight_sync)
+        source, reference = _collecting_source(
+            run,
+            env,
+            engine=engine,
+            reference=make_reference(run, learner, restarts=restarts),
+            evaluator=make_evaluator(run, engine, env=eval_env),
+            fleet=fleet,
+            restarts=restarts,
+            weight_sync=weight_sync,
+        )
         source = with_dynamic_sampling(run, source)
         push = PushPolicy(every=None if shared else 1, stop_between_phases=True)
     else:
         # The actors (collectors, reference replicas) start while the driver loads the learner: one wait for all.
-        rollouts, reference = _collecting_source(run, env, engine=None,
-                                                 reference=make_reference(run, restarts=restarts, wait=False),
-                                                 evaluator=None, fleet=fleet, restarts=restarts, wait=False)
+        rollouts, reference = _collecting_source(
+            run,
+            env,
+            engine=None,
+            reference=make_reference(run, restarts=restarts, wait=False),
+            evaluator=None,
+            fleet=fleet,
+            restarts=restarts,
+            wait=False,
+        )
         cleanup.callback(rollouts.close)
         source = with_dynamic_sampling(run, rollouts)
         seed_everything(cfg.seed)
@@ -233,5 +280,6 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
     cleanup.callback(weight_sync.close)
     if run.placement.learner.actors:
         restarts.register("learner")
-    return Roles(source=source, learner=learner, reference=reference, weight_sync=weight_sync, push=push,
-                 restarts=restarts)
+    return Roles(
+        source=source, learner=learner, reference=reference, weight_sync=weight_sync, push=push, restarts=restarts
+    )

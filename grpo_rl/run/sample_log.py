@@ -6,6 +6,7 @@ prompt's answers. :func:`sample_record` is the row written to ``samples.jsonl``:
 ``prompt``, ``response``, ``reward`` and ``reward_<component>``, then ``group``, ``reference`` and ``advantage``
 where the batch has them. :func:`sample_line` is its one-line console form, texts cut to their heads.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,12 @@ def _plain_json(value: Any) -> Any:
 def sample_record(step: int, batch: TensorDict, i: int, reward_keys: list[str]) -> dict[str, Any]:
     """Row ``i`` of ``batch`` as written to ``samples.jsonl``."""
     keys = batch.keys()
-    row: dict[str, Any] = {"step": step, "prompt": batch["prompt"][i], "response": batch["response_text"][i],
-                           "reward": float(batch["reward"][i])}
+    row: dict[str, Any] = {
+        "step": step,
+        "prompt": batch["prompt"][i],
+        "response": batch["response_text"][i],
+        "reward": float(batch["reward"][i]),
+    }
     if "episode_text" in keys:  # a multi-turn episode: "response" is its last turn, the text the reward scored
         row["episode"] = batch["episode_text"][i]
     row.update({k: float(batch[k][i]) for k in reward_keys})
@@ -93,11 +98,13 @@ def _head(text: Any, limit: int) -> str:
 def sample_line(record: dict[str, Any]) -> str:
     """One console line for a :func:`sample_record`: group, prompt and answer heads, reference, reward with its
     components, advantage."""
-    components = ", ".join(f"{k[len('reward_'):]} {v:.3g}" for k, v in record.items() if k.startswith("reward_"))
-    parts = [f"group {record['group']}" if "group" in record else None,
-             f"prompt: {_head(last_turn(record['prompt']), PROMPT_CHARS)}",
-             f"answer: {_head(record['response'], ANSWER_CHARS)}",
-             f"ref: {_head(record['reference'], REFERENCE_CHARS)}" if "reference" in record else None,
-             f"reward {record['reward']:.3g}" + (f" ({components})" if components else ""),
-             f"adv {record['advantage']:+.2f}" if "advantage" in record else None]
+    components = ", ".join(f"{k[len('reward_') :]} {v:.3g}" for k, v in record.items() if k.startswith("reward_"))
+    parts = [
+        f"group {record['group']}" if "group" in record else None,
+        f"prompt: {_head(last_turn(record['prompt']), PROMPT_CHARS)}",
+        f"answer: {_head(record['response'], ANSWER_CHARS)}",
+        f"ref: {_head(record['reference'], REFERENCE_CHARS)}" if "reference" in record else None,
+        f"reward {record['reward']:.3g}" + (f" ({components})" if components else ""),
+        f"adv {record['advantage']:+.2f}" if "advantage" in record else None,
+    ]
     return " | ".join(p for p in parts if p is not None)

@@ -1,16 +1,17 @@
 """The run's start: work out the settings other settings decide, check everything that can be checked
 (:mod:`grpo_rl.run.preflight`), place the roles, load the tokenizer and the training environment, and say what the
 run is; nothing here starts an engine or Ray. The config is final and read-only once :func:`make_run` returns."""
+
 from __future__ import annotations
 
 import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -48,7 +49,9 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     resolve_torchrl_keys(cfg)  # first: the settings TorchRL's keys decide are then checked like the others
     validate(cfg, rewards, mode=mode)
     # Simulated workers sleep: they need no core of their own (grpo_rl/training/simulated.py).
-    devices = allocate_devices(cfg, need_ref=needs_reference_model(cfg), num_cpus=1024 if cfg.simulate.enabled else None)
+    devices = allocate_devices(
+        cfg, need_ref=needs_reference_model(cfg), num_cpus=1024 if cfg.simulate.enabled else None
+    )
     precision = resolve_run_precision(cfg, devices)
     check_roles(cfg, devices, precision, mode)
     placement = plan_placement(cfg, devices, mode)
@@ -62,9 +65,19 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     if cfg.inference_model.urls and cfg.inference_model.engine == "vllm_server":
         check_given_servers(cfg, model_path)
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = RunContext(cfg=cfg, run_dir=run_dir, devices=devices, model_path=model_path, tokenizer=tokenizer,
-                     precision=precision, placement=placement, mode=mode, started=started,
-                     rewards=rewards, engine_urls=tuple(cfg.inference_model.urls or ()))
+    run = RunContext(
+        cfg=cfg,
+        run_dir=run_dir,
+        devices=devices,
+        model_path=model_path,
+        tokenizer=tokenizer,
+        precision=precision,
+        placement=placement,
+        mode=mode,
+        started=started,
+        rewards=rewards,
+        engine_urls=tuple(cfg.inference_model.urls or ()),
+    )
     torch.set_num_threads(placement.driver_threads)  # the driver's threads, set here once (actors: ActorSpec.enter)
     log.info("%s", describe_run(run, mode))
     if cfg.train.prompt_epochs is not None:  # the steps count the prompts: the training environment is built now
@@ -82,8 +95,11 @@ def describe_run(run: RunContext, mode: str) -> str:
     cpu = f" | CPU: {cpu_flags()}, {available_cpus()} cores" if not run.devices.on_gpu else ""
     mode_ = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     wandb = {"wandb": f"wandb {mode_}", "none": "no wandb"}
-    steps = (f"{cfg.train.steps} steps" if cfg.train.prompt_epochs is None else
-             f"{cfg.train.prompt_epochs:g} passes over the prompts (train.prompt_epochs) in steps")
+    steps = (
+        f"{cfg.train.steps} steps"
+        if cfg.train.prompt_epochs is None
+        else f"{cfg.train.prompt_epochs:g} passes over the prompts (train.prompt_epochs) in steps"
+    )
     lines = [
         f"GRPO ({loop}): {steps} of {cfg.env.prompts_per_step} {cfg.env.dataset} prompts x "
         f"{cfg.env.group_size} answers, up to {cfg.sampling.max_new_tokens} new tokens{limit}",
@@ -94,8 +110,11 @@ def describe_run(run: RunContext, mode: str) -> str:
         f"  outputs:   {run.run_dir} (metrics.jsonl, {wandb[cfg.logger.backend]}, checkpoints/)",
     ]
     if cfg.reward.scale != 1.0 or cfg.reward.bias != 0.0:
-        lines.insert(-1, f"  reward:    (weighted sum of the components {cfg.reward.bias:+g}) * {cfg.reward.scale:g} "
-                         "(reward.bias, reward.scale); reward_unscaled_mean logs the sum")
+        lines.insert(
+            -1,
+            f"  reward:    (weighted sum of the components {cfg.reward.bias:+g}) * {cfg.reward.scale:g} "
+            "(reward.bias, reward.scale); reward_unscaled_mean logs the sum",
+        )
     lines[1:1] = [f"  torchrl:   {line}" for line in describe_torchrl_keys(cfg)]  # what TorchRL's keys set
     return "\n".join(lines)
 
@@ -132,8 +151,7 @@ def resolve_prompt_epochs(cfg, num_prompts: int) -> int:
     per_step = cfg.env.prompts_per_step
     steps = max(1, math.ceil(Fraction(repr(float(epochs))) * num_prompts / per_step))
     cfg.train.steps = steps
-    log.info("train.steps = %d (train.prompt_epochs=%g over %d prompts, %d per step)", steps, epochs, num_prompts,
-             per_step)
+    log.info(
+        "train.steps = %d (train.prompt_epochs=%g over %d prompts, %d per step)", steps, epochs, num_prompts, per_step
+    )
     return steps
-
-

@@ -6,6 +6,7 @@ and keeps the reward curve for the summary; a checkpoint saves both and a resume
 puts them back with :meth:`StepLog.rewind`, which also cuts the logs back to that step
 (:meth:`grpo_rl.run.metrics.RunLogger.rewind`), so a step logged after the last checkpoint is not logged twice.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,8 +72,9 @@ class StepLog:
         """The last step's mean reward (NaN before the first step): what a ``--multirun`` sweep compares."""
         return self.rewards[-1] if self.rewards else float("nan")
 
-    def outcome(self, *, started: float, stopped_because: str | None, resumed_from: Path | None,
-                last_checkpoint: Path | None) -> RunOutcome:
+    def outcome(
+        self, *, started: float, stopped_because: str | None, resumed_from: Path | None, last_checkpoint: Path | None
+    ) -> RunOutcome:
         """The run's outcome and summary lines, once the final checkpoint and export are written."""
         k = max(1, min(5, len(self.rewards) // 3))
         start = sum(self.rewards[:k]) / k if self.rewards else float("nan")

@@ -6,6 +6,7 @@ the step is abandoned (:class:`StopRun`), after it the step is finished. Either 
 phase, and :meth:`grpo_rl.run.checkpoint_manager.CheckpointManager.finish` checkpoints its last completed step and
 says so. A second signal stops at once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,7 @@ class GracefulStop:
         self.requested: str | None = None
         self._previous: dict = {}
 
-    def install(self) -> "GracefulStop":
+    def install(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -46,8 +47,11 @@ class GracefulStop:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
-        log.warning("%s: stopping at the next phase boundary and checkpointing the last completed step (send it "
-                    "again to stop at once)", self.requested)
+        log.warning(
+            "%s: stopping at the next phase boundary and checkpointing the last completed step (send it "
+            "again to stop at once)",
+            self.requested,
+        )
 
 
 class Stopper:
@@ -89,16 +93,24 @@ class Stopper:
         self._step, self._step_started = done + 1, time.monotonic()
         if self._first_step is None:  # the slowest step (kernels compile, caches fill): show its phases
             self._first_step = self._step
-            log.info("step %d/%d started: generation, then reference scoring and training (%.0f s since start)",
-                     self._first_step, self.steps, time.monotonic() - self.started)
+            log.info(
+                "step %d/%d started: generation, then reference scoring and training (%.0f s since start)",
+                self._first_step,
+                self.steps,
+                time.monotonic() - self.started,
+            )
         return True
 
     def between_phases(self, phase: str) -> None:
         """Call between the phases of a step that come before the learner update: raises :class:`StopRun`
         (the step is abandoned) when the run must stop."""
         if self._step == self._first_step:
-            log.info("step %d: %s done (%.1f s into the step)", self._first_step, phase,
-                     time.monotonic() - self._step_started)
+            log.info(
+                "step %d: %s done (%.1f s into the step)",
+                self._first_step,
+                phase,
+                time.monotonic() - self._step_started,
+            )
         reason = self.should_stop()
         if reason is not None:
             raise StopRun(f"{reason} during step {self._step}, after {phase}: step {self._step} abandoned")

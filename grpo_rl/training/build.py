@@ -4,6 +4,7 @@ The learner's loss settings come from ``policy`` and ``sampling`` as one
 :class:`~grpo_rl.algo.loss.LossSettings`; its optimizer from ``optimizer``; its weights' dtype from
 ``train_model.dtype`` and the resolved precision.
 """
+
 from __future__ import annotations
 
 import random
@@ -36,9 +37,14 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
     if cfg.simulate.enabled:
         from grpo_rl.training.simulated import SimulatedLearner
 
-        return SimulatedLearner(model, run.devices.train[0], seconds=cfg.simulate.training_seconds,
-                                jitter=cfg.simulate.jitter, batch_rows=cfg.env.prompts_per_step * cfg.env.group_size,
-                                epochs=cfg.train.updates_per_batch)
+        return SimulatedLearner(
+            model,
+            run.devices.train[0],
+            seconds=cfg.simulate.training_seconds,
+            jitter=cfg.simulate.jitter,
+            batch_rows=cfg.env.prompts_per_step * cfg.env.group_size,
+            epochs=cfg.train.updates_per_batch,
+        )
     if shard is not None:
         shard(model)
     if cfg.model.lora.enabled:
@@ -50,12 +56,23 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
             model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need an input grad
     loss = LossSettings.from_config(cfg.policy, cfg.sampling)
     return Learner(
-        model, run.devices.train[0], loss, optimizer=cfg.optimizer.name, lr=cfg.optimizer.lr,
-        weight_decay=cfg.optimizer.weight_decay, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), eps=cfg.optimizer.eps,
-        warmup_steps=cfg.optimizer.warmup_steps, max_grad_norm=cfg.optimizer.max_grad_norm,
-        micro_batch_tokens=cfg.train.micro_batch_tokens, epochs=cfg.train.updates_per_batch,
-        bf16_autocast=run.precision.train.bf16, gradient_checkpointing=cfg.train_model.gradient_checkpointing,
-        share_prompt=cfg.train.share_prompt, compile=cfg.train.compile, total_steps=cfg.train.steps,
+        model,
+        run.devices.train[0],
+        loss,
+        optimizer=cfg.optimizer.name,
+        lr=cfg.optimizer.lr,
+        weight_decay=cfg.optimizer.weight_decay,
+        betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
+        eps=cfg.optimizer.eps,
+        warmup_steps=cfg.optimizer.warmup_steps,
+        max_grad_norm=cfg.optimizer.max_grad_norm,
+        micro_batch_tokens=cfg.train.micro_batch_tokens,
+        epochs=cfg.train.updates_per_batch,
+        bf16_autocast=run.precision.train.bf16,
+        gradient_checkpointing=cfg.train_model.gradient_checkpointing,
+        share_prompt=cfg.train.share_prompt,
+        compile=cfg.train.compile,
+        total_steps=cfg.train.steps,
     )
 
 
@@ -68,11 +85,16 @@ def _role_dtype(setting: str | None, bf16_precision: bool, model_dtype: str) -> 
 def check_learner_dtype(cfg, bf16_precision: bool) -> None:
     """``train_model.dtype`` that resolves to bf16 needs the optimizer that rounds stochastically."""
     setting = cfg.train_model.dtype
-    if setting is not None and cfg.optimizer.name == "adamw" and \
-            _role_dtype(setting, bf16_precision, cfg.model.dtype) == "bfloat16":
-        raise ConfigError(f"train_model.dtype={setting} keeps the learner's weights in bf16 here, where "
-                          "optimizer.name=adamw would round most updates away; set optimizer.name=adamw8bit "
-                          "(stochastic rounding) or train_model.dtype=float32")
+    if (
+        setting is not None
+        and cfg.optimizer.name == "adamw"
+        and _role_dtype(setting, bf16_precision, cfg.model.dtype) == "bfloat16"
+    ):
+        raise ConfigError(
+            f"train_model.dtype={setting} keeps the learner's weights in bf16 here, where "
+            "optimizer.name=adamw would round most updates away; set optimizer.name=adamw8bit "
+            "(stochastic rounding) or train_model.dtype=float32"
+        )
 
 
 def learner_dtype(run: RunContext) -> str:
@@ -94,21 +116,34 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
         from grpo_rl.training.simulated import SimulatedRefScorer
 
         sim = run.cfg.simulate
-        return SimulatedRefScorer(seconds=sim.reference_seconds, jitter=sim.jitter,
-                                  batch_rows=run.cfg.env.prompts_per_step * run.cfg.env.group_size)
+        return SimulatedRefScorer(
+            seconds=sim.reference_seconds,
+            jitter=sim.jitter,
+            batch_rows=run.cfg.env.prompts_per_step * run.cfg.env.group_size,
+        )
     if run.cfg.model.lora.enabled:
         from grpo_rl.training.reference import AdapterDisabledRefScorer
 
         if learner is None:
-            raise ValueError("model.lora.enabled=true: the reference is the learner's model; "
-                             "call make_ref_scorer(run, learner)")
-        return AdapterDisabledRefScorer(learner.model, learner.device, temperature=run.cfg.sampling.temperature,
-                                        micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
-                                        bf16_autocast=run.precision.ref.bf16,
-                                        share_prompt=run.cfg.train.share_prompt)
+            raise ValueError(
+                "model.lora.enabled=true: the reference is the learner's model; call make_ref_scorer(run, learner)"
+            )
+        return AdapterDisabledRefScorer(
+            learner.model,
+            learner.device,
+            temperature=run.cfg.sampling.temperature,
+            micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
+            bf16_autocast=run.precision.ref.bf16,
+            share_prompt=run.cfg.train.share_prompt,
+        )
     device = run.devices.ref[0]
     path = str(Path(run.cfg.ref_model.path).expanduser()) if run.cfg.ref_model.path else run.model_path
     model = load_causal_lm(path, device, reference_dtype(run), trainable=False)
-    return RefScorer(model, device, temperature=run.cfg.sampling.temperature,
-                     micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
-                     bf16_autocast=run.precision.ref.bf16, share_prompt=run.cfg.train.share_prompt)
+    return RefScorer(
+        model,
+        device,
+        temperature=run.cfg.sampling.temperature,
+        micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
+        bf16_autocast=run.precision.ref.bf16,
+        share_prompt=run.cfg.train.share_prompt,
+    )

@@ -17,6 +17,7 @@ A model sharded with :func:`~grpo_rl.distributed.sharding.shard_model` holds col
 backward, so every rank runs as many passes as the rank with the most micro-batches (the others repeat their last
 micro-batch with weight 0) and a non-finite loss does not end a rank's passes early.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,11 +28,11 @@ import torch
 from tensordict import TensorDict
 from torch.distributed.fsdp import FSDPModule
 
-from grpo_rl.model.compile import CompileDecision, compile_model
+from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.config.schema import parse_compile_mode
+from grpo_rl.model.compile import CompileDecision, compile_model
 from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.model.lora import hf_named_weights, is_lora
-from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.model.optim import make_optimizer
 from grpo_rl.model.packing import group_micro_batches, micro_batches
 
@@ -93,8 +94,9 @@ class Learner:
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, optimizer, device, lr=lr, betas=betas, eps=eps,
-                                        weight_decay=weight_decay)
+        self.optimizer = make_optimizer(
+            params, optimizer, device, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
         warm = max(0, warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -133,9 +135,16 @@ class Learner:
 
     def _logprobs(self, mb: TensorDict, with_entropy: bool, entropy_grad: bool = False):
         with self._autocast():
-            return sequence_logprobs(self.model, mb, temperature=self.loss.temperature, with_entropy=with_entropy,
-                                     entropy_grad=entropy_grad, share_prompt=self.share_prompt,
-                                     top_p=self.loss.top_p, top_k=self.loss.top_k)
+            return sequence_logprobs(
+                self.model,
+                mb,
+                temperature=self.loss.temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                share_prompt=self.share_prompt,
+                top_p=self.loss.top_p,
+                top_k=self.loss.top_k,
+            )
 
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """Run ``epochs`` optimizer steps on ``batch`` (the model keys, ``advantage`` ``[N]``,
@@ -174,16 +183,19 @@ class Learner:
         """``(micro-batch, is_padding)`` for ``num_passes`` passes: the micro-batches, then the last one again."""
         return [(mb, False) for mb in chunks] + [(mb, True) for mb in chunks[-1:] * (num_passes - len(chunks))]
 
-    def _optimizer_step(self, passes: list[tuple[TensorDict, bool]], total_tokens: float,
-                        total_rows: float) -> dict[str, float]:
+    def _optimizer_step(
+        self, passes: list[tuple[TensorDict, bool]], total_tokens: float, total_rows: float
+    ) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         finite = True
         for mb, padding in passes:
             share = (
-                0.0 if padding
-                else float(loss_mask(mb).sum()) / total_tokens if self.loss.aggregation == "token_mean"
+                0.0
+                if padding
+                else float(loss_mask(mb).sum()) / total_tokens
+                if self.loss.aggregation == "token_mean"
                 else mb.batch_size[0] / total_rows
             )
             out = self._logprobs(mb, with_entropy=True, entropy_grad=self.loss.entropy_coef > 0)
@@ -234,12 +246,12 @@ class Learner:
             self.skipped_steps += 1
             log.warning("non-finite loss or gradient: optimizer step skipped (%d so far)", self.skipped_steps)
         self.optimizer.zero_grad(set_to_none=True)
-        sums.update(grad_norm=grad_norm, lr=lr,
-                    skipped_steps=float(self.skipped_steps), step_skipped=float(not finite))
+        sums.update(grad_norm=grad_norm, lr=lr, skipped_steps=float(self.skipped_steps), step_skipped=float(not finite))
         return sums
 
     def shutdown(self) -> None:
-        """Nothing to release in-process (a :class:`~grpo_rl.distributed.learner_group.LearnerGroup` stops its ranks)."""
+        """Nothing to release in-process (a :class:`~grpo_rl.distributed.learner_group.LearnerGroup` stops its
+        ranks)."""
 
     def named_weights(self):
         """``(name, tensor)`` pairs in HF naming, for the engine's ``update_weights`` (LoRA: merged, out of place)."""
@@ -251,8 +263,13 @@ class Learner:
         return self.named_weights()
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "version": self.version, "skipped_steps": self.skipped_steps, "compiled": self.compiled}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "skipped_steps": self.skipped_steps,
+            "compiled": self.compiled,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

@@ -6,9 +6,11 @@ simulation (:class:`~grpo_rl.training.simulated.SimulatedLearner`). A :class:`Re
 :class:`~grpo_rl.training.reference.RefScorer`, the LoRA learner's own model with its adapters off, reference
 actors, or the stand-in. The loop never asks which one it holds.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict

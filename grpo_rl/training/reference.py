@@ -1,12 +1,14 @@
 """The reference scorer: log-probs of the sampled answers under the frozen reference model.
 
-It adds ``ref_logprobs`` ``[N, Lr]`` to the batch (:mod:`grpo_rl.rollout.collector` lists every stage's keys), for the KL
-penalty of the loss or of the reward. A LoRA run's reference is the learner's own model with its adapters off
+It adds ``ref_logprobs`` ``[N, Lr]`` to the batch (:mod:`grpo_rl.rollout.collector` lists every stage's keys), for the
+KL penalty of the loss or of the reward. A LoRA run's reference is the learner's own model with its adapters off
 (:class:`grpo_rl.training.reference.AdapterDisabledRefScorer`).
 
 The reference log-probs are untruncated even when the engine samples with top-k / top-p (the policy's are truncated):
-the reference's own truncated set could exclude a sampled token; :mod:`grpo_rl.model.vocab` explains the KL that results.
+the reference's own truncated set could exclude a sampled token; :mod:`grpo_rl.model.vocab` explains the KL that
+results.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -15,8 +17,8 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.model.compile import compile_model
-from grpo_rl.model.lora import is_lora
 from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.model.lora import is_lora
 from grpo_rl.model.packing import group_micro_batches, micro_batches
 
 
@@ -24,8 +26,16 @@ class RefScorer:
     """Scores the sampled answers under the frozen reference model, micro-batched by tokens (with
     ``share_prompt``, each group's prompt run once)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, *, temperature: float = 1.0,
-                 micro_batch_tokens: int = 8192, bf16_autocast: bool = False, share_prompt: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        *,
+        temperature: float = 1.0,
+        micro_batch_tokens: int = 8192,
+        bf16_autocast: bool = False,
+        share_prompt: bool = False,
+    ):
         self.model = model
         self.device = device
         self.temperature = temperature
@@ -51,8 +61,11 @@ class RefScorer:
         for mb in split(model_view, self.micro_batch_tokens):
             ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16_autocast else nullcontext()
             with ctx:
-                lp = sequence_logprobs(self.model, mb, temperature=self.temperature,
-                                       share_prompt=self.share_prompt).logprobs.float().cpu()
+                lp = (
+                    sequence_logprobs(self.model, mb, temperature=self.temperature, share_prompt=self.share_prompt)
+                    .logprobs.float()
+                    .cpu()
+                )
             out[row : row + lp.shape[0], : lp.shape[1]] = lp
             row += lp.shape[0]
         assert row == batch.batch_size[0] and out.shape[1] == lr

@@ -9,6 +9,7 @@ each other's draws), so ``benchmarks/system/pipeline_scale.py`` can set the stag
 pipeline makes of them at any number of collectors and learner ranks on one small machine: a sleeping worker needs
 no core, so ``num_devices`` is not limited by the cores here.
 """
+
 from __future__ import annotations
 
 import random
@@ -40,8 +41,16 @@ class SimulatedLearner:
     """Holds the real model (pushed and checkpointed as usual) but sleeps instead of training: an optimizer step
     on ``N`` rows takes ``seconds * N / batch_rows`` times a relative ``jitter``, ``epochs`` times per batch."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, *, seconds: float, jitter: float,
-                 batch_rows: int, epochs: int = 1):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        *,
+        seconds: float,
+        jitter: float,
+        batch_rows: int,
+        epochs: int = 1,
+    ):
         self.model, self.device = model, device
         self.seconds, self.jitter, self.batch_rows, self.epochs = seconds, jitter, batch_rows, epochs
         self.rng = random.Random()
@@ -58,8 +67,16 @@ class SimulatedLearner:
         for _ in range(self.epochs):
             slept += _sleep(self.seconds * share, self.jitter, self.rng)
             self.version += 1
-        return {"simulated_training_seconds": slept, "loss": 0.0, "loss_policy": 0.0, "grad_norm": 0.0, "lr": 0.0, "num_micro_batches": 1.0,
-                "skipped_steps": 0.0, "step_skipped": 0.0}
+        return {
+            "simulated_training_seconds": slept,
+            "loss": 0.0,
+            "loss_policy": 0.0,
+            "grad_norm": 0.0,
+            "lr": 0.0,
+            "num_micro_batches": 1.0,
+            "skipped_steps": 0.0,
+            "step_skipped": 0.0,
+        }
 
     def observe_step(self, seconds: float) -> None:
         """Nothing decides from a simulated step's time."""

@@ -28,14 +28,15 @@ Departures from the object-store transport (:mod:`grpo_rl.weights.sync`) and lim
 * A gloo push's time on the CPU is in benchmarks/README.md, "Measurements behind library defaults" (no script
   reproduces it yet); the NCCL path is untested here (no GPU).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -79,14 +80,16 @@ class WeightLayout:
     @classmethod
     def from_bytes(cls, data: bytes) -> WeightLayout:
         raw = json.loads(data)
-        return cls(buffers=tuple((dtype, numel) for dtype, numel in raw["buffers"]),
-                   slots=tuple(TensorSlot(s["name"], s["buffer"], s["offset"], tuple(s["shape"]))
-                               for s in raw["slots"]),
-                   aliases=raw["aliases"])
+        return cls(
+            buffers=tuple((dtype, numel) for dtype, numel in raw["buffers"]),
+            slots=tuple(TensorSlot(s["name"], s["buffer"], s["offset"], tuple(s["shape"])) for s in raw["slots"]),
+            aliases=raw["aliases"],
+        )
 
 
-def plan_layout(named: Iterable[tuple[str, torch.Tensor]],
-                bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> tuple[WeightLayout, list[torch.Tensor]]:
+def plan_layout(
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> tuple[WeightLayout, list[torch.Tensor]]:
     """The layout of ``named`` and its unique tensors, one per slot in slot order.
 
     Tensors are grouped by dtype in order of first appearance. A new buffer starts where the next tensor would
@@ -112,8 +115,9 @@ def plan_layout(named: Iterable[tuple[str, torch.Tensor]],
     return WeightLayout(tuple(buffers), tuple(slots), aliases), tensors
 
 
-def _make_group(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: timedelta,
-                local_address: str):
+def _make_group(
+    store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: timedelta, local_address: str
+):
     """A process group outside torch.distributed's global state: NCCL for ``cuda``, gloo for ``cpu``; its own
     connections listen on ``local_address`` only."""
     if device.type == "cuda":
@@ -137,8 +141,18 @@ class WeightBroadcast:
     Build it with :meth:`connect`; see the module docstring for the wire format.
     """
 
-    def __init__(self, group, store: dist.Store, *, rank: int, world_size: int, device: torch.device,
-                 timeout_seconds: float, where: str, bucket_bytes: int):
+    def __init__(
+        self,
+        group,
+        store: dist.Store,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        timeout_seconds: float,
+        where: str,
+        bucket_bytes: int,
+    ):
         self._group, self._store = group, store
         self.rank, self.world_size, self.device = rank, world_size, device
         self.timeout_seconds, self.where, self.bucket_bytes = timeout_seconds, where, bucket_bytes
@@ -146,9 +160,18 @@ class WeightBroadcast:
         self._layout_bytes = b""
 
     @classmethod
-    def connect(cls, address: str, port: int, rank: int, world_size: int, device: torch.device | str,
-                timeout_seconds: float, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                store: dist.TCPStore | None = None) -> WeightBroadcast:
+    def connect(
+        cls,
+        address: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        device: torch.device | str,
+        timeout_seconds: float,
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        store: dist.TCPStore | None = None,
+    ) -> WeightBroadcast:
         """Join the group; returns once all ``world_size`` members have joined.
 
         Args:
@@ -168,16 +191,25 @@ class WeightBroadcast:
             raise ValueError(f"weight broadcast: rank {rank} is not in 0..{world_size - 1}")
         device = torch.device(device)
         timeout = timedelta(seconds=timeout_seconds)
-        member = cls(None, None, rank=rank, world_size=world_size, device=device, timeout_seconds=timeout_seconds,
-                     where=f"{address}:{port}", bucket_bytes=bucket_bytes)
+        member = cls(
+            None,
+            None,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            timeout_seconds=timeout_seconds,
+            where=f"{address}:{port}",
+            bucket_bytes=bucket_bytes,
+        )
         try:
             if rank == 0:
                 store = store or host_store(address, timeout_seconds, port=port)
             else:
                 store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
             member._store = store
-            member._group = _make_group(dist.PrefixStore("grpo_rl/weights", store), rank, world_size, device, timeout,
-                                        address_towards(address))
+            member._group = _make_group(
+                dist.PrefixStore("grpo_rl/weights", store), rank, world_size, device, timeout, address_towards(address)
+            )
             store.barrier("grpo_rl/weights/joined", world_size, timeout)  # NCCL's group connects at its first use
         except (RuntimeError, OSError) as e:  # DistNetworkError, DistStoreError and gloo's errors are all RuntimeErrors
             raise TransportTimeout(member._describe("joining the group", e)) from e
@@ -191,8 +223,10 @@ class WeightBroadcast:
         else:
             who = f"weight receiver (rank {self.rank} of {self.world_size}, an engine)"
             peer = f"the learner (rank 0 at {self.where})"
-        return (f"{who}: {step} with {peer} failed or took more than {self.timeout_seconds:g} s ({cause}). If the "
-                f"peer is alive but slow (a large model, a busy machine), raise pipeline.timeout_seconds.")
+        return (
+            f"{who}: {step} with {peer} failed or took more than {self.timeout_seconds:g} s ({cause}). If the "
+            f"peer is alive but slow (a large model, a busy machine), raise pipeline.timeout_seconds."
+        )
 
     def _broadcast(self, tensor: torch.Tensor, step: str) -> None:
         """Broadcast ``tensor`` from rank 0 in place, within the timeout."""
@@ -225,14 +259,14 @@ class WeightBroadcast:
             self._broadcast(raw, "the layout")
             self._layout, self._layout_bytes = layout, layout_bytes
         per_buffer: list[list[tuple[TensorSlot, torch.Tensor]]] = [[] for _ in layout.buffers]
-        for slot, t in zip(layout.slots, tensors):
+        for slot, t in zip(layout.slots, tensors, strict=True):
             per_buffer[slot.buffer].append((slot, t))
         for index, (dtype, numel) in enumerate(layout.buffers):
             if numel == 0:
                 continue
             flat = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)  # [numel]
             for slot, t in per_buffer[index]:
-                flat[slot.offset: slot.offset + t.numel()].copy_(t.detach().reshape(-1))
+                flat[slot.offset : slot.offset + t.numel()].copy_(t.detach().reshape(-1))
             self._broadcast(flat.view(torch.uint8), f"buffer {index} ({dtype}) of version {version}")
 
     def receive(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
@@ -260,8 +294,10 @@ class WeightBroadcast:
             if numel:
                 self._broadcast(flat.view(torch.uint8), f"buffer {index} ({dtype}) of version {version}")
             buffers.append(flat)
-        tensors = {s.name: buffers[s.buffer][s.offset: s.offset + math.prod(s.shape)].view(s.shape)
-                   for s in self._layout.slots}
+        tensors = {
+            s.name: buffers[s.buffer][s.offset : s.offset + math.prod(s.shape)].view(s.shape)
+            for s in self._layout.slots
+        }
         return version, list(tensors.items()) + [(alias, tensors[name]) for alias, name in self._layout.aliases.items()]
 
     def close(self) -> None:

@@ -7,16 +7,18 @@ to generation), broadcasts, and waits for every receiver; the collectors load th
 calls, as with the object store. Every step has ``pipeline.timeout_seconds``: a dead or stuck collector ends the
 push with :class:`~grpo_rl.errors.RoleFailed` naming it.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from grpo_rl.weights.collective import WeightBroadcast
-from grpo_rl.placement.ray import host_store, node_address
 from grpo_rl.errors import RoleFailed
+from grpo_rl.placement.ray import host_store, node_address
+from grpo_rl.weights.collective import WeightBroadcast
 from grpo_rl.weights.sync import WeightPacket, unpack_weights, wait_for_collectors
 
 
@@ -57,9 +59,11 @@ class CollectiveWeightSync:
 
     def send_newest(self, replica: int, actor) -> None:
         """A broadcast group has a fixed set of ranks: a replacement collector cannot join it."""
-        raise RoleFailed(f"collector replica {replica} was lost, and pipeline.weight_transport=collective cannot "
-                         "give a replacement its weights (its broadcast group is fixed at start); use "
-                         "pipeline.weight_transport=object_store to have lost collectors replaced")
+        raise RoleFailed(
+            f"collector replica {replica} was lost, and pipeline.weight_transport=collective cannot "
+            "give a replacement its weights (its broadcast group is fixed at start); use "
+            "pipeline.weight_transport=object_store to have lost collectors replaced"
+        )
 
     def push_again(self) -> None:
         """The collectors' engines are replaced with their collectors, which this transport cannot serve."""

@@ -24,12 +24,14 @@ Tied weights (``lm_head`` = ``embed_tokens``) cross once and arrive under both n
 must see ``lm_head.weight`` too, or it puts the LM head's old kernel tensors back ("ParallelLMHead: Failed
 to load weights") and the engine samples from a stale head.
 """
+
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -147,8 +149,10 @@ class InPlaceWeightSync:
     """No collector actors: the engine is this process's."""
 
     def send_newest(self, replica: int, actor) -> None:
-        raise RoleFailed(f"collector replica {replica} was lost, but the engine of this weight sync is in the "
-                         "driver: there is no collector actor to replace")
+        raise RoleFailed(
+            f"collector replica {replica} was lost, but the engine of this weight sync is in the "
+            "driver: there is no collector actor to replace"
+        )
 
     def close(self) -> None:
         """The engine is shut down by its owner."""
@@ -172,8 +176,9 @@ class ObjectStoreWeightSync:
     def push(self, weights, version: int) -> float:
         t0 = time.perf_counter()
         # Surfaces a failure of the previous push; these calls return at once.
-        wait_for_collectors(self._inflight, "taking the weights of the previous push", self.timeout,
-                            lost_ok=self.lost_ok)
+        wait_for_collectors(
+            self._inflight, "taking the weights of the previous push", self.timeout, lost_ok=self.lost_ok
+        )
         packet = weights if isinstance(weights, WeightPacket) else pack_weights(weights, version)
         self._newest = packet
         self._inflight = [c.set_weights.remote(packet) for c in self.collectors]
@@ -181,8 +186,7 @@ class ObjectStoreWeightSync:
 
     def delivered(self) -> float:
         t0 = time.perf_counter()
-        wait_for_collectors(self._inflight, "taking the weights of the last push", self.timeout,
-                            lost_ok=self.lost_ok)
+        wait_for_collectors(self._inflight, "taking the weights of the last push", self.timeout, lost_ok=self.lost_ok)
         return time.perf_counter() - t0
 
     can_replace = True
@@ -239,7 +243,9 @@ def _unless_lost(replica: int, call, what: str, timeout: float | None):
     except ray.exceptions.RayActorError:
         return None
     except ray.exceptions.RayError as e:
-        raise RoleFailed(f"collector replica {replica} failed while {what}: {type(e).__name__}; its log is above") from e
+        raise RoleFailed(
+            f"collector replica {replica} failed while {what}: {type(e).__name__}; its log is above"
+        ) from e
 
 
 def call_failed(call, error: type[BaseException] | None = None) -> bool:

@@ -3,6 +3,7 @@ the synchronous script on one GPU, where the default allocation puts every role 
 
 Run there with ``pytest tests/gpu``. Float32 on the GPU differs from the CPU by summation order (TF32 is off), so
 the tolerances are relative and about 1e-4; bf16 autocast keeps 8 bits of mantissa, so it is compared at 2e-2."""
+
 from __future__ import annotations
 
 import copy
@@ -11,11 +12,11 @@ import importlib.util
 import pytest
 import torch
 
-from grpo_rl.training.learner import Learner, LossSettings
 from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.training.learner import Learner, LossSettings
 from tests.integration.helpers import read_metrics, run_script, tiny_overrides
-from tests.unit.training.test_learner import _accum_batch
 from tests.unit.model.test_packing import GROUPS, grouped_batch
+from tests.unit.training.test_learner import _accum_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -51,7 +52,7 @@ def test_logprobs_and_gradients_on_cuda_equal_the_cpu(tiny_model, share_prompt):
     assert _relative(got.logprobs, want.logprobs) < 1e-5
     assert _relative(got.entropy, want.entropy) < 1e-5
     assert (got.logprobs.cpu()[batch["response_mask"] == 0] == 0).all()
-    for g_got, g_want in zip(got_grads, want_grads):
+    for g_got, g_want in zip(got_grads, want_grads, strict=True):
         assert _relative(g_got, g_want) < 1e-4
 
 
@@ -73,8 +74,9 @@ def test_a_learner_step_on_cuda_equals_the_cpu(tiny_model, bf16):
     metrics, weights = [], []
     for device in (CPU, CUDA):
         model = copy.deepcopy(tiny_model).to(device)
-        learner = Learner(model, device, settings, lr=1e-3, micro_batch_tokens=20,
-                          bf16_autocast=bf16 and device.type == "cuda")
+        learner = Learner(
+            model, device, settings, lr=1e-3, micro_batch_tokens=20, bf16_autocast=bf16 and device.type == "cuda"
+        )
         metrics.append(learner.train_step(batch.clone()))
         weights.append(torch.cat([p.detach().cpu().flatten() for p in model.parameters()]))
     cpu, cuda = metrics
@@ -91,16 +93,20 @@ def test_a_learner_step_on_cuda_equals_the_cpu(tiny_model, bf16):
 
 def test_the_sync_script_on_one_gpu_runs_resumes_and_logs_each_step_once(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    common = [*tiny_overrides(tiny_model_dir, out, steps=2), "inference_model.engine=transformers",
-              "train.checkpoint_frequency=1"]
+    common = [
+        *tiny_overrides(tiny_model_dir, out, steps=2),
+        "inference_model.engine=transformers",
+        "train.checkpoint_frequency=1",
+    ]
     common = [o for o in common if "precision=" not in o]  # auto: bf16 on a GPU with bf16
     first = run_script("grpo.py", *common)
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
     log = first.stdout + first.stderr
     assert "train: [cuda:0]  ref: [cuda:0]  inference: [cuda:0]" in log, log[-4000:]
     assert "bfloat16" in log
-    resumed = run_script("grpo.py", *[o for o in common if not o.startswith("train.steps=")], "train.steps=3",
-                         "resume=auto")
+    resumed = run_script(
+        "grpo.py", *[o for o in common if not o.startswith("train.steps=")], "train.steps=3", "resume=auto"
+    )
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
     steps = [m["step"] for m in read_metrics(out) if "loss" in m]
     assert steps == [1, 2, 3]  # two steps, then the third after the resume: each once

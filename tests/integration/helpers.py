@@ -1,4 +1,5 @@
 """Running the entry scripts as subprocesses, the way a user does."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # Metrics both loops log under the same names for the same quantities (timings per step, rates, failures).
-SHARED_STEP_METRICS = ("reward_mean", "reward_failures", "kl_ref", "clip_fraction", "ess", "entropy", "grad_norm",
-                       "lr", "generation_seconds", "reward_seconds", "generation_tokens_per_second", "reference_seconds",
-                       "training_seconds", "weight_sync_seconds", "step_seconds", "tokens_per_second",
-                       "response_length_mean", "advantage_mean", "zero_variance_groups", "policy_version")
+SHARED_STEP_METRICS = (
+    "reward_mean",
+    "reward_failures",
+    "kl_ref",
+    "clip_fraction",
+    "ess",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "generation_seconds",
+    "reward_seconds",
+    "generation_tokens_per_second",
+    "reference_seconds",
+    "training_seconds",
+    "weight_sync_seconds",
+    "step_seconds",
+    "tokens_per_second",
+    "response_length_mean",
+    "advantage_mean",
+    "zero_variance_groups",
+    "policy_version",
+)
 
 
 def script_env(**extra: str) -> dict[str, str]:
@@ -26,8 +45,13 @@ def script_env(**extra: str) -> dict[str, str]:
     # Unset (scripts/env.sh sets it for a shell): the scripts run at the library's own vLLM log level
     # (grpo_rl/quiet.py), which is what the quiet-start checks (start_up_noise) are about.
     env.pop("VLLM_LOGGING_LEVEL", None)
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1",
-               TOKENIZERS_PARALLELISM="false")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_MODE="offline",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     shared = ROOT.parent / "shared" / "data"
     if "GRPO_DATA_DIR" not in env and shared.exists():
         env["GRPO_DATA_DIR"] = str(shared)
@@ -43,8 +67,9 @@ def start_up_noise(proc: subprocess.CompletedProcess) -> list[str]:
     logging); all of stderr counts, so a short run's warnings after the first step count too. Notes about the machine
     rather than the run (Ray's warning that the disk is nearly full) are not noise."""
     out = proc.stdout.splitlines()
-    first = next((i for i, line in enumerate(out) if re.search(r"\]\[grpo_rl\.run\.stopping\].* step 1/", line)),
-                 len(out))
+    first = next(
+        (i for i, line in enumerate(out) if re.search(r"\]\[grpo_rl\.run\.stopping\].* step 1/", line)), len(out)
+    )
     noise = [line for line in out[:first] if line.strip() and not _OWN_LINE.match(line) and not line.startswith("  ")]
     noise += [line for line in proc.stderr.splitlines() if line.strip() and "NUMA binding" not in line]
     return [line for line in noise if "file_system_monitor" not in line]
@@ -57,17 +82,34 @@ NOT_VLLM = "inference_model.engine=transformers"
 
 
 def tiny_overrides(model_dir: Path, out_dir: Path, steps: int = 2) -> list[str]:
-    return [f"model.name={model_dir}", f"output_dir={out_dir}", f"train.steps={steps}", "logger.backend=none",
-            "sampling.max_new_tokens=16", "env.prompts_per_step=2", "env.group_size=4",
-            "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512",
-            # the same arithmetic on every CPU kind (auto would pick bf16 where it is fast)
-            "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]
+    return [
+        f"model.name={model_dir}",
+        f"output_dir={out_dir}",
+        f"train.steps={steps}",
+        "logger.backend=none",
+        "sampling.max_new_tokens=16",
+        "env.prompts_per_step=2",
+        "env.group_size=4",
+        "inference_model.kv_cache_gb=1",
+        "inference_model.max_model_len=512",
+        # the same arithmetic on every CPU kind (auto would pick bf16 where it is fast)
+        "train_model.precision=float32",
+        "ref_model.precision=float32",
+        "inference_model.precision=float32",
+    ]
 
 
-def run_script(script: str, *overrides: str, timeout: float = 600, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=cwd or ROOT,
-                          env=env or script_env(), capture_output=True, text=True, timeout=timeout)
+def run_script(
+    script: str, *overrides: str, timeout: float = 600, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sota" / script), *overrides],
+        cwd=cwd or ROOT,
+        env=env or script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -75,7 +117,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 # A reward function that fails on every other call (in each process): for the failure paths.
-FLAKY_REWARD = '''
+FLAKY_REWARD = """
 _calls = 0
 
 def flaky(responses, references):
@@ -84,4 +126,4 @@ def flaky(responses, references):
     if _calls % 2:
         raise RuntimeError(f"flaky call {_calls}")
     return [1.0] * len(responses)
-'''
+"""

@@ -1,5 +1,6 @@
 """The Python API (grpo_rl.Trainer): the notebook example end to end on the tiny model, both loops with reward
 functions given as objects, and its user errors before any engine starts."""
+
 from __future__ import annotations
 
 import json
@@ -15,17 +16,34 @@ pytestmark = [pytest.mark.integration]
 
 
 def run_python(code: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=ROOT, env=script_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_the_notebook_example_trains_the_tiny_model(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=2) if not o.startswith("env.")]
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook_api.py"), *overrides,
-                           "env.prompts_per_step=2", "env.group_size=4"],
-                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "notebook_api.py"),
+            *overrides,
+            "env.prompts_per_step=2",
+            "env.group_size=4",
+        ],
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     assert [r["step"] for r in rows] == [1, 2]
@@ -67,12 +85,12 @@ def test_reward_objects_reach_both_loops(mode, tiny_model_dir, tmp_path):
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
-        ('rewards=lambda: 0', "rewards[0]=<lambda> has signature"),
-        ('rewards=lambda responses, references, size: 0', "requires column(s) ['size']"),
-        ('rewards=[42]', "rewards[0] is a int"),
+        ("rewards=lambda: 0", "rewards[0]=<lambda> has signature"),
+        ("rewards=lambda responses, references, size: 0", "requires column(s) ['size']"),
+        ("rewards=[42]", "rewards[0] is a int"),
         ('overrides=["optimizer.lrr=1e-5"]', "optimizer.lrr"),
-        ('prompts=[]', "prompts is empty"),
-        ('prompts=[1, 2]', "prompts[0] is a int"),
+        ("prompts=[]", "prompts is empty"),
+        ("prompts=[1, 2]", "prompts[0] is a int"),
     ],
 )
 def test_user_errors_are_one_line_before_any_engine(kwargs, expected, tmp_path):
@@ -92,7 +110,7 @@ def test_user_errors_are_one_line_before_any_engine(kwargs, expected, tmp_path):
     """
     proc = run_python(code, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("USER ERROR")), proc.stdout[-2000:])
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("USER ERROR")), proc.stdout[-2000:])
     assert expected in line, line
     assert "engine imported: False" in proc.stdout
 
@@ -102,11 +120,22 @@ def test_the_model_objects_example_trains_the_callers_model(tiny_model_dir, tmp_
     """examples/notebook_model_objects.py on the tiny model: the object's weights come back trained."""
     out = tmp_path / "run"
     overrides = [o for o in tiny_overrides(tiny_model_dir, out, steps=2) if not o.startswith(("env.", "model.name"))]
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook_model_objects.py"), str(tiny_model_dir),
-                           *overrides, "inference_model.engine=transformers"],
-                          cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "notebook_model_objects.py"),
+            str(tiny_model_dir),
+            *overrides,
+            "inference_model.engine=transformers",
+        ],
+        cwd=ROOT,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if "parameter tensors of `model` changed" in l)
+    line = next(ln for ln in proc.stdout.splitlines() if "parameter tensors of `model` changed" in ln)
     changed, total = int(line.split()[0]), int(line.split()[2])
     assert 0 < changed <= total
     assert (out / "initial_model" / "config.json").is_file() and (out / "final_model" / "config.json").is_file()
@@ -144,10 +173,16 @@ def test_model_objects_reach_every_role_and_the_weights_come_back(tiny_model_dir
             "changed": sum(not torch.equal(before[k], state[k]) for k in final),
         }}))
     """
-    proc = run_python(code, *tiny_overrides(tiny_model_dir, out, steps=2), "eval.every=0", "policy.kl_coef=0.1",
-                      "inference_model.engine=transformers", "env.ground_truth_column=null")
+    proc = run_python(
+        code,
+        *tiny_overrides(tiny_model_dir, out, steps=2),
+        "eval.every=0",
+        "policy.kl_coef=0.1",
+        "inference_model.engine=transformers",
+        "env.ground_truth_column=null",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT "):])
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT ") :])
     assert result["equal_final"] and result["changed"] > 0
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     assert [r["step"] for r in rows] == [1, 2]

@@ -2,6 +2,7 @@
 
 Each test starts its own Ray instance (in this process or in the script's) and stops it again.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,15 @@ import pytest
 import torch
 
 from grpo_rl.run.metrics import read_jsonl
-from tests.integration.helpers import (FLAKY_REWARD, NOT_VLLM, ROOT, SHARED_STEP_METRICS, read_metrics, script_env,
-                                       start_up_noise)
+from tests.integration.helpers import (
+    FLAKY_REWARD,
+    NOT_VLLM,
+    ROOT,
+    SHARED_STEP_METRICS,
+    read_metrics,
+    script_env,
+    start_up_noise,
+)
 from tests.integration.helpers import run_script as _run_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -27,13 +35,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
     """Settings that keep a step to about a second on 2 CPU cores."""
-    base = {"model.name": str(model_dir), "output_dir": str(run_dir), "logger.backend": "none",
-            "logger.num_examine": 0, "env.prompts_per_step": 2, "env.group_size": 4, "sampling.max_new_tokens": 16,
-            "policy.kl_coef": 0.0, "inference_model.kv_cache_gb": 1, "inference_model.max_model_len": 512,
-            "eval.every": 0, "train.checkpoint_frequency": 0,
-            # fp32 on every CPU kind: engine and learner log-probs are compared at fp32's tolerance
-            "train_model.precision": "float32", "ref_model.precision": "float32",
-            "inference_model.precision": "float32"}
+    base = {
+        "model.name": str(model_dir),
+        "output_dir": str(run_dir),
+        "logger.backend": "none",
+        "logger.num_examine": 0,
+        "env.prompts_per_step": 2,
+        "env.group_size": 4,
+        "sampling.max_new_tokens": 16,
+        "policy.kl_coef": 0.0,
+        "inference_model.kv_cache_gb": 1,
+        "inference_model.max_model_len": 512,
+        "eval.every": 0,
+        "train.checkpoint_frequency": 0,
+        # fp32 on every CPU kind: engine and learner log-probs are compared at fp32's tolerance
+        "train_model.precision": "float32",
+        "ref_model.precision": "float32",
+        "inference_model.precision": "float32",
+    }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -57,17 +76,28 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
     from grpo_rl.config.schema import GRPOConfig
     from grpo_rl.envs import make_env
     from grpo_rl.errors import RoleFailed
-    from grpo_rl.run.setup import make_run
     from grpo_rl.model.logprobs import sequence_logprobs
     from grpo_rl.model.packing import trim_padding
     from grpo_rl.run.roles import make_learner, make_rollout_source, start_roles
+    from grpo_rl.run.setup import make_run
 
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
-    cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        tiny_overrides(tiny_model_dir, tmp_path, **{"pipeline.max_staleness": 0, "pipeline.buffer_capacity": 1,
-                                                     "pipeline.weight_transport": transport,
-                                                     "pipeline.timeout_seconds": 300,
-                                                     "pipeline.max_restarts": 0})))
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig),
+        OmegaConf.from_dotlist(
+            tiny_overrides(
+                tiny_model_dir,
+                tmp_path,
+                **{
+                    "pipeline.max_staleness": 0,
+                    "pipeline.buffer_capacity": 1,
+                    "pipeline.weight_transport": transport,
+                    "pipeline.timeout_seconds": 300,
+                    "pipeline.max_restarts": 0,
+                },
+            )
+        ),
+    )
     run = make_run(cfg, tmp_path, mode="async")
     with contextlib.ExitStack() as cleanup:
         start_roles(run, cleanup)
@@ -98,6 +128,7 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
         assert max_gap(before) > 1e-2  # the check can fail: old samples no longer match the new weights
 
         import ray  # a collector that dies is noticed by the learner's next wait, which raises
+
         ray.kill(rollouts.collectors[0])
         with pytest.raises(RoleFailed, match="collector replica 0"):
             rollouts.next_batch(99)
@@ -107,18 +138,39 @@ def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
     """Two engine replicas feed one buffer; every trained sample is within the staleness bound, and none was
     generated to be thrown away (the buffer admits a batch only while it will be fresh when taken)."""
     run_dir = tmp_path / "async"
-    proc = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
-        "train.steps": 4, "pipeline.max_staleness": 1, "pipeline.buffer_capacity": 1,
-        "inference_model.num_devices": 2, "logger.num_examine": 8, "logger.examine_every": 1,
-        "eval.every": 2, "eval.num_prompts": 2, "eval.pass_k": 2}))
+    proc = run_script(
+        "grpo-async.py",
+        tiny_overrides(
+            tiny_model_dir,
+            run_dir,
+            **{
+                "train.steps": 4,
+                "pipeline.max_staleness": 1,
+                "pipeline.buffer_capacity": 1,
+                "inference_model.num_devices": 2,
+                "logger.num_examine": 8,
+                "logger.examine_every": 1,
+                "eval.every": 2,
+                "eval.num_prompts": 2,
+                "eval.pass_k": 2,
+            },
+        ),
+    )
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:  # the bound holds for every sample trained on, step by step
         # step s takes at policy version s - 1 (one update per batch), from samples of version 0 or later
         assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= min(1, r["step"] - 1), r
         assert 0 <= r["collector_busy_fraction"] <= 1 and r["reward_failures"] == 0
-        for key in ("tis_fraction", "dropped_samples", "learner_wait_seconds", "collector_wait_seconds",
-                    "collector_samples_per_second", "learner_samples_per_second", *SHARED_STEP_METRICS):
+        for key in (
+            "tis_fraction",
+            "dropped_samples",
+            "learner_wait_seconds",
+            "collector_wait_seconds",
+            "collector_samples_per_second",
+            "learner_samples_per_second",
+            *SHARED_STEP_METRICS,
+        ):
             assert key in r, key  # the shared names are the synchronous loop's (test_sync_script.py)
     assert rows[-1]["policy_version"] == 4
     # the collectors are admitted only while their batch will be within the bound: nothing is dropped, and the
@@ -157,10 +209,18 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     resume=auto then goes on from that checkpoint, with the collectors at their saved round."""
     run_dir, tag = tmp_path / "interrupted", f"grpo-test-{uuid.uuid4().hex}"
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
-         *tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": 1000})],
-        cwd=ROOT, env=script_env(GRPO_TEST_RUN_TAG=tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        [
+            sys.executable,
+            str(ROOT / "sota" / "grpo-async.py"),
+            *tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": 1000}),
+        ],
+        cwd=ROOT,
+        env=script_env(GRPO_TEST_RUN_TAG=tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     first_step = threading.Event()
 
@@ -198,8 +258,9 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     # One collector, nothing dropped: the learner consumed the stream's first `saved` batches, in order; what the
     # collector had made beyond them (in the buffer at the stop) is not marked consumed, so it is made again.
     assert (state["env"]["next_index"], state["env"]["consumed"]) == (saved, []) and saved >= 1
-    resumed = run_script("grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{
-        "train.steps": saved + 2, "resume": "auto"}))
+    resumed = run_script(
+        "grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": saved + 2, "resume": "auto"})
+    )
     assert f"resumed from {checkpoint}" in resumed.stdout + resumed.stderr
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, saved + 3))
     assert read_metrics(run_dir)[-1]["policy_version"] == saved + 2
@@ -211,8 +272,7 @@ def trained_batches(run_dir: Path) -> list[int]:
     return [b for r in read_jsonl(run_dir / "trained.jsonl") for b in r["batch_index"]]
 
 
-def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once(tiny_model_dir, tmp_path,
-                                                                                 monkeypatch):
+def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once(tiny_model_dir, tmp_path, monkeypatch):
     """SIGKILL an async run while batches wait in its buffer; the resumed run trains on every batch of the stream
     exactly once, with the prompts the stream holds there (counted by prompt index across both runs' logs)."""
     from omegaconf import OmegaConf
@@ -223,13 +283,25 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
 
     run_dir, tag, steps = tmp_path / "killed", f"grpo-test-{uuid.uuid4().hex}", 7
     # a learner slower than the collector (2 updates per batch) keeps the buffer full; nothing is too stale to train on
-    settings = {"train.checkpoint_frequency": 1, "train.updates_per_batch": 2, "pipeline.max_staleness": 100,
-                "pipeline.buffer_capacity": 2}
+    settings = {
+        "train.checkpoint_frequency": 1,
+        "train.updates_per_batch": 2,
+        "pipeline.max_staleness": 100,
+        "pipeline.buffer_capacity": 2,
+    }
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "sota" / "grpo-async.py"),
-         *tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": 1000}), NOT_VLLM],
-        cwd=ROOT, env=script_env(GRPO_TEST_RUN_TAG=tag), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        [
+            sys.executable,
+            str(ROOT / "sota" / "grpo-async.py"),
+            *tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": 1000}),
+            NOT_VLLM,
+        ],
+        cwd=ROOT,
+        env=script_env(GRPO_TEST_RUN_TAG=tag),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while len(read_jsonl(run_dir / "trained.jsonl")) < 3 and time.monotonic() < deadline and proc.poll() is None:
@@ -244,8 +316,11 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
         _kill_processes_with(tag)  # Ray's own processes outlive a SIGKILLed driver
     first = trained_batches(run_dir)
 
-    resumed = run_script("grpo-async.py", [*tiny_overrides(tiny_model_dir, run_dir, **{
-        **settings, "train.steps": steps, "resume": "auto"}), NOT_VLLM], timeout=300)
+    resumed = run_script(
+        "grpo-async.py",
+        [*tiny_overrides(tiny_model_dir, run_dir, **{**settings, "train.steps": steps, "resume": "auto"}), NOT_VLLM],
+        timeout=300,
+    )
     assert "resumed from" in resumed.stdout + resumed.stderr
     records = read_jsonl(run_dir / "trained.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -255,8 +330,9 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     assert batches == list(range(steps)), f"before the kill {first}, after the resume {batches}"
     # The prompts trained on are the stream's, each batch's once: what the synchronous loop would have drawn.
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
-    cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig),
-                          OmegaConf.from_dotlist(tiny_overrides(tiny_model_dir, run_dir)))
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(tiny_overrides(tiny_model_dir, run_dir))
+    )
     env = make_env(cfg, load_tokenizer(str(tiny_model_dir)))
     expected = [int(i) for _ in range(steps) for i in env.reset()["prompt_index"]]
     assert [p for r in records for p in r["group_prompt_index"]] == expected
@@ -282,13 +358,17 @@ def test_reference_stage_shards_a_batch_and_scores_as_the_in_learner_reference(t
 
     from grpo_rl.config.schema import GRPOConfig
     from grpo_rl.distributed.reference_actors import ReferenceActors
-    from grpo_rl.training.build import make_ref_scorer
-    from grpo_rl.run.setup import make_run
     from grpo_rl.run.roles import make_reference, start_roles
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import make_ref_scorer
     from tests.integration.test_data_parallel import grpo_batch
 
-    cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        tiny_overrides(tiny_model_dir, tmp_path, **{"policy.kl_coef": 0.05, "ref_model.num_devices": 2})))
+    cfg = OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig),
+        OmegaConf.from_dotlist(
+            tiny_overrides(tiny_model_dir, tmp_path, **{"policy.kl_coef": 0.05, "ref_model.num_devices": 2})
+        ),
+    )
     run = make_run(cfg, tmp_path, mode="async")
     assert run.placement.reference.actors and run.placement.reference.count == 2
     with contextlib.ExitStack() as cleanup:
@@ -309,9 +389,23 @@ def test_scripts_with_the_reference_as_a_stage_of_its_own(tiny_model_dir, tmp_pa
     logs its seconds under the synchronous loop's name); the sync loop calls the same stage in line."""
     run_dir = tmp_path / script
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)  # fails on every other call, in each process
-    proc = run_script(script, [*tiny_overrides(tiny_model_dir, run_dir, **{
-        "train.steps": 3, "policy.kl_coef": 0.05, "ref_model.num_devices": 2, "pipeline.max_staleness": 3,
-        "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]"}), NOT_VLLM])
+    proc = run_script(
+        script,
+        [
+            *tiny_overrides(
+                tiny_model_dir,
+                run_dir,
+                **{
+                    "train.steps": 3,
+                    "policy.kl_coef": 0.05,
+                    "ref_model.num_devices": 2,
+                    "pipeline.max_staleness": 3,
+                    "reward.functions": f"[{{path: {tmp_path / 'flaky.py'}, name: flaky}}]",
+                },
+            ),
+            NOT_VLLM,
+        ],
+    )
     assert "reference    2 Ray actors" in proc.stdout + proc.stderr  # the placement table
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]

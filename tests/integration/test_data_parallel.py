@@ -1,4 +1,5 @@
 """Data-parallel learner: two CPU ranks (gloo) make the same update as one process on the same batch."""
+
 from __future__ import annotations
 
 import json
@@ -23,20 +24,26 @@ def grpo_batch(group_sizes: list[int], vocab: int, seed: int = 0) -> TensorDict:
     """Groups of answers to random prompts, left/right padded like the engine's output, random advantages."""
     g = torch.Generator().manual_seed(seed)
     n, lp, lr = sum(group_sizes), 12, 10
-    batch = TensorDict({
-        "prompt_ids": torch.zeros(n, lp, dtype=torch.long), "prompt_mask": torch.zeros(n, lp, dtype=torch.long),
-        "response_ids": torch.zeros(n, lr, dtype=torch.long), "response_mask": torch.zeros(n, lr, dtype=torch.long),
-        "behavior_logprobs": torch.zeros(n, lr), "advantage": torch.randn(n, generator=g),
-        "group_id": torch.repeat_interleave(torch.arange(len(group_sizes)), torch.tensor(group_sizes)),
-    }, batch_size=[n])
+    batch = TensorDict(
+        {
+            "prompt_ids": torch.zeros(n, lp, dtype=torch.long),
+            "prompt_mask": torch.zeros(n, lp, dtype=torch.long),
+            "response_ids": torch.zeros(n, lr, dtype=torch.long),
+            "response_mask": torch.zeros(n, lr, dtype=torch.long),
+            "behavior_logprobs": torch.zeros(n, lr),
+            "advantage": torch.randn(n, generator=g),
+            "group_id": torch.repeat_interleave(torch.arange(len(group_sizes)), torch.tensor(group_sizes)),
+        },
+        batch_size=[n],
+    )
     row = 0
     for size in group_sizes:
         plen = int(torch.randint(4, lp + 1, (1,), generator=g))
         prompt = torch.randint(0, vocab, (plen,), generator=g)
         for _ in range(size):
             rlen = int(torch.randint(2, lr + 1, (1,), generator=g))
-            batch["prompt_ids"][row, lp - plen:] = prompt
-            batch["prompt_mask"][row, lp - plen:] = 1
+            batch["prompt_ids"][row, lp - plen :] = prompt
+            batch["prompt_mask"][row, lp - plen :] = 1
             batch["response_ids"][row, :rlen] = torch.randint(0, vocab, (rlen,), generator=g)
             batch["response_mask"][row, :rlen] = 1
             batch["behavior_logprobs"][row, :rlen] = -10.0 + torch.rand(rlen, generator=g)
@@ -47,12 +54,25 @@ def grpo_batch(group_sizes: list[int], vocab: int, seed: int = 0) -> TensorDict:
 def make_cfg(model_dir: Path, run_dir: Path, num_devices: int, sharding: str = "none"):
     from grpo_rl.config.schema import GRPOConfig
 
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([
-        f"model.name={model_dir}", f"output_dir={run_dir}", f"train_model.num_devices={num_devices}",
-        f"train_model.sharding={sharding if num_devices > 1 else 'none'}",
-        "policy.kl_coef=0.0", "optimizer.lr=1e-3", "optimizer.warmup_steps=0", "train.micro_batch_tokens=64",
-        # fp32 on every CPU kind: the comparison's tolerance is fp32's (auto would pick bf16 where it is fast)
-        "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32"]))
+    return OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig),
+        OmegaConf.from_dotlist(
+            [
+                f"model.name={model_dir}",
+                f"output_dir={run_dir}",
+                f"train_model.num_devices={num_devices}",
+                f"train_model.sharding={sharding if num_devices > 1 else 'none'}",
+                "policy.kl_coef=0.0",
+                "optimizer.lr=1e-3",
+                "optimizer.warmup_steps=0",
+                "train.micro_batch_tokens=64",
+                # fp32 on every CPU kind: the comparison's tolerance is fp32's (auto would pick bf16 where it is fast)
+                "train_model.precision=float32",
+                "ref_model.precision=float32",
+                "inference_model.precision=float32",
+            ]
+        ),
+    )
 
 
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
@@ -61,14 +81,15 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path, shardin
     pushed weights (gathered once, when sharded) give an engine the single learner's log-probs."""
     from grpo_rl.distributed.learner_group import LearnerGroup
     from grpo_rl.placement.ray import start_ray, stop_ray
-    from grpo_rl.run.setup import make_run
     from grpo_rl.run.roles import make_learner
+    from grpo_rl.run.setup import make_run
 
     started = start_ray(make_cfg(tiny_model_dir, tmp_path, 2).ray, min_cpus=2)  # one Ray session for both cases
     try:
         for aggregation in ("token_mean", "seq_mean_token_mean"):  # shares by tokens, and by rows
-            single_cfg, dp_cfg = (make_cfg(tiny_model_dir, tmp_path / aggregation / str(n), n, sharding)
-                                  for n in (1, 2))
+            single_cfg, dp_cfg = (
+                make_cfg(tiny_model_dir, tmp_path / aggregation / str(n), n, sharding) for n in (1, 2)
+            )
             for cfg in (single_cfg, dp_cfg):
                 cfg.policy.aggregation = aggregation
             single = make_learner(make_run(single_cfg, single_cfg.output_dir))
@@ -86,9 +107,9 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path, shardin
 
 def _check_push(single, group, model_dir: Path) -> None:
     """An engine loaded with the group's push scores tokens as the single learner does (fp32, 1e-4)."""
+    from grpo_rl.engines.transformers_engine import TransformersEngine
     from grpo_rl.model.logprobs import sequence_logprobs
     from grpo_rl.model.packing import trim_padding
-    from grpo_rl.engines.transformers_engine import TransformersEngine
     from grpo_rl.weights.sync import InPlaceWeightSync
 
     engine = TransformersEngine(str(model_dir), torch.device("cpu"), dtype="float32")
@@ -111,8 +132,11 @@ def _check_same_updates(single, group, init: dict) -> None:
     # The single learner's gradients as its optimizer sees them (summed, clipped), for the weight check below
     # (by storage, which a state_dict entry shares with its parameter, tied ones included)
     grads: list[dict[int, torch.Tensor]] = []
-    single.optimizer.register_step_pre_hook(lambda opt, args, kwargs: grads.append(
-        {p.data_ptr(): p.grad.clone() for g in opt.param_groups for p in g["params"] if p.grad is not None}))
+    single.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: grads.append(
+            {p.data_ptr(): p.grad.clone() for g in opt.param_groups for p in g["params"] if p.grad is not None}
+        )
+    )
     steps, rates = 2, []
     for step in range(steps):
         ms, md = single.train_step(batch.clone()), group.train_step(batch.clone())
@@ -142,8 +166,11 @@ def _check_same_updates(single, group, init: dict) -> None:
             assert grad is not None, (name, "weights differ without a gradient")
             smooth = grad.abs() >= 100 * eps
             assert not (disagree & smooth).any(), (
-                name, int((disagree & smooth).sum()), "elements differ beyond fp32's tolerance where Adam is smooth",
-                float(gap[disagree & smooth].max()))
+                name,
+                int((disagree & smooth).sum()),
+                "elements differ beyond fp32's tolerance where Adam is smooth",
+                float(gap[disagree & smooth].max()),
+            )
         moved = max(moved, float((mine - init[name]).abs().max()))
     assert moved > 1e-4  # the update is far larger than the tolerance
 
@@ -151,15 +178,39 @@ def _check_same_updates(single, group, init: dict) -> None:
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
 def test_sync_script_with_two_learner_ranks(tiny_model_dir, tmp_path, sharding):
     run_dir = tmp_path / "sync_dp"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "GRPO_DATA_DIR": os.environ.get("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "GRPO_DATA_DIR": os.environ.get("GRPO_DATA_DIR", str(ROOT.parent / "shared" / "data")),
+    }
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "sota" / "grpo.py"), f"model.name={tiny_model_dir}", f"output_dir={run_dir}",
-         "train_model.num_devices=2", f"train_model.sharding={sharding}", "train.steps=2", "logger.backend=none",
-         "logger.num_examine=0", "env.prompts_per_step=2", "env.group_size=4", "sampling.max_new_tokens=16",
-         "policy.kl_coef=0.0", "inference_model.kv_cache_gb=1", "inference_model.max_model_len=512", "eval.every=0",
-         NOT_VLLM],  # the learner group is the subject, not the engine
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            str(ROOT / "sota" / "grpo.py"),
+            f"model.name={tiny_model_dir}",
+            f"output_dir={run_dir}",
+            "train_model.num_devices=2",
+            f"train_model.sharding={sharding}",
+            "train.steps=2",
+            "logger.backend=none",
+            "logger.num_examine=0",
+            "env.prompts_per_step=2",
+            "env.group_size=4",
+            "sampling.max_new_tokens=16",
+            "policy.kl_coef=0.0",
+            "inference_model.kv_cache_gb=1",
+            "inference_model.max_model_len=512",
+            "eval.every=0",
+            NOT_VLLM,
+        ],  # the learner group is the subject, not the engine
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]

@@ -4,14 +4,15 @@ Checked through log-probs: the engine's log-probs of its sampled tokens equal th
 the same tokens (fp32, 1e-4), with prompts longer than one KV-cache block, so that a stale prefix cache would
 show.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_rl.model.logprobs import sequence_logprobs
-from grpo_rl.model.loading import load_causal_lm
 from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.model.logprobs import sequence_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -21,8 +22,10 @@ def test_engine_matches_learner_after_update(tiny_model_dir, tokenizer):
 
     engine = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=1024, kv_cache_gb=1, seed=0)
     model = load_causal_lm(str(tiny_model_dir), torch.device("cpu"))
-    prompts = [tokenizer.encode("The quick brown fox " * 80, add_special_tokens=False),  # ~400 tokens
-               tokenizer.encode("Short prompt.", add_special_tokens=False)]
+    prompts = [
+        tokenizer.encode("The quick brown fox " * 80, add_special_tokens=False),  # ~400 tokens
+        tokenizer.encode("Short prompt.", add_special_tokens=False),
+    ]
     assert len(prompts[0]) > 300
     spec = SamplingSpec(max_new_tokens=24, temperature=0.8, seed=3)
     try:

@@ -4,6 +4,7 @@ The exported model's weights are perturbed away from the tiny model's initial on
 silently fell back to other weights would be caught: transformers must give back the exact tensors, and vLLM's
 log-probs of its own sampled answer must match the exported model's log-probs of the same tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.run.checkpoint import export_model_atomic
 from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.run.checkpoint import export_model_atomic
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -44,8 +45,9 @@ def test_export_folder_has_weights_tokenizer_and_chat_template(exported, tokeniz
         assert torch.equal(reloaded.state_dict()[key], value), key
     tok = AutoTokenizer.from_pretrained(out)
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
-    assert tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    ) == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def test_vllm_loads_the_export_and_generates_with_its_weights(exported, tokenizer):
@@ -54,8 +56,9 @@ def test_vllm_loads_the_export_and_generates_with_its_weights(exported, tokenize
     from grpo_rl.engines.vllm_engine import VLLMEngine
 
     model, out = exported
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a colour."}], add_generation_prompt=True, tokenize=False
+    )
     prompt = tokenizer.encode(text, add_special_tokens=False)
     engine = VLLMEngine(str(out), CPU, max_model_len=256, kv_cache_gb=1, seed=0)
     try:
@@ -64,7 +67,11 @@ def test_vllm_loads_the_export_and_generates_with_its_weights(exported, tokenize
         engine.shutdown()
     assert batch["response_mask"].sum() > 0
     with torch.no_grad():
-        ours = sequence_logprobs(model.eval(), TensorDict(
-            {k: batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")},
-            batch_size=batch.batch_size)).logprobs
+        ours = sequence_logprobs(
+            model.eval(),
+            TensorDict(
+                {k: batch[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")},
+                batch_size=batch.batch_size,
+            ),
+        ).logprobs
     torch.testing.assert_close(batch["behavior_logprobs"], ours, rtol=0, atol=2e-3)

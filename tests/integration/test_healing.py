@@ -5,6 +5,7 @@ training (grpo_rl/training/simulated.py): the collector, reference and learner p
 rewards, buffer, weight pushes, checkpoints and logs are the real ones, and they are what is killed and replaced.
 The learner-restart test of the synchronous script trains a real tiny model and compares its losses.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,20 +26,38 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def simulated(model_dir: Path, run_dir: Path, steps: int, **extra) -> list[str]:
-    base = {"model.name": str(model_dir), "output_dir": str(run_dir), "logger.backend": "none",
-            "logger.num_examine": 0, "eval.every": 0, "env.prompts_per_step": 2, "env.group_size": 4,
-            "simulate.enabled": "true", "simulate.generation_seconds": 0.6, "simulate.reference_seconds": 0.2,
-            "simulate.training_seconds": 0.3, "train.steps": steps, "pipeline.timeout_seconds": 60,
-            "train_model.precision": "float32", "ref_model.precision": "float32",
-            "inference_model.precision": "float32"}
+    base = {
+        "model.name": str(model_dir),
+        "output_dir": str(run_dir),
+        "logger.backend": "none",
+        "logger.num_examine": 0,
+        "eval.every": 0,
+        "env.prompts_per_step": 2,
+        "env.group_size": 4,
+        "simulate.enabled": "true",
+        "simulate.generation_seconds": 0.6,
+        "simulate.reference_seconds": 0.2,
+        "simulate.training_seconds": 0.3,
+        "train.steps": steps,
+        "pipeline.timeout_seconds": 60,
+        "train_model.precision": "float32",
+        "ref_model.precision": "float32",
+        "inference_model.precision": "float32",
+    }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
 
 def start(script: str, overrides: list[str], **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=ROOT,
-                            env=script_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "sota" / script), *overrides],
+        cwd=ROOT,
+        env=script_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def kill_when(proc: subprocess.Popen, run_dir: Path, plan: list[tuple], timeout: float = 300) -> None:
@@ -101,9 +120,18 @@ def test_killed_collectors_reference_and_learner_rank_heal_and_every_batch_is_tr
     group starts again from the last checkpoint, the collectors going back to its stream position. The run completes
     its steps, each logged once, training each batch of the prompt stream once."""
     run_dir, steps = tmp_path / "healed", 14
-    overrides = simulated(tiny_model_dir, run_dir, steps, **{
-        "inference_model.num_devices": 2, "policy.kl_coef": 0.01, "ref_model.placement": "actor",
-        "train_model.num_devices": 2, "train.checkpoint_frequency": 4})
+    overrides = simulated(
+        tiny_model_dir,
+        run_dir,
+        steps,
+        **{
+            "inference_model.num_devices": 2,
+            "policy.kl_coef": 0.01,
+            "ref_model.placement": "actor",
+            "train_model.num_devices": 2,
+            "train.checkpoint_frequency": 4,
+        },
+    )
     proc = start("grpo-async.py", overrides)
     kill_when(proc, run_dir, [(3, "collector", 0), (5, "reference", 0), (7, "collector", 1), (10, "learner", 1)])
     out = finish(proc)
@@ -111,8 +139,12 @@ def test_killed_collectors_reference_and_learner_rank_heal_and_every_batch_is_tr
     assert "starting the learner group again from the last checkpoint" in out
     assert_trained_exactly_once(run_dir, overrides, steps)
     replaced = read_jsonl(run_dir / "restarts.jsonl")
-    assert sorted((r["role"], r["replica"]) for r in replaced) == [("collector", 0), ("collector", 1),
-                                                                   ("learner", 0), ("reference", 0)], replaced
+    assert sorted((r["role"], r["replica"]) for r in replaced) == [
+        ("collector", 0),
+        ("collector", 1),
+        ("learner", 0),
+        ("reference", 0),
+    ], replaced
     assert all("died" in r["cause"] and r["seconds"] > 0 for r in replaced), replaced
     (learner,) = [r for r in replaced if r["role"] == "learner"]
     assert learner["step"] in (8, 12), learner  # the newest checkpoint (every 4 steps) when the rank was lost
@@ -129,8 +161,16 @@ def test_a_silent_collector_is_replaced_and_past_max_restarts_the_run_ends_namin
     from tests.integration.test_async import _processes_with
 
     run_dir, tag = tmp_path / "exhausted", f"grpo-test-{uuid.uuid4().hex}"
-    proc = start("grpo-async.py", simulated(tiny_model_dir, run_dir, 1000, **{
-        "pipeline.max_restarts": 1, "policy.kl_coef": 0, "pipeline.timeout_seconds": 20}), GRPO_TEST_RUN_TAG=tag)
+    proc = start(
+        "grpo-async.py",
+        simulated(
+            tiny_model_dir,
+            run_dir,
+            1000,
+            **{"pipeline.max_restarts": 1, "policy.kl_coef": 0, "pipeline.timeout_seconds": 20},
+        ),
+        GRPO_TEST_RUN_TAG=tag,
+    )
     kill_when(proc, run_dir, [(2, "collector", 0, signal.SIGSTOP), (4, "collector", 0)])
     out = finish(proc)
     (silent,) = read_jsonl(run_dir / "restarts.jsonl")
@@ -163,14 +203,32 @@ def test_a_lost_learner_rank_restarts_the_synchronous_run_with_the_losses_of_an_
     steps = 5
 
     def overrides(run_dir: Path) -> list[str]:
-        return [f"model.name={model}", f"output_dir={run_dir}", f"train.steps={steps}", "seed=3",
-                "logger.backend=none", "logger.num_examine=0", "eval.every=0", "sampling.max_new_tokens=12",
-                "env.prompts_per_step=2", "env.group_size=4", "optimizer.lr=3e-3", "policy.kl_coef=0",
-                "inference_model.max_model_len=512", "inference_model.kv_cache_gb=1", "env.max_prompt_tokens=300",
-                f"reward.path={reward}", "reward.name=early_letters", "train_model.num_devices=2",
-                "train.checkpoint_frequency=2", "pipeline.timeout_seconds=60", "train_model.precision=float32",
-                "inference_model.engine=transformers",  # no vLLM start: this test is about the learner
-                "inference_model.precision=float32", "ref_model.precision=float32"]
+        return [
+            f"model.name={model}",
+            f"output_dir={run_dir}",
+            f"train.steps={steps}",
+            "seed=3",
+            "logger.backend=none",
+            "logger.num_examine=0",
+            "eval.every=0",
+            "sampling.max_new_tokens=12",
+            "env.prompts_per_step=2",
+            "env.group_size=4",
+            "optimizer.lr=3e-3",
+            "policy.kl_coef=0",
+            "inference_model.max_model_len=512",
+            "inference_model.kv_cache_gb=1",
+            "env.max_prompt_tokens=300",
+            f"reward.path={reward}",
+            "reward.name=early_letters",
+            "train_model.num_devices=2",
+            "train.checkpoint_frequency=2",
+            "pipeline.timeout_seconds=60",
+            "train_model.precision=float32",
+            "inference_model.engine=transformers",  # no vLLM start: this test is about the learner
+            "inference_model.precision=float32",
+            "ref_model.precision=float32",
+        ]
 
     broken = start("grpo.py", overrides(tmp_path / "broken"))
     kill_when(broken, tmp_path / "broken", [(3, "learner", 1)])
@@ -184,7 +242,7 @@ def test_a_lost_learner_rank_restarts_the_synchronous_run_with_the_losses_of_an_
     a, b = read_metrics(tmp_path / "broken"), read_metrics(tmp_path / "unbroken")
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, steps + 1))
     assert any(r["grad_norm"] > 0 for r in b)  # the comparison can fail: the updates are not zero
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         for key in ("loss", "loss_policy", "reward_mean", "reward_std", "grad_norm", "entropy", "clip_fraction"):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (x["step"], key, x[key], y[key])
 
@@ -200,8 +258,12 @@ def test_a_lost_node_takes_its_collector_which_comes_back_on_the_surviving_node(
         second = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         run_dir, steps = tmp_path / "nodes", 10
-        overrides = simulated(tiny_model_dir, run_dir, steps, **{
-            "inference_model.num_devices": 2, "policy.kl_coef": 0, "ray.address": cluster.address})
+        overrides = simulated(
+            tiny_model_dir,
+            run_dir,
+            steps,
+            **{"inference_model.num_devices": 2, "policy.kl_coef": 0, "ray.address": cluster.address},
+        )
         proc = start("grpo-async.py", overrides)
         deadline = time.monotonic() + 300
         while len(read_jsonl(run_dir / "metrics.jsonl")) < 3:

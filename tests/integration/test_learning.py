@@ -2,20 +2,21 @@
 
 Toy task: the reward is the fraction of the answer's characters that are upper-case ASCII letters. A randomly
 initialised model samples nearly uniformly over SmolLM2's 49k-token vocabulary, a small part of which is
-upper case, so rewards are low but vary within every group and GRPO has signal from the first step. With a fixed seed the mean reward must rise
-clearly; the assertion is on the trend, never on time.
+upper case, so rewards are low but vary within every group and GRPO has signal from the first step. With a fixed seed
+the mean reward must rise clearly; the assertion is on the trend, never on time.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_rl.rollout.collector import Collector
 from grpo_rl.algo.advantages import assign_advantages
 from grpo_rl.envs.base import PromptEnv
-from grpo_rl.training.learner import Learner, LossSettings
-from grpo_rl.model.loading import build_tiny_model, load_causal_lm
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.model.loading import build_tiny_model, load_causal_lm
+from grpo_rl.rollout.collector import Collector
+from grpo_rl.training.learner import Learner, LossSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -34,13 +35,26 @@ def test_tiny_model_learns_toy_task(tokenizer_dir, tokenizer, tmp_path):
     tiny_model_dir = build_tiny_model(str(tokenizer_dir), tmp_path / "peaked", initializer_range=1.0)
     torch.manual_seed(0)
     engine = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=256, kv_cache_gb=1, seed=0)
-    learner = Learner(load_causal_lm(str(tiny_model_dir), torch.device("cpu")), torch.device("cpu"),
-                      LossSettings(kl_coef=0.0), lr=1e-2, warmup_steps=0, micro_batch_tokens=4096)
+    learner = Learner(
+        load_causal_lm(str(tiny_model_dir), torch.device("cpu")),
+        torch.device("cpu"),
+        LossSettings(kl_coef=0.0),
+        lr=1e-2,
+        warmup_steps=0,
+        micro_batch_tokens=4096,
+    )
     engine.update_weights(learner.named_weights())
     records = [{"q": "Write something."} for _ in range(16)]  # one context: what is reinforced recurs
-    env = PromptEnv(records, tokenizer, CompositeReward([RewardComponent("early", early_letter_fraction)]),
-                    format_messages=lambda r: [{"role": "user", "content": r["q"]}], reference_of=lambda r: None,
-                    prompts_per_step=4, max_prompt_tokens=64, seed=0)
+    env = PromptEnv(
+        records,
+        tokenizer,
+        CompositeReward([RewardComponent("early", early_letter_fraction)]),
+        format_messages=lambda r: [{"role": "user", "content": r["q"]}],
+        reference_of=lambda r: None,
+        prompts_per_step=4,
+        max_prompt_tokens=64,
+        seed=0,
+    )
     collector = Collector(env, engine, tokenizer, group_size=8, max_new_tokens=12, seed=0)
     means = []
     for step in range(20):
@@ -52,4 +66,6 @@ def test_tiny_model_learns_toy_task(tokenizer_dir, tokenizer, tmp_path):
     engine.shutdown()
     first, last = sum(means[:3]) / 3, sum(means[-5:]) / 5
     print("reward curve:", [round(m, 3) for m in means])
-    assert last > first + 0.08, f"reward did not rise: first 3 steps {first:.3f}, last 5 steps {last:.3f}; curve {means}"
+    assert last > first + 0.08, (
+        f"reward did not rise: first 3 steps {first:.3f}, last 5 steps {last:.3f}; curve {means}"
+    )

@@ -6,6 +6,7 @@ the library hosts is up at once; the transformers engine stands in for vLLM (the
 ``GLOO_SOCKET_IFNAME`` naming a non-loopback interface in the run's environment, gloo's default device would bind
 beyond loopback (this machine's host name may resolve to 127.0.0.1, where it would pass by luck).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -23,11 +24,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def _overrides(model_dir: Path, run_dir: Path) -> list[str]:
-    return [f"model.name={model_dir}", f"output_dir={run_dir}", "train.steps=1", "logger.backend=none",
-            "logger.num_examine=0", "env.prompts_per_step=2", "env.group_size=4", "sampling.max_new_tokens=8",
-            "policy.kl_coef=0.0", "eval.every=0", "train.checkpoint_frequency=0", "inference_model.max_model_len=512",
-            "train_model.precision=float32", "ref_model.precision=float32", "inference_model.precision=float32",
-            NOT_VLLM, "train_model.num_devices=2", "pipeline.weight_transport=collective"]
+    return [
+        f"model.name={model_dir}",
+        f"output_dir={run_dir}",
+        "train.steps=1",
+        "logger.backend=none",
+        "logger.num_examine=0",
+        "env.prompts_per_step=2",
+        "env.group_size=4",
+        "sampling.max_new_tokens=8",
+        "policy.kl_coef=0.0",
+        "eval.every=0",
+        "train.checkpoint_frequency=0",
+        "inference_model.max_model_len=512",
+        "train_model.precision=float32",
+        "ref_model.precision=float32",
+        "inference_model.precision=float32",
+        NOT_VLLM,
+        "train_model.num_devices=2",
+        "pipeline.weight_transport=collective",
+    ]
 
 
 def test_async_run_with_two_learner_ranks_listens_on_loopback_only(tiny_model_dir, tmp_path):
@@ -38,8 +54,13 @@ def test_async_run_with_two_learner_ranks_listens_on_loopback_only(tiny_model_di
         env["GLOO_SOCKET_IFNAME"] = tempting[0]
     seen: dict[str, str] = {}  # "tcp 127.0.0.1:port" -> the command line of the process that held it
     with open(tmp_path / "out.txt", "w") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "sota" / "grpo-async.py"), *_overrides(tiny_model_dir,
-                                 tmp_path / "run")], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "sota" / "grpo-async.py"), *_overrides(tiny_model_dir, tmp_path / "run")],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 600
             while proc.poll() is None and time.monotonic() < deadline:

@@ -2,6 +2,7 @@
 rounding, and an engine that shares the learner's model; a run stopped after a checkpoint resumes to the same
 metrics and weights, bit for bit, as a run that was never stopped (the 8-bit state round-trips the checkpoint, and
 the rounding's random draws follow the restored RNG)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,13 +20,29 @@ COMPARED = ("loss", "reward_mean", "grad_norm", "kl_ref", "entropy", "lr", "resp
 
 
 def _args(model_dir: Path, reward_file: Path, out: Path, steps: int, *extra: str) -> list[str]:
-    return ["+preset=lowmem", f"model.name={model_dir}", f"output_dir={out}", f"train.steps={steps}", "seed=3",
-            "logger.backend=none", "sampling.max_new_tokens=12", "env.prompts_per_step=2", "env.group_size=4",
-            "optimizer.lr=3e-3", "policy.kl_coef=0.05", "env.max_prompt_tokens=300", f"reward.path={reward_file}",
-            "reward.name=early_letters", "eval.every=0", "train.checkpoint_frequency=1",
-            # bf16 on every CPU kind: the preset's path where bf16 is fast (bf16 weights, stochastic rounding)
-            "train_model.precision=bfloat16", "ref_model.precision=bfloat16", "inference_model.precision=bfloat16",
-            *extra]
+    return [
+        "+preset=lowmem",
+        f"model.name={model_dir}",
+        f"output_dir={out}",
+        f"train.steps={steps}",
+        "seed=3",
+        "logger.backend=none",
+        "sampling.max_new_tokens=12",
+        "env.prompts_per_step=2",
+        "env.group_size=4",
+        "optimizer.lr=3e-3",
+        "policy.kl_coef=0.05",
+        "env.max_prompt_tokens=300",
+        f"reward.path={reward_file}",
+        "reward.name=early_letters",
+        "eval.every=0",
+        "train.checkpoint_frequency=1",
+        # bf16 on every CPU kind: the preset's path where bf16 is fast (bf16 weights, stochastic rounding)
+        "train_model.precision=bfloat16",
+        "ref_model.precision=bfloat16",
+        "inference_model.precision=bfloat16",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +80,7 @@ def test_lowmem_trains_and_resumes_bit_for_bit(varied_model_dir, tmp_path):
     assert rest.returncode == 0, rest.stderr[-3000:]
     b = read_metrics(parts)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         assert {k: ra[k] for k in COMPARED} == {k: rb[k] for k in COMPARED}, (ra["step"], ra, rb)
     wa, wb = (load_file(d / "final_model" / "model.safetensors") for d in (whole, parts))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -1,6 +1,7 @@
 """A real vLLM server of the tiny model, started the way a run starts one: its answers equal the in-process
 engine's, pushed weights land (and are read back), every path needs the key, and an answer in flight across a push
 keeps, token by token, the log-prob and version of the weights that sampled it."""
+
 from __future__ import annotations
 
 import copy
@@ -25,13 +26,24 @@ MAX_MODEL_LEN = 1024
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model_dir, tmp_path_factory):
-    args = engine_args(dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0, kv_cache_gb=0.25,
-                       gpu_memory_utilization=0.5, enforce_eager=True, enable_prefix_caching=True, on_cpu=True)
+    args = engine_args(
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+        kv_cache_gb=0.25,
+        gpu_memory_utilization=0.5,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        on_cpu=True,
+    )
     # Four sequences at a time: more requests wait their turn, so a push lands while answers are under way
     # (this model samples a whole answer in well under a second).
     args += ("--max-num-seqs", "4")
-    servers = ServerFleet([ServerSpec(str(tiny_model_dir), torch.device("cpu"), threads=1, vllm_args=args)],
-                          tmp_path_factory.mktemp("servers"), start_timeout=300)
+    servers = ServerFleet(
+        [ServerSpec(str(tiny_model_dir), torch.device("cpu"), threads=1, vllm_args=args)],
+        tmp_path_factory.mktemp("servers"),
+        start_timeout=300,
+    )
     yield servers
     servers.close()
 
@@ -46,7 +58,7 @@ def engine(fleet, tokenizer):
 def learner_logprobs(model, prompt: list[int], answer: list[int]) -> torch.Tensor:
     """The plain forward's log-probs of ``answer`` after ``prompt`` (temperature 1, no truncation)."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1: -1].float()
+        logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer)[:, None])[:, 0]
 
 
@@ -61,8 +73,7 @@ def perturbed(model, seed: int, scale: float = 0.05):
 
 def answers(batch, j: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     n = int(batch["response_mask"][j].sum())
-    return (batch["response_ids"][j, :n].tolist(), batch["behavior_logprobs"][j, :n],
-            batch["behavior_version"][j, :n])
+    return (batch["response_ids"][j, :n].tolist(), batch["behavior_logprobs"][j, :n], batch["behavior_version"][j, :n])
 
 
 def test_served_answers_equal_the_in_process_engines(engine, tiny_model_dir, tokenizer):
@@ -71,16 +82,17 @@ def test_served_answers_equal_the_in_process_engines(engine, tiny_model_dir, tok
     from grpo_rl.engines.vllm_engine import VLLMEngine
 
     prompts = [tokenizer.encode(t) for t in ("What is 2 + 3?", "Name a colour.", "Count to five:")]
-    specs = [SamplingSpec(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=50, seed=11),
-             SamplingSpec(max_new_tokens=24, seed=3, stop=("e",))]  # a stop string: ends most answers early
+    specs = [
+        SamplingSpec(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=50, seed=11),
+        SamplingSpec(max_new_tokens=24, seed=3, stop=("e",)),
+    ]  # a stop string: ends most answers early
     served = [engine.generate(prompts, 4, s) for s in specs]
-    local = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=MAX_MODEL_LEN, seed=0,
-                       kv_cache_gb=0.25)
+    local = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=MAX_MODEL_LEN, seed=0, kv_cache_gb=0.25)
     try:
         in_process = [local.generate(prompts, 4, s) for s in specs]
     finally:
         local.shutdown()
-    for a, b in zip(served, in_process):
+    for a, b in zip(served, in_process, strict=True):
         for key in ("prompt_ids", "response_ids", "response_mask", "group_id", "truncated"):
             assert torch.equal(a[key], b[key]), key
         torch.testing.assert_close(a["behavior_logprobs"], b["behavior_logprobs"], rtol=0, atol=1e-5)
@@ -108,18 +120,29 @@ def test_two_pushes_land_and_are_read_back(engine, fleet, tiny_model):
 def _client(fleet, **headers) -> httpx.Client:
     """A raw client of the fleet's one server, on its Unix socket."""
     path = fleet.urls[0].removeprefix("unix:")
-    return httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://localhost", headers=headers,
-                        timeout=30, trust_env=False)
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=path),
+        base_url="http://localhost",
+        headers=headers,
+        timeout=30,
+        trust_env=False,
+    )
 
 
 def test_every_path_needs_the_key(fleet):
     """Every route the server's app has (from its own OpenAPI listing), the mounts outside that listing and a
     websocket upgrade: refused without the key and with a wrong one, before the app sees the request."""
-    keyed, bare, wrong = _client(fleet, Authorization=f"Bearer {fleet.key}"), _client(fleet), _client(
-        fleet, Authorization="Bearer not-the-key")
+    keyed, bare, wrong = (
+        _client(fleet, Authorization=f"Bearer {fleet.key}"),
+        _client(fleet),
+        _client(fleet, Authorization="Bearer not-the-key"),
+    )
     listed = keyed.get("/openapi.json").json()["paths"]
-    routes = [(method.upper(), path.replace("{", "").replace("}", "")) for path, methods in listed.items()
-              for method in methods]
+    routes = [
+        (method.upper(), path.replace("{", "").replace("}", ""))
+        for path, methods in listed.items()
+        for method in methods
+    ]
     routes += [("GET", p) for p in ("/metrics", "/docs", "/openapi.json", "/ping", "/redoc", "/no-such-route")]
     routes += [("POST", "/invocations"), ("GET", "/grpo_rl/model")]
     assert len(routes) > 40 and ("POST", "/update_weights") in routes and ("POST", "/collective_rpc") in routes
@@ -127,8 +150,12 @@ def test_every_path_needs_the_key(fleet):
         for client in (bare, wrong):
             response = client.request(method, path, json={})
             assert response.status_code == 401 and response.json() == {"error": "Unauthorized"}, (method, path)
-    upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    upgrade = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
     assert bare.get("/v1/realtime", headers=upgrade).status_code in (401, 403)  # closed before the app
     generate = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}
     assert keyed.post("/inference/v1/generate", json=generate).status_code == 200
@@ -189,7 +216,9 @@ def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob
         engine.update_weights(a.state_dict().items(), va)
         out = {}
         spec = SamplingSpec(max_new_tokens=MAX_MODEL_LEN - 4, seed=trial)
-        thread = threading.Thread(target=lambda: out.setdefault("batch", engine.generate(prompts, 1, spec)))
+        thread = threading.Thread(
+            target=lambda out=out, spec=spec: out.setdefault("batch", engine.generate(prompts, 1, spec))
+        )
         thread.start()
         time.sleep(wait)
         wait = wait / 2 if not thread.is_alive() else wait * 1.5  # too late: earlier next time; too early: later
@@ -203,14 +232,16 @@ def test_an_answer_across_an_inflight_push_keeps_each_tokens_version_and_logprob
         pytest.fail("no push landed while an answer was in flight")
     batch = out["batch"]
     assert {int(v) for _, _, v in rows for v in v.unique()} == {va, vb}
-    for prompt, (row_ids, row_behavior, row_versions) in zip(prompts, rows):  # answers begun after the push: B's
+    for prompt, (row_ids, row_behavior, row_versions) in zip(
+        prompts, rows, strict=True
+    ):  # answers begun after the push: B's
         if (row_versions == vb).all():
             torch.testing.assert_close(row_behavior, learner_logprobs(b, prompt, row_ids), rtol=0, atol=1e-4)
         elif (row_versions == va).all():
             torch.testing.assert_close(row_behavior, learner_logprobs(a, prompt, row_ids), rtol=0, atol=1e-4)
     assert oldest_token_version(batch, default=-1).tolist() == [int(v[0]) for _, _, v in rows]
     prompt, (ids, behavior, versions) = prompts[mixed[0]], rows[mixed[0]]
-    assert oldest_token_version(batch[mixed[0]: mixed[0] + 1], default=-1).tolist() == [va]  # the oldest token's
+    assert oldest_token_version(batch[mixed[0] : mixed[0] + 1], default=-1).tolist() == [va]  # the oldest token's
     old, new = versions == va, versions == vb
     assert (old | new).all() and old[: int(old.sum())].all()  # A's tokens first, then B's
     lp_a, lp_b = learner_logprobs(a, prompt, ids), learner_logprobs(b, prompt, ids)

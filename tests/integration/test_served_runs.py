@@ -1,6 +1,7 @@
 """Both scripts with ``inference_model.engine=vllm_server``: the run starts a vLLM server, samples what the
 in-process engine samples for the same seed, and leaves no server behind, whether the driver is stopped by
 SIGTERM or killed by SIGKILL."""
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,15 @@ def in_process_answers(tiny_model_dir, tmp_path_factory) -> list[str]:
 
 def start_script(script: str, overrides: list[str], until: str) -> tuple[subprocess.Popen, list[str]]:
     """Start ``script`` in a session of its own; return once a log line contains ``until``."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "sota" / script), *overrides], cwd=ROOT, env=script_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sota" / script), *overrides],
+        cwd=ROOT,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     seen = threading.Event()
 
@@ -85,11 +93,13 @@ def start_script(script: str, overrides: list[str], until: str) -> tuple[subproc
     return proc, lines
 
 
-def test_sync_served_run_samples_as_in_process_and_sigterm_stops_its_server(tiny_model_dir, tmp_path,
-                                                                             in_process_answers):
+def test_sync_served_run_samples_as_in_process_and_sigterm_stops_its_server(
+    tiny_model_dir, tmp_path, in_process_answers
+):
     run_dir = tmp_path / "served"
-    proc, lines = start_script("grpo.py", [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED],
-                               until="step 2/1000 |")
+    proc, lines = start_script(
+        "grpo.py", [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED], until="step 2/1000 |"
+    )
     try:
         sids = server_sessions("".join(lines))
         assert len(sids) == 1 and alive_in_session(sids[0])
@@ -114,13 +124,17 @@ def wait_for_line(proc: subprocess.Popen, lines: list[str], text: str, timeout: 
 
 
 def test_async_served_run_replaces_a_killed_server_and_leaves_none_when_the_driver_is_killed(
-        tiny_model_dir, tmp_path, in_process_answers):
+    tiny_model_dir, tmp_path, in_process_answers
+):
     """With in-flight updates: the run's server is SIGKILLed after step 2; its collector is replaced with a new
     server, given the newest weights, and the steps go on, each batch trained once. Then the driver is SIGKILLed:
     no server outlives it."""
     run_dir = tmp_path / "killed"
-    proc, lines = start_script("grpo-async.py", [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED,
-                                                 "pipeline.inflight_updates=true"], until="step 2/1000 |")
+    proc, lines = start_script(
+        "grpo-async.py",
+        [*tiny_overrides(tiny_model_dir, run_dir, steps=1000), *SERVED, "pipeline.inflight_updates=true"],
+        until="step 2/1000 |",
+    )
     try:
         sids = server_sessions("".join(lines))
         assert len(sids) == 1 and alive_in_session(sids[0]), "".join(lines[-60:])
@@ -145,7 +159,9 @@ def test_async_served_run_replaces_a_killed_server_and_leaves_none_when_the_driv
     assert first_answers(run_dir) == in_process_answers
     (restart,) = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
     assert restart["role"] == "collector" and "failed" in restart["cause"], restart
-    trained = [b for line in (run_dir / "trained.jsonl").read_text().splitlines() for b in json.loads(line)["batch_index"]]
+    trained = [
+        b for line in (run_dir / "trained.jsonl").read_text().splitlines() for b in json.loads(line)["batch_index"]
+    ]
     assert len(trained) == len(set(trained)) >= steps_then + 2 and set(trained) == set(range(len(trained))), trained
     assert (run_dir / "engine_server_0.1.log").exists()  # the replacement's log beside the first one
 
@@ -158,9 +174,16 @@ def test_a_server_that_dies_mid_run_is_named_and_the_last_step_is_kept(tiny_mode
     server = StandIn(key=RUN_KEY, generations=4)  # 2 prompts per step: it dies at step 3
     run_dir = tmp_path / "orphaned"
     try:
-        proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, run_dir, steps=10), *SERVED,
-                          f"inference_model.urls=[{server.url}]", "inference_model.request_timeout_s=30",
-                          "eval.every=0", env=script_env(GRPO_RL_ENGINE_KEY=RUN_KEY), timeout=300)
+        proc = run_script(
+            "grpo.py",
+            *tiny_overrides(tiny_model_dir, run_dir, steps=10),
+            *SERVED,
+            f"inference_model.urls=[{server.url}]",
+            "inference_model.request_timeout_s=30",
+            "eval.every=0",
+            env=script_env(GRPO_RL_ENGINE_KEY=RUN_KEY),
+            timeout=300,
+        )
     finally:
         server.close()
     last = (proc.stderr.strip().splitlines() or [""])[-1]

@@ -5,6 +5,7 @@ Each rank runs the real :class:`~grpo_rl.training.learner.Learner` on a model sh
 of micro-batches, so the learner's padding passes are exercised. Rank 0 writes what it gathered to a file and
 the test compares it with a single process training on the whole batch.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -16,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from grpo_rl.training.learner import Learner, LossSettings
 from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.training.learner import Learner, LossSettings
 from tests.integration.test_data_parallel import grpo_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -43,13 +44,22 @@ def sharded_learner(model_dir: Path) -> Learner:
 def run_rank(rank: int, model_dir: Path, out_dir: Path) -> None:
     """One rank: 2 steps (full weights after each), then a full-state round trip into a fresh learner, 1 more step."""
     from grpo_rl.distributed.data_parallel import shard_batch
-    from grpo_rl.distributed.sharding import (full_named_weights, full_optimizer_state, load_full_model_state,
-                                              load_full_optimizer_state)
+    from grpo_rl.distributed.sharding import (
+        full_named_weights,
+        full_optimizer_state,
+        load_full_model_state,
+        load_full_optimizer_state,
+    )
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{out_dir / 'rendezvous'}", rank=rank,
-                                world_size=WORLD_SIZE, timeout=timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{out_dir / 'rendezvous'}",
+            rank=rank,
+            world_size=WORLD_SIZE,
+            timeout=timedelta(seconds=60),
+        )
         learner = sharded_learner(model_dir)
         shard = shard_batch(grpo_batch(GROUP_SIZES, vocab=learner.model.config.vocab_size), WORLD_SIZE)[rank]
         steps = []
@@ -65,8 +75,10 @@ def run_rank(rank: int, model_dir: Path, out_dir: Path) -> None:
         fresh.scheduler.load_state_dict(learner.scheduler.state_dict())
         learner.train_step(shard.clone())
         fresh.train_step(shard.clone())
-        torch.save({"steps": steps, "next": full_named_weights(learner.model),
-                    "fresh_next": full_named_weights(fresh.model)}, out_dir / f"rank{rank}.pt")
+        torch.save(
+            {"steps": steps, "next": full_named_weights(learner.model), "fresh_next": full_named_weights(fresh.model)},
+            out_dir / f"rank{rank}.pt",
+        )
     except BaseException:
         (out_dir / f"rank{rank}.err").write_text(traceback.format_exc())
         raise

@@ -1,10 +1,17 @@
 """sota/grpo.py end to end on a tiny model with the vLLM engine, and its start-up errors on bad input."""
+
 from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import (NOT_VLLM, SHARED_STEP_METRICS, read_metrics, run_script, start_up_noise,
-                                       tiny_overrides)
+from tests.integration.helpers import (
+    NOT_VLLM,
+    SHARED_STEP_METRICS,
+    read_metrics,
+    run_script,
+    start_up_noise,
+    tiny_overrides,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -32,16 +39,23 @@ def test_compiled_run_trains_and_its_resume_compiles_again(tiny_model_dir, tmp_p
     """train.compile=true end to end: the learner and the reference compile, the run trains; a resumed run
     (train.compile=auto, which alone would stay eager on a tiny model) compiles from the checkpointed decision."""
     out = tmp_path / "run"
-    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, out, steps=2), "train.compile=true",
-                      "train.checkpoint_frequency=1", NOT_VLLM)
+    proc = run_script(
+        "grpo.py",
+        *tiny_overrides(tiny_model_dir, out, steps=2),
+        "train.compile=true",
+        "train.checkpoint_frequency=1",
+        NOT_VLLM,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
-    assert "the learner's 2 decoder layers compile" in log and "the reference's 2 decoder layers compile" in log, \
-        log[-3000:]
+    assert "the learner's 2 decoder layers compile" in log and "the reference's 2 decoder layers compile" in log, log[
+        -3000:
+    ]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["policy_version"] == 2  # both optimizer steps taken
-    more = run_script("grpo.py", *tiny_overrides(tiny_model_dir, out, steps=3), "train.compile=auto", "resume=auto",
-                      NOT_VLLM)
+    more = run_script(
+        "grpo.py", *tiny_overrides(tiny_model_dir, out, steps=3), "train.compile=auto", "resume=auto", NOT_VLLM
+    )
     assert more.returncode == 0, more.stderr[-3000:]
     assert "the learner's 2 decoder layers compile" in more.stdout + more.stderr
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]

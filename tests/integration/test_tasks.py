@@ -4,6 +4,7 @@ Each test runs ``sota/grpo.py`` as a subprocess on a tiny random model for two s
 logged: every reward component, the failure count and the failing samples. About 10 s each (the transformers
 engine: the tasks are the subject, not the engine).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,14 @@ from tests.integration.helpers import FLAKY_REWARD, NOT_VLLM
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_RUN = ["train.steps=2", "logger.backend=none", "sampling.max_new_tokens=16", "env.prompts_per_step=2",
-            "env.group_size=2", NOT_VLLM]
+TINY_RUN = [
+    "train.steps=2",
+    "logger.backend=none",
+    "sampling.max_new_tokens=16",
+    "env.prompts_per_step=2",
+    "env.group_size=2",
+    NOT_VLLM,
+]
 
 # FLAKY_REWARD raises on every other call: the batch call fails, and re-scoring one sample at a time fails on half
 # of them, so some samples of step 1 fall back and are logged, and never all of a step's samples.
@@ -33,8 +40,14 @@ def _env() -> dict[str, str]:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, str(ROOT / "sota" / "grpo.py"), *args], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "sota" / "grpo.py"), *args],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"grpo.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return done
 
@@ -58,24 +71,36 @@ def test_ifeval_config_runs(tiny_model_dir: Path, tmp_path: Path):
     assert (tmp_path / "final_model" / "config.json").is_file()
 
 
-def test_custom_task_with_reward_functions_and_a_reward_model(tiny_model_dir: Path, tokenizer_dir: Path,
-                                                             tmp_path: Path):
+def test_custom_task_with_reward_functions_and_a_reward_model(
+    tiny_model_dir: Path, tokenizer_dir: Path, tmp_path: Path
+):
     from grpo_rl.envs.rewards.reward_model import build_tiny_reward_model
 
     rm_dir = build_tiny_reward_model(str(tokenizer_dir), tmp_path / "rm")
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
     example = ROOT / "examples" / "custom_reward.py"
-    functions = (f"reward.functions=[{{path: {example}, name: contains_answer, weight: 1.0}}, "
-                 f"{{path: {example}, name: brevity, weight: 0.2}}, {{path: {tmp_path / 'flaky.py'}, name: flaky}}]")
+    functions = (
+        f"reward.functions=[{{path: {example}, name: contains_answer, weight: 1.0}}, "
+        f"{{path: {example}, name: brevity, weight: 0.2}}, {{path: {tmp_path / 'flaky.py'}, name: flaky}}]"
+    )
     run_dir = tmp_path / "run"
-    _run("env.dataset=file", "env.path=examples/prompts.jsonl", functions, "reward.fallback=-1",
-         f"reward.model_path={rm_dir}", "reward.model_weight=0.5", f"model.name={tiny_model_dir}",
-         f"output_dir={run_dir}", *TINY_RUN)
+    _run(
+        "env.dataset=file",
+        "env.path=examples/prompts.jsonl",
+        functions,
+        "reward.fallback=-1",
+        f"reward.model_path={rm_dir}",
+        "reward.model_weight=0.5",
+        f"model.name={tiny_model_dir}",
+        f"output_dir={run_dir}",
+        *TINY_RUN,
+    )
     metrics = _metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
-        assert {"reward_contains_answer_mean", "reward_brevity_mean", "reward_flaky_mean",
-                "reward_model_mean"} <= set(m)
+        assert {"reward_contains_answer_mean", "reward_brevity_mean", "reward_flaky_mean", "reward_model_mean"} <= set(
+            m
+        )
     # step 1: two of four samples failed in `flaky` and got the fallback, -1
     assert metrics[0]["reward_failures"] == 2 and metrics[0]["reward_flaky_mean"] == pytest.approx(0.0)
     failures = [json.loads(line) for line in (run_dir / "reward_failures.jsonl").read_text().splitlines()]

@@ -11,6 +11,7 @@ On that model: the synchronous script learns to call the tool; a run stopped and
 uninterrupted run logs; the asynchronous script, with a user's own tool registered by path, trains on episodes
 within the staleness bound and calls the user's function.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -30,14 +31,40 @@ from tests.integration.helpers import ROOT, read_metrics, script_env, tiny_overr
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TASK = ["env.dataset=arithmetic", "env.arithmetic.operations=[mul]", "env.arithmetic.digits=4",
-        "env.arithmetic.mul_digits=4", "env.arithmetic.train_size=2", "env.prompts_per_step=2", "env.group_size=16",
-        "env.tools=[{name: calculator}]", "env.max_turns=2", "env.max_prompt_tokens=400",
-        "sampling.max_new_tokens=48", "sampling.temperature=0.5", "reward.format_weight=0", "eval.every=0",
-        "inference_model.max_model_len=1024", "optimizer.lr=5e-4", "optimizer.warmup_steps=0", "policy.kl_coef=0"]
+TASK = [
+    "env.dataset=arithmetic",
+    "env.arithmetic.operations=[mul]",
+    "env.arithmetic.digits=4",
+    "env.arithmetic.mul_digits=4",
+    "env.arithmetic.train_size=2",
+    "env.prompts_per_step=2",
+    "env.group_size=16",
+    "env.tools=[{name: calculator}]",
+    "env.max_turns=2",
+    "env.max_prompt_tokens=400",
+    "sampling.max_new_tokens=48",
+    "sampling.temperature=0.5",
+    "reward.format_weight=0",
+    "eval.every=0",
+    "inference_model.max_model_len=1024",
+    "optimizer.lr=5e-4",
+    "optimizer.warmup_steps=0",
+    "policy.kl_coef=0",
+]
 STEPS = 6
-COMPARED = ("loss", "reward_mean", "reward_correct_mean", "grad_norm", "entropy", "tool_call_rate", "tool_calls_mean",
-            "turns_mean", "tool_errors", "response_length_mean", "policy_version")
+COMPARED = (
+    "loss",
+    "reward_mean",
+    "reward_correct_mean",
+    "grad_norm",
+    "entropy",
+    "tool_call_rate",
+    "tool_calls_mean",
+    "turns_mean",
+    "tool_errors",
+    "response_length_mean",
+    "policy_version",
+)
 
 # A user's calculator: the built-in's signature, docstring and example call (so the system prompt, and what the
 # fitted model does with it, are the same), its own arithmetic, and a line per call in a file beside it.
@@ -72,7 +99,7 @@ def fit_two_branches(model_dir, out_dir, tokenizer):
     prompts = make_env(cfg, tokenizer).reset()
     messages, eos = ToolMessages(tokenizer), tokenizer.eos_token_id
     rows = []
-    for prompt, question in zip(prompts["prompt_tokens"], prompts["prompt"]):
+    for prompt, question in zip(prompts["prompt_tokens"], prompts["prompt"], strict=True):
         a, b = (int(x) for x in re.search(r"What is (\d+) \* (\d+)\?", question).groups())
         call = tokenizer.encode(format_tool_call("calculator", {"expression": f"{a}*{b}"}), add_special_tokens=False)
         answer = tokenizer.encode(f"#### {a * b}", add_special_tokens=False) + [eos]
@@ -85,7 +112,7 @@ def fit_two_branches(model_dir, out_dir, tokenizer):
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (p, r) in enumerate(rows):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
+        labels[i, len(p) : len(p) + len(r)] = torch.tensor(r)
         attention[i, : len(p) + len(r)] = 1
     # The fitted model, and so the starting call rate, must not depend on the tests that ran before: an in-process
     # vLLM engine of an earlier test replaces torch.set_num_threads in this process with a no-op (its CPU worker
@@ -128,11 +155,20 @@ def fitted_model_dir(tiny_model_dir, tokenizer, tmp_path_factory) -> Path:
 
 
 def run(script: str, model_dir: Path, out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
-    overrides = [o for o in tiny_overrides(model_dir, out, steps=steps)
-                 if not o.startswith(("env.", "inference_model.max_model_len"))]
+    overrides = [
+        o
+        for o in tiny_overrides(model_dir, out, steps=steps)
+        if not o.startswith(("env.", "inference_model.max_model_len"))
+    ]
     # One thread: runs compared bit for bit must use the same count.
-    proc = subprocess.run([sys.executable, str(ROOT / "sota" / script), *overrides, *TASK, *extra], cwd=ROOT,
-                          env=script_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sota" / script), *overrides, *TASK, *extra],
+        cwd=ROOT,
+        env=script_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -166,15 +202,16 @@ def test_the_tool_call_rate_and_reward_rise(uninterrupted):
     assert called and all(e["response"].startswith("####") for e in called)  # the reward saw the last turn only
 
 
-def test_a_stopped_and_resumed_multi_turn_run_logs_what_the_uninterrupted_one_does(fitted_model_dir, uninterrupted,
-                                                                                 tmp_path):
+def test_a_stopped_and_resumed_multi_turn_run_logs_what_the_uninterrupted_one_does(
+    fitted_model_dir, uninterrupted, tmp_path
+):
     out = tmp_path / "run"
     run("grpo.py", fitted_model_dir, out, STEPS // 2)
     resumed = run("grpo.py", fitted_model_dir, out, STEPS, "resume=auto")
     assert "resumed from" in resumed.stdout + resumed.stderr
     a, b = read_metrics(uninterrupted), read_metrics(out)
     assert [r["step"] for r in b] == list(range(1, STEPS + 1))
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         for key in COMPARED:
             assert rb[key] == pytest.approx(ra[key], rel=1e-6, abs=1e-6), f"step {ra['step']}: {key}"
 
@@ -184,8 +221,15 @@ def test_the_async_script_trains_on_episodes_of_a_user_tool_within_the_staleness
     tool.parent.mkdir()
     tool.write_text(USER_TOOL)
     out = tmp_path / "run"
-    run("grpo-async.py", fitted_model_dir, out, 3, f"env.tools=[{{path: {tool}, name: calculator}}]",
-        "pipeline.max_staleness=1", "pipeline.buffer_capacity=1")
+    run(
+        "grpo-async.py",
+        fitted_model_dir,
+        out,
+        3,
+        f"env.tools=[{{path: {tool}, name: calculator}}]",
+        "pipeline.max_staleness=1",
+        "pipeline.buffer_capacity=1",
+    )
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["staleness_max"] <= 1 for r in rows)

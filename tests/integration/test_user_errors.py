@@ -1,6 +1,7 @@
 """User errors through the real script: one line naming the input and the fix, exit status 2, no traceback, and
 before any engine starts (the model folders here have no weights at all: an engine that started would fail on
 them first, with another message)."""
+
 from __future__ import annotations
 
 import shutil
@@ -34,7 +35,9 @@ def _fails_cleanly(result, *fragments: str) -> None:
 
 
 def test_unknown_key_with_plus(tmp_path):
-    _fails_cleanly(run_script("grpo.py", "+train.foo=1", f"output_dir={tmp_path}"), "train.foo", "grpo_rl/config/schema.py")
+    _fails_cleanly(
+        run_script("grpo.py", "+train.foo=1", f"output_dir={tmp_path}"), "train.foo", "grpo_rl/config/schema.py"
+    )
 
 
 def test_a_value_hydra_cannot_convert_exits_2(tmp_path):
@@ -58,16 +61,28 @@ def test_non_utf8_data_is_reported_with_file_and_line_before_the_engine(weightle
     data.write_bytes(b'{"prompt": "ok", "ground_truth": "1"}\n{"prompt": "caf\xe9", "ground_truth": "2"}\n')
     reward = tmp_path / "reward.py"
     reward.write_text("def score(responses, references):\n    return [0.0 for _ in responses]\n")
-    result = run_script("grpo.py", *tiny_overrides(weightless_model_dir, tmp_path / "run"), "env.dataset=file",
-                        f"env.path={data}", f"reward.path={reward}", "reward.name=score")
+    result = run_script(
+        "grpo.py",
+        *tiny_overrides(weightless_model_dir, tmp_path / "run"),
+        "env.dataset=file",
+        f"env.path={data}",
+        f"reward.path={reward}",
+        "reward.name=score",
+    )
     _fails_cleanly(result, f"{data}:2", "UTF-8")  # file:line
 
 
 def test_an_uncached_hub_dataset_offline_is_reported_before_the_engine(weightless_model_dir, tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text("def score(responses, references):\n    return [0.0 for _ in responses]\n")
-    result = run_script("grpo-async.py", *tiny_overrides(weightless_model_dir, tmp_path / "run"), "env.dataset=file",
-                        "env.hub_dataset=grpo-rl-tests/not-cached", f"reward.path={reward}", "reward.name=score")
+    result = run_script(
+        "grpo-async.py",
+        *tiny_overrides(weightless_model_dir, tmp_path / "run"),
+        "env.dataset=file",
+        "env.hub_dataset=grpo-rl-tests/not-cached",
+        f"reward.path={reward}",
+        "reward.name=score",
+    )
     _fails_cleanly(result, "env.hub_dataset=grpo-rl-tests/not-cached", "HF_HUB_OFFLINE=0", "env.path=prompts.jsonl")
 
 
@@ -83,8 +98,9 @@ def test_a_truncated_weights_file_is_named(tiny_model_dir, tmp_path):
 def test_a_reward_that_exits_at_import(weightless_model_dir, tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text("import sys\nsys.exit(3)\n")
-    result = run_script("grpo.py", *tiny_overrides(weightless_model_dir, tmp_path / "run"),
-                        f"reward.path={reward}", "reward.name=score")
+    result = run_script(
+        "grpo.py", *tiny_overrides(weightless_model_dir, tmp_path / "run"), f"reward.path={reward}", "reward.name=score"
+    )
     _fails_cleanly(result, str(reward))
 
 

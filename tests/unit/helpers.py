@@ -1,5 +1,6 @@
 """Helpers the unit tests share: the project's config composed with overrides, a JSONL file, and a file task
 scored on given answers."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,17 @@ def file_env(tokenizer, data: Path, reward_path: Path, name: str, extra=()):
     in file order."""
     from grpo_rl.envs import make_env
 
-    cfg = compose_config(["env.dataset=file", f"env.path={data}", f"reward.path={reward_path}", f"reward.name={name}",
-                          "env.prompts_per_step=2", "env.shuffle=false", *extra])
+    cfg = compose_config(
+        [
+            "env.dataset=file",
+            f"env.path={data}",
+            f"reward.path={reward_path}",
+            f"reward.name={name}",
+            "env.prompts_per_step=2",
+            "env.shuffle=false",
+            *extra,
+        ]
+    )
     validate(cfg)  # loads the reward file (and recognises its convention)
     return make_env(cfg, tokenizer)
 

@@ -1,5 +1,6 @@
 """The FLOP accounting behind the benchmarks' bound and floor (``benchmarks/micro/flops.py``): the decoding share of
 generation, and a floor that charges only that share at the decoding rate."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,22 @@ import pytest
 from benchmarks.micro.flops import StepFlops, best_rates, bounds, matmul_rates, step_flops
 
 # SmolLM2-135M's dimensions.
-CFG = {"hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152,
-       "num_attention_heads": 9, "num_key_value_heads": 3}
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 100,
-        "num_attention_heads": 4, "num_key_value_heads": 2}
+CFG = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+}
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "vocab_size": 100,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def test_decode_is_generation_less_the_prefill_and_grows_with_the_answers():

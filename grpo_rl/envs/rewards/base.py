@@ -20,6 +20,7 @@ keeps running (and using CPU) in the background until it returns or the process 
 retrying a component after :data:`MAX_RETRY_TIMEOUTS` timed-out retries, and a component with
 :data:`MAX_ABANDONED_CALLS` abandoned calls still running is not called again until some of them return.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,9 +29,10 @@ import logging
 import math
 import numbers
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -141,8 +143,9 @@ class CompositeReward:
         scale, bias: applied to the weighted sum.
     """
 
-    def __init__(self, components: Sequence[RewardComponent], *, fallback: float = 0.0, scale: float = 1.0,
-                 bias: float = 0.0):
+    def __init__(
+        self, components: Sequence[RewardComponent], *, fallback: float = 0.0, scale: float = 1.0, bias: float = 0.0
+    ):
         if not components:
             raise ValueError("a reward needs at least one component")
         self.components = list(components)
@@ -167,20 +170,28 @@ class CompositeReward:
             # A timeout or a declared "no reward" is not proof that the function is broken.
             excused = any(e.get("timed_out") or e.get("no_reward") for e in errors)
             if failed == n and n > 0 and not excused:
-                raise RewardError(f"reward {comp.name!r} ({comp.where()}) failed on every sample of the step, so it "
-                                  f"cannot score this task; fix the function (and test it on a few responses), then "
-                                  f"resume with resume=auto. First failure: {errors[0]}")
+                raise RewardError(
+                    f"reward {comp.name!r} ({comp.where()}) failed on every sample of the step, so it "
+                    f"cannot score this task; fix the function (and test it on a few responses), then "
+                    f"resume with resume=auto. First failure: {errors[0]}"
+                )
             if failed:
                 failures[comp.name] = failed
                 examples.extend(errors[:3])
-                log.warning("reward %r (%s) failed on %d/%d samples; first: %s", comp.name, comp.where(), failed, n,
-                            errors[0])
+                log.warning(
+                    "reward %r (%s) failed on %d/%d samples; first: %s", comp.name, comp.where(), failed, n, errors[0]
+                )
             values[comp.name] = vals
             total += comp.weight * vals
         if not self.rescales:
             return RewardResult(total=total, components=values, failures=failures, failure_examples=examples)
-        return RewardResult(total=(total + self.bias) * self.scale, components=values, failures=failures,
-                            failure_examples=examples, unscaled=total)
+        return RewardResult(
+            total=(total + self.bias) * self.scale,
+            components=values,
+            failures=failures,
+            failure_examples=examples,
+            unscaled=total,
+        )
 
     @property
     def rescales(self) -> bool:
@@ -199,13 +210,19 @@ class CompositeReward:
         limit = comp.timeout_seconds
         abandoned = self._abandoned.setdefault(comp.name, [])
         if still_running(abandoned) >= MAX_ABANDONED_CALLS:
-            skipped = RewardTimeout(f"not called: {len(abandoned)} earlier calls are still running past "
-                                    f"reward.timeout_seconds={limit:g}; make the function faster or raise the limit")
-            return (torch.full((n,), self.fallback, dtype=torch.float32), n,
-                    [_failure(comp, i, skipped, responses[i]) for i in range(n)])
+            skipped = RewardTimeout(
+                f"not called: {len(abandoned)} earlier calls are still running past "
+                f"reward.timeout_seconds={limit:g}; make the function faster or raise the limit"
+            )
+            return (
+                torch.full((n,), self.fallback, dtype=torch.float32),
+                n,
+                [_failure(comp, i, skipped, responses[i]) for i in range(n)],
+            )
         try:
-            vals, missing = self._check(comp.name, _call(comp, responses, references, extra, limit), n,
-                                        comp.none_is_no_reward, self.fallback)
+            vals, missing = self._check(
+                comp.name, _call(comp, responses, references, extra, limit), n, comp.none_is_no_reward, self.fallback
+            )
             return vals, len(missing), [_failure(comp, i, _no_reward(), responses[i]) for i in missing]
         except KeyboardInterrupt:
             raise
@@ -220,11 +237,18 @@ class CompositeReward:
         for i in range(n):
             try:
                 if timeouts >= MAX_RETRY_TIMEOUTS:
-                    raise RewardTimeout(f"not retried: the function already timed out on {timeouts} samples of "
-                                        f"this step (reward.timeout_seconds={limit:g})")
+                    raise RewardTimeout(
+                        f"not retried: the function already timed out on {timeouts} samples of "
+                        f"this step (reward.timeout_seconds={limit:g})"
+                    )
                 one_extra = {k: [v[i]] for k, v in extra.items()}
-                one, missing = self._check(comp.name, _call(comp, [responses[i]], [references[i]], one_extra, limit),
-                                           1, comp.none_is_no_reward, self.fallback)
+                one, missing = self._check(
+                    comp.name,
+                    _call(comp, [responses[i]], [references[i]], one_extra, limit),
+                    1,
+                    comp.none_is_no_reward,
+                    self.fallback,
+                )
                 if missing:
                     raise _no_reward()
                 vals[i] = one[0]
@@ -238,14 +262,16 @@ class CompositeReward:
         return vals, len(errors), errors
 
     @staticmethod
-    def _check(name: str, out: Any, n: int, allow_none: bool = False,
-               fallback: float = 0.0) -> tuple[torch.Tensor, list[int]]:
+    def _check(
+        name: str, out: Any, n: int, allow_none: bool = False, fallback: float = 0.0
+    ) -> tuple[torch.Tensor, list[int]]:
         """``out`` as ``[n]`` floats and the indices of its Nones (given ``fallback``; only with ``allow_none``)."""
         if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
             out = out.tolist()  # a NumPy array or a tensor: plain Python numbers
         if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
-            raise TypeError(f"reward {name!r} returned {_clip(repr(out))}; it must return a list of numbers, "
-                            "one per response")
+            raise TypeError(
+                f"reward {name!r} returned {_clip(repr(out))}; it must return a list of numbers, one per response"
+            )
         out = list(out)
         if len(out) != n:
             raise ValueError(f"reward {name!r} returned {len(out)} values for {n} responses")
@@ -288,15 +314,23 @@ def _call(comp: RewardComponent, responses, references, extra: dict, timeout: fl
     if timeout is None:
         return call()
     return call_with_time_limit(
-        call, timeout, name=f"reward-{comp.name}", error=RewardTimeout,
-        message=(f"timed out after reward.timeout_seconds={timeout:g} and was abandoned (it may still be running); "
-                 "make the function faster or raise reward.timeout_seconds"))
+        call,
+        timeout,
+        name=f"reward-{comp.name}",
+        error=RewardTimeout,
+        message=(
+            f"timed out after reward.timeout_seconds={timeout:g} and was abandoned (it may still be running); "
+            "make the function faster or raise reward.timeout_seconds"
+        ),
+    )
 
 
 def _describe(error: BaseException) -> str:
     if isinstance(error, SystemExit):
-        return (f"SystemExit({error.code!r}): the reward function called sys.exit() (or exit()); return a list of "
-                "numbers, or raise an exception, instead")
+        return (
+            f"SystemExit({error.code!r}): the reward function called sys.exit() (or exit()); return a list of "
+            "numbers, or raise an exception, instead"
+        )
     if isinstance(error, (RewardTimeout, NoReward)):
         return f"{type(error).__name__}: {error}"
     try:

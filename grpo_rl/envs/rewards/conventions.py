@@ -33,10 +33,12 @@ Every adapter is a callable ``(responses, references, **columns) -> list`` (:dat
 with columns) that also says which columns it reads (``columns``, ``takes_all_columns``) and which it cannot do
 without (``required_columns``).
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["ACCEPTED_SIGNATURES", "ConventionError", "NativeReward", "TrlReward", "VerlReward", "adapt_reward"]
 
@@ -72,8 +74,10 @@ def _keyword_names(params: Sequence[inspect.Parameter]) -> list[str]:
 def _check_keyword_callable(params: Sequence[inspect.Parameter], convention: str) -> None:
     positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
     if positional_only:
-        raise ConventionError(f"{convention} functions are called with keywords, but {positional_only} are "
-                              "positional-only; remove the '/' from the signature")
+        raise ConventionError(
+            f"{convention} functions are called with keywords, but {positional_only} are "
+            "positional-only; remove the '/' from the signature"
+        )
 
 
 class NativeReward:
@@ -91,8 +95,10 @@ class NativeReward:
         self.required_columns = tuple(p.name for p in keyword if p.default is p.empty)
         extra_positional = [p.name for p in positional[2:] if p.default is p.empty and p.kind is p.POSITIONAL_ONLY]
         if extra_positional:
-            raise ConventionError(f"positional-only parameters {extra_positional} cannot be filled; make them "
-                                  "keyword parameters named after data columns")
+            raise ConventionError(
+                f"positional-only parameters {extra_positional} cannot be filled; make them "
+                "keyword parameters named after data columns"
+            )
 
     @staticmethod
     def matches(params: Sequence[inspect.Parameter]) -> bool:
@@ -117,11 +123,16 @@ class VerlReward:
     def __init__(self, fn: Callable):
         params = _params(fn)
         _check_keyword_callable(params, "verl")
-        unfilled = [p.name for p in params if p.default is p.empty and p.name not in VERL_ARGS
-                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unfilled = [
+            p.name
+            for p in params
+            if p.default is p.empty and p.name not in VERL_ARGS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
         if unfilled:
-            raise ConventionError(f"verl-style parameters {unfilled} cannot be filled here (only {list(VERL_ARGS)} "
-                                  "are passed; verl's reward_kwargs are not supported); give them defaults")
+            raise ConventionError(
+                f"verl-style parameters {unfilled} cannot be filled here (only {list(VERL_ARGS)} "
+                "are passed; verl's reward_kwargs are not supported); give them defaults"
+            )
         names = set(_keyword_names(params))
         self.fn = fn
         self.passed = VERL_ARGS if _takes_var_keyword(params) else tuple(a for a in VERL_ARGS if a in names)
@@ -135,13 +146,19 @@ class VerlReward:
             extra_info = [{k: v[i] for k, v in columns.items()} for i in range(n)]
         scores = []
         for i in range(n):
-            args = {"data_source": data_source[i], "solution_str": responses[i], "ground_truth": references[i],
-                    "extra_info": extra_info[i]}
+            args = {
+                "data_source": data_source[i],
+                "solution_str": responses[i],
+                "ground_truth": references[i],
+                "extra_info": extra_info[i],
+            }
             out = self.fn(**{k: args[k] for k in self.passed})
             if isinstance(out, dict):
                 if "score" not in out:
-                    raise TypeError(f"returned a dict without a 'score' key (keys: {sorted(out)}); verl reward "
-                                    "functions return a float or a dict with 'score'")
+                    raise TypeError(
+                        f"returned a dict without a 'score' key (keys: {sorted(out)}); verl reward "
+                        "functions return a float or a dict with 'score'"
+                    )
                 out = out["score"]
             scores.append(out)
         return scores
@@ -162,12 +179,17 @@ class TrlReward:
     def __init__(self, fn: Callable, *, prompt_column: str | None = None, reference_column: str | None = None):
         params = _params(fn)
         _check_keyword_callable(params, "TRL")
-        required = [p.name for p in params if p.default is p.empty
-                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in TRL_FIXED]
+        required = [
+            p.name
+            for p in params
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in TRL_FIXED
+        ]
         unavailable = [name for name in required if name in TRL_UNAVAILABLE]
         if unavailable:
-            raise ConventionError(f"TRL's {unavailable} are not available here (rewards see text, not token ids "
-                                  "or trainer state); give those parameters defaults")
+            raise ConventionError(
+                f"TRL's {unavailable} are not available here (rewards see text, not token ids "
+                "or trainer state); give those parameters defaults"
+            )
         self.fn = fn
         self.prompt_column = prompt_column
         self.reference_names = tuple(dict.fromkeys(n for n in ("ground_truth", reference_column) if n))
@@ -179,8 +201,10 @@ class TrlReward:
     def __call__(self, responses: Sequence[str], references: Sequence[Any], **columns: Sequence[Any]) -> list:
         n = len(responses)
         prompts = list(columns.get(self.prompt_column, [None] * n)) if self.prompt_column else [None] * n
-        completions = [[{"role": "assistant", "content": r}] if isinstance(p, list) else r
-                       for p, r in zip(prompts, responses, strict=True)]
+        completions = [
+            [{"role": "assistant", "content": r}] if isinstance(p, list) else r
+            for p, r in zip(prompts, responses, strict=True)
+        ]
         # TRL passes every dataset column but the prompt as a keyword.
         kwargs = {k: list(v) for k, v in columns.items() if k != "prompt"}
         for name in self.reference_names:
@@ -193,8 +217,9 @@ class TrlReward:
         return self.fn(**kwargs)
 
 
-def adapt_reward(fn: Callable, *, prompt_column: str | None = None,
-                 reference_column: str | None = None) -> NativeReward | VerlReward | TrlReward:
+def adapt_reward(
+    fn: Callable, *, prompt_column: str | None = None, reference_column: str | None = None
+) -> NativeReward | VerlReward | TrlReward:
     """``fn`` wrapped in the adapter of the convention its parameter names match.
 
     Raises:
@@ -204,8 +229,10 @@ def adapt_reward(fn: Callable, *, prompt_column: str | None = None,
     try:
         params = _params(fn)
     except (TypeError, ValueError) as e:
-        raise ConventionError(f"its signature cannot be read ({e}); wrap it in a def with one of the accepted "
-                              f"signatures: {ACCEPTED_SIGNATURES}") from e
+        raise ConventionError(
+            f"its signature cannot be read ({e}); wrap it in a def with one of the accepted "
+            f"signatures: {ACCEPTED_SIGNATURES}"
+        ) from e
     names = {p.name for p in params}
     if "solution_str" in names:
         return VerlReward(fn)

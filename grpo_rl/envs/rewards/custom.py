@@ -19,21 +19,25 @@ building the environment do not run a file's top-level code twice. Every loading
 :class:`RewardLoadError` naming the config key (``reward.path``, ``reward.functions[1].name``) and the fix.
 See docs/custom_tasks.md.
 """
+
 from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.envs.rewards.base import RewardComponent, function_origin
 from grpo_rl.envs.rewards.conventions import ConventionError, adapt_reward
 from grpo_rl.envs.user_files import user_function
+from grpo_rl.errors import ConfigError
 
 __all__ = ["RewardLoadError", "UserReward", "load_reward_function", "user_reward_components"]
 
 DOCS = "see docs/custom_tasks.md"
+
+
 class RewardLoadError(ConfigError):
     """A configured reward function cannot be loaded or has the wrong signature."""
 
@@ -50,8 +54,15 @@ class UserReward:
         reference_column: the data column the references come from (also passed to TRL functions by that name).
     """
 
-    def __init__(self, fn: Callable, key: str = "reward.name", *, path: str | None = None,
-                 prompt_column: str | None = None, reference_column: str | None = None):
+    def __init__(
+        self,
+        fn: Callable,
+        key: str = "reward.name",
+        *,
+        path: str | None = None,
+        prompt_column: str | None = None,
+        reference_column: str | None = None,
+    ):
         self.fn = fn
         self.key = key
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -90,8 +101,9 @@ class UserReward:
         return out.tolist() if hasattr(out, "tolist") else out  # numpy arrays and tensors -> plain floats
 
 
-def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_column: str | None = None,
-                         reference_column: str | None = None) -> UserReward:
+def load_reward_function(
+    path: str, name: str, *, key: str = "reward", prompt_column: str | None = None, reference_column: str | None = None
+) -> UserReward:
     """Import ``path`` and return its function ``name``, signature-checked and adapted to our convention.
 
     Args:
@@ -108,8 +120,7 @@ def load_reward_function(path: str, name: str, *, key: str = "reward", prompt_co
     fn = user_function(path, name, key, error=RewardLoadError, docs=DOCS)
     if not callable(fn):
         raise RewardLoadError(f"{key}.name={name}: {name!r} in {path} is a {type(fn).__name__}, not a function")
-    return UserReward(fn, key=f"{key}.name", path=path, prompt_column=prompt_column,
-                      reference_column=reference_column)
+    return UserReward(fn, key=f"{key}.name", path=path, prompt_column=prompt_column, reference_column=reference_column)
 
 
 @dataclass(frozen=True)
@@ -127,8 +138,13 @@ class RewardFunction:
     label: str | None = None
 
 
-def user_reward_components(reward_cfg, *, prompt_column: str | None = None, reference_column: str | None = None,
-                           functions: Sequence[RewardFunction] = ()) -> list[RewardComponent]:
+def user_reward_components(
+    reward_cfg,
+    *,
+    prompt_column: str | None = None,
+    reference_column: str | None = None,
+    functions: Sequence[RewardFunction] = (),
+) -> list[RewardComponent]:
     """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``, then
     ``functions`` (Python objects, named ``rewards[i]`` in errors).
 
@@ -138,8 +154,9 @@ def user_reward_components(reward_cfg, *, prompt_column: str | None = None, refe
     """
     timeout = getattr(reward_cfg, "timeout_seconds", None)
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise RewardLoadError(f"reward.timeout_seconds={timeout} must be > 0 (seconds one reward call may take), "
-                              "or null for no limit")
+        raise RewardLoadError(
+            f"reward.timeout_seconds={timeout} must be > 0 (seconds one reward call may take), or null for no limit"
+        )
     specs = []
     if reward_cfg.path:
         specs.append(("reward", reward_cfg.path, reward_cfg.name, 1.0, None))
@@ -154,15 +171,25 @@ def user_reward_components(reward_cfg, *, prompt_column: str | None = None, refe
             origin = function_origin(name.fn)
             name = fn.__name__
         else:
-            fn = load_reward_function(path, name, key=key, prompt_column=prompt_column,
-                                      reference_column=reference_column)
+            fn = load_reward_function(
+                path, name, key=key, prompt_column=prompt_column, reference_column=reference_column
+            )
             origin = f"{path}:{name}"
         label = label or name
         if label in seen:
-            raise RewardLoadError(f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "
-                                  f"label, e.g. reward.functions=[{{path: ..., name: {name}, label: {label}_2}}]")
+            raise RewardLoadError(
+                f"{key} and {seen[label]} are both logged as reward_{label}; give one a distinct "
+                f"label, e.g. reward.functions=[{{path: ..., name: {name}, label: {label}_2}}]"
+            )
         seen[label] = key
-        components.append(RewardComponent(label, fn, float(weight),
-                                          timeout_seconds=None if timeout is None else float(timeout),
-                                          none_is_no_reward=fn.allows_none, origin=origin))
+        components.append(
+            RewardComponent(
+                label,
+                fn,
+                float(weight),
+                timeout_seconds=None if timeout is None else float(timeout),
+                none_is_no_reward=fn.allows_none,
+                origin=origin,
+            )
+        )
     return components

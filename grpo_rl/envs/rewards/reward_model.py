@@ -10,11 +10,13 @@ tokenizer has one, else as ``prompt + "\\n\\n" + response``. The prompt comes fr
 ``max_length`` tokens are cut from the left, so the end of the response, which decides most preferences,
 is always seen.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -37,19 +39,31 @@ class RewardModelScorer:
         dtype: ``"float32"`` or ``"bfloat16"``.
     """
 
-    def __init__(self, path: str, device: torch.device, *, prompt_column: str | None = "prompt",
-                 batch_size: int = 16, max_length: int = 1024, dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str,
+        device: torch.device,
+        *,
+        prompt_column: str | None = "prompt",
+        batch_size: int = 16,
+        max_length: int = 1024,
+        dtype: str = "float32",
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype))
         except (OSError, ValueError) as e:
-            raise ConfigError(f"reward.model_path={path}: cannot load a sequence-classification model and its "
-                              f"tokenizer from it ({type(e).__name__}: {e})") from e
+            raise ConfigError(
+                f"reward.model_path={path}: cannot load a sequence-classification model and its "
+                f"tokenizer from it ({type(e).__name__}: {e})"
+            ) from e
         if model.config.num_labels != 1:
-            raise ConfigError(f"reward.model_path={path}: the model has num_labels={model.config.num_labels}; a "
-                              "reward model outputs one score per input (num_labels=1)")
+            raise ConfigError(
+                f"reward.model_path={path}: the model has num_labels={model.config.num_labels}; a "
+                "reward model outputs one score per input (num_labels=1)"
+            )
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -73,8 +87,9 @@ class RewardModelScorer:
         else:
             messages = [{"role": "user", "content": str(prompt)}]
         if self.tokenizer.chat_template:
-            return self.tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
-                                                      tokenize=False)
+            return self.tokenizer.apply_chat_template(
+                messages + [{"role": "assistant", "content": response}], tokenize=False
+            )
         return f"{messages[-1]['content']}\n\n{response}" if messages else response
 
     @torch.no_grad()
@@ -82,22 +97,37 @@ class RewardModelScorer:
         prompts = columns.get(self.prompt_column) if self.prompt_column else None
         if prompts is None:
             if not self._warned_no_prompt:
-                log.warning("reward model: no %r column reaches the reward; scoring responses without their prompts",
-                            self.prompt_column)
+                log.warning(
+                    "reward model: no %r column reaches the reward; scoring responses without their prompts",
+                    self.prompt_column,
+                )
                 self._warned_no_prompt = True
             prompts = [None] * len(responses)
         texts = [self.format_pair(p, r) for p, r in zip(prompts, responses, strict=True)]
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[start : start + self.batch_size], padding=True, truncation=True,
-                                 max_length=self.max_length, add_special_tokens=False, return_tensors="pt")
+            enc = self.tokenizer(
+                texts[start : start + self.batch_size],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                add_special_tokens=False,
+                return_tensors="pt",
+            )
             logits = self.model(**enc.to(self.device)).logits  # [b, 1]
             scores.extend(logits[:, 0].float().cpu().tolist())
         return scores
 
 
-def build_tiny_reward_model(tokenizer_path: str, out_dir: str | Path, *, seed: int = 0, hidden_size: int = 64,
-                            num_layers: int = 2, num_heads: int = 2) -> Path:
+def build_tiny_reward_model(
+    tokenizer_path: str,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+) -> Path:
     """Write a tiny random Llama reward model (num_labels=1) with a real tokenizer to ``out_dir`` (tests, smoke
     runs); the counterpart of :func:`grpo_rl.model.loading.build_tiny_model`."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
@@ -105,9 +135,16 @@ def build_tiny_reward_model(tokenizer_path: str, out_dir: str | Path, *, seed: i
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=2048, num_labels=1, pad_token_id=pad, bos_token_id=tok.bos_token_id,
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=2048,
+        num_labels=1,
+        pad_token_id=pad,
+        bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(seed)

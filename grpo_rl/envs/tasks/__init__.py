@@ -13,6 +13,7 @@ Each room registers a :class:`~grpo_rl.envs.tasks.task.Task` (its ``TASK``) in :
 come from, its environment, its own reward, its system prompt and its columns. A new task is a room of its own, its
 ``TASK`` added here and its name to ``env.dataset``'s choices (:data:`grpo_rl.config.schema.DATASETS`).
 """
+
 from __future__ import annotations
 
 from grpo_rl.config.schema import EnvConfig, RewardConfig

@@ -7,10 +7,12 @@ reward functions and a reward model are added after the task's own components, t
 prompt (``env.system_prompt`` replacing the task's own), and the composed reward and prompt are handed to
 :attr:`Task.make_env`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_rl.config.schema import EnvConfig, RewardConfig
 from grpo_rl.envs.base import PromptEnv
@@ -25,8 +27,17 @@ class EnvFactory(Protocol):
     with ``system_prompt`` (already resolved: ``env.system_prompt`` or the task's own, then the tools') and the
     tools of multi-turn episodes (``tool_use``, None without ``env.tools``)."""
 
-    def __call__(self, env: EnvConfig, records: list[dict], tokenizer: Any, reward: CompositeReward, *, seed: int,
-                 system_prompt: str | None, tool_use: ToolUse | None) -> PromptEnv: ...
+    def __call__(
+        self,
+        env: EnvConfig,
+        records: list[dict],
+        tokenizer: Any,
+        reward: CompositeReward,
+        *,
+        seed: int,
+        system_prompt: str | None,
+        tool_use: ToolUse | None,
+    ) -> PromptEnv: ...
 
 
 def no_column(env: EnvConfig) -> None:

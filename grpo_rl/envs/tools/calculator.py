@@ -24,6 +24,7 @@ every resource an expression can claim is bounded (:class:`Limits`):
 :func:`evaluate` returns the number or raises :class:`CalculatorError` with a ``kind`` (one of :data:`KINDS`), so
 an environment can count tool errors by kind.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,18 +38,41 @@ __all__ = ["KINDS", "CalculatorError", "Limits", "calculator", "evaluate", "form
 # The values of CalculatorError.kind.
 KINDS = ("syntax", "disallowed", "too_large", "zero_division", "domain", "timeout", "too_long", "too_deep")
 
-_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
-           ast.Pow: "**"}
+_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**"}
 _UNARY = {ast.UAdd: "+", ast.USub: "-"}
-_REFUSED_OPERATORS = {ast.BitXor: "^ (write ** for powers)", ast.BitAnd: "&", ast.BitOr: "|",
-                      ast.LShift: "<<", ast.RShift: ">>", ast.MatMult: "@", ast.Invert: "~", ast.Not: "not"}
+_REFUSED_OPERATORS = {
+    ast.BitXor: "^ (write ** for powers)",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.MatMult: "@",
+    ast.Invert: "~",
+    ast.Not: "not",
+}
 _REFUSED_NODES = {
-    ast.Name: "a name", ast.Attribute: "attribute access", ast.Call: "a function call",
-    ast.Subscript: "a subscript", ast.Lambda: "a lambda", ast.ListComp: "a comprehension",
-    ast.SetComp: "a comprehension", ast.DictComp: "a comprehension", ast.GeneratorExp: "a comprehension",
-    ast.Compare: "a comparison", ast.BoolOp: "and/or", ast.IfExp: "if/else", ast.NamedExpr: ":=",
-    ast.JoinedStr: "a string", ast.Tuple: "a tuple (a comma)", ast.List: "a list", ast.Set: "a set",
-    ast.Dict: "a dict", ast.Starred: "*", ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield",
+    ast.Name: "a name",
+    ast.Attribute: "attribute access",
+    ast.Call: "a function call",
+    ast.Subscript: "a subscript",
+    ast.Lambda: "a lambda",
+    ast.ListComp: "a comprehension",
+    ast.SetComp: "a comprehension",
+    ast.DictComp: "a comprehension",
+    ast.GeneratorExp: "a comprehension",
+    ast.Compare: "a comparison",
+    ast.BoolOp: "and/or",
+    ast.IfExp: "if/else",
+    ast.NamedExpr: ":=",
+    ast.JoinedStr: "a string",
+    ast.Tuple: "a tuple (a comma)",
+    ast.List: "a list",
+    ast.Set: "a set",
+    ast.Dict: "a dict",
+    ast.Starred: "*",
+    ast.Await: "await",
+    ast.Yield: "yield",
+    ast.YieldFrom: "yield",
     ast.Slice: "a slice",
 }
 _ALLOWED = "only numbers, + - * / // % ** and parentheses are allowed"
@@ -137,7 +161,7 @@ def _check_tree(tree: ast.Expression, limits: Limits) -> None:
 class _Evaluator:
     def __init__(self, limits: Limits):
         self.limits = limits
-        self.int_bound = 10 ** limits.max_digits  # results must be below this in magnitude
+        self.int_bound = 10**limits.max_digits  # results must be below this in magnitude
         self.max_bits = self.int_bound.bit_length()  # any int with more bits is beyond the bound
         self.deadline = time.perf_counter() + limits.time_limit
 
@@ -199,7 +223,7 @@ class _Evaluator:
                 raise self.too_large()
         # A negative int exponent makes Python compute in floats (an int base beyond a float raises
         # OverflowError); a negative base with a fractional exponent gives a complex number (refused by checked).
-        return base ** exponent
+        return base**exponent
 
 
 def evaluate(expression: str, limits: Limits = DEFAULT_LIMITS) -> int | float:
@@ -216,8 +240,9 @@ def evaluate(expression: str, limits: Limits = DEFAULT_LIMITS) -> int | float:
     if isinstance(expression, (int, float)) and not isinstance(expression, bool):
         expression = repr(expression)
     if not isinstance(expression, str):
-        raise CalculatorError(f"the expression must be a string, e.g. \"2*(3+4)\" (got {type(expression).__name__})",
-                              "syntax")
+        raise CalculatorError(
+            f'the expression must be a string, e.g. "2*(3+4)" (got {type(expression).__name__})', "syntax"
+        )
     text = expression.strip().replace("\r", " ").replace("\n", " ").replace("\t", " ")
     if len(text) > limits.max_length:
         raise CalculatorError(f"expression too long ({len(text)} characters, max {limits.max_length})", "too_long")
@@ -227,8 +252,9 @@ def evaluate(expression: str, limits: Limits = DEFAULT_LIMITS) -> int | float:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError) as e:  # ValueError: a null byte
         detail = (getattr(e, "msg", None) or str(e) or "invalid syntax").splitlines()[0][:80]
-        raise CalculatorError("invalid syntax" + ("" if detail == "invalid syntax" else f": {detail}"),
-                              "syntax") from None
+        raise CalculatorError(
+            "invalid syntax" + ("" if detail == "invalid syntax" else f": {detail}"), "syntax"
+        ) from None
     except (RecursionError, MemoryError):  # a parser out of stack: only reachable with a raised max_length
         raise CalculatorError("expression nested too deeply", "too_deep") from None
     _check_tree(tree, limits)

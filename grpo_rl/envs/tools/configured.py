@@ -1,21 +1,24 @@
 """The tools ``env.tools`` names: built-in ones by name, a user's functions by file and name, each with its
 ``timeout_seconds``."""
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.envs.tools.registry import BUILTIN_TOOLS, Tool, load_tool
+from grpo_rl.errors import ConfigError
 
 
 def _timeout(spec: Any, key: str) -> float | None:
     """``spec.timeout_seconds`` as a float (None: no limit); raises when it is not > 0."""
     timeout = spec.timeout_seconds
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise ConfigError(f"{key}.timeout_seconds={timeout} must be > 0 (seconds one call of the tool may take), or "
-                          "null for no limit")
+        raise ConfigError(
+            f"{key}.timeout_seconds={timeout} must be > 0 (seconds one call of the tool may take), or null for no limit"
+        )
     return None if timeout is None else float(timeout)
 
 
@@ -35,9 +38,11 @@ def configured_tools(specs: Sequence[Any]) -> dict[str, Tool]:
         elif spec.name in BUILTIN_TOOLS:
             tool = BUILTIN_TOOLS[spec.name]
         else:
-            raise ConfigError(f"{key}.name={spec.name}: no built-in tool of that name (built-in: "
-                              f"{', '.join(sorted(BUILTIN_TOOLS))}); for your own, set {key}.path to the Python file "
-                              "that defines it")
+            raise ConfigError(
+                f"{key}.name={spec.name}: no built-in tool of that name (built-in: "
+                f"{', '.join(sorted(BUILTIN_TOOLS))}); for your own, set {key}.path to the Python file "
+                "that defines it"
+            )
         if tool.name in tools:
             raise ConfigError(f"{key}: a second tool named {tool.name!r}; tool names must be distinct")
         tools[tool.name] = dataclasses.replace(tool, timeout_seconds=timeout)

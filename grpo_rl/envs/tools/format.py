@@ -21,14 +21,23 @@ An engine stopping at ``</tool_call>`` usually leaves the stop string out of the
 :data:`TOOL_CALL_CLOSE` before parsing (or sample with ``include_stop_str_in_output``), otherwise the call is
 ``unclosed``.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
-__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "ToolCall", "ToolCallError", "format_tool_call",
-           "parse_tool_call", "tool_system_prompt"]
+__all__ = [
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "ToolCall",
+    "ToolCallError",
+    "format_tool_call",
+    "parse_tool_call",
+    "tool_system_prompt",
+]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -62,8 +71,11 @@ class ToolCallError:
 
 
 def _malformed(detail: str, end: int) -> ToolCallError:
-    return ToolCallError("malformed", f"error: malformed tool call: {detail}; write {TOOL_CALL_OPEN}"
-                                      f"{_EXAMPLE_CALL}{TOOL_CALL_CLOSE}", end)
+    return ToolCallError(
+        "malformed",
+        f"error: malformed tool call: {detail}; write {TOOL_CALL_OPEN}{_EXAMPLE_CALL}{TOOL_CALL_CLOSE}",
+        end,
+    )
 
 
 def parse_tool_call(text: str) -> ToolCall | ToolCallError | None:
@@ -130,6 +142,9 @@ def tool_system_prompt(tools: Sequence[ToolSpec]) -> str:
         lines.append(f"- {tool.name}: {description}" + (f" Arguments: {params}." if params else ""))
     first = tools[0]
     example = getattr(first, "example", None) or {p: "..." for p in first.parameters}
-    lines += ["To use a tool, write exactly:", format_tool_call(first.name, example),
-              "then stop. The result comes back in a tool message. Call one tool at a time."]
+    lines += [
+        "To use a tool, write exactly:",
+        format_tool_call(first.name, example),
+        "then stop. The result comes back in a tool message. Call one tool at a time.",
+    ]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ time limit is the one reward functions have (:mod:`grpo_rl.envs.time_limit`): th
 one that does not return in time is abandoned (it runs on in the background); a tool with
 :data:`~grpo_rl.envs.time_limit.MAX_ABANDONED_CALLS` such calls still running is not called until they return.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,16 +33,26 @@ import inspect
 import logging
 import re
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.envs.time_limit import MAX_ABANDONED_CALLS, CallTimeout, call_with_time_limit, still_running
 from grpo_rl.envs.tools.calculator import CalculatorError, evaluate, format_number
 from grpo_rl.envs.user_files import user_function
+from grpo_rl.errors import ConfigError
 
-__all__ = ["BUILTIN_TOOLS", "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "Tool", "ToolError", "ToolTimeout", "call_tool",
-           "load_tool", "tool_from_function"]
+__all__ = [
+    "BUILTIN_TOOLS",
+    "MAX_ERROR_CHARS",
+    "MAX_OUTPUT_CHARS",
+    "Tool",
+    "ToolError",
+    "ToolTimeout",
+    "call_tool",
+    "load_tool",
+    "tool_from_function",
+]
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +134,7 @@ def _describe_parameter(param: inspect.Parameter, documented: str | None) -> str
     return text
 
 
-def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: str = "tools",
-                       where: str = "") -> Tool:
+def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: str = "tools", where: str = "") -> Tool:
     """A :class:`Tool` from a function: its description from the docstring's first line, its parameters from the
     signature, and the arguments of the system prompt's example call from an ``example`` attribute, if it has one
     (``calculator.example = {"expression": "12*7"}``).
@@ -143,8 +153,10 @@ def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: 
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{key}.name={name}: cannot read the signature of {name!r}{where} ({e}); wrap it in a "
-                          "def with named parameters") from e
+        raise ConfigError(
+            f"{key}.name={name}: cannot read the signature of {name!r}{where} ({e}); wrap it in a "
+            "def with named parameters"
+        ) from e
     for p in signature.parameters.values():
         fix = None
         if p.kind is p.VAR_POSITIONAL:
@@ -158,16 +170,25 @@ def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: 
     doc = inspect.getdoc(fn) or ""
     first = next((line.strip() for line in doc.splitlines() if line.strip()), "")
     if not first:
-        raise ConfigError(f"{key}.name={name}: {name!r}{where} has no docstring; add one whose first line says what "
-                          "the tool does (the model reads it as the tool's description)")
+        raise ConfigError(
+            f"{key}.name={name}: {name!r}{where} has no docstring; add one whose first line says what "
+            "the tool does (the model reads it as the tool's description)"
+        )
     documented = _args_section(doc)
     parameters = {p.name: _describe_parameter(p, documented.get(p.name)) for p in signature.parameters.values()}
     example = getattr(fn, "example", None)
     if example is not None and (not isinstance(example, Mapping) or not set(example) <= set(parameters)):
-        raise ConfigError(f"{key}.name={name}: {name}.example{where} must be a dict of its arguments for the system "
-                          f"prompt's example call (of {', '.join(parameters) or 'no arguments'}), not {example!r}")
-    return Tool(name=name, description=first, parameters=parameters, fn=fn,
-                example=dict(example) if example is not None else None)
+        raise ConfigError(
+            f"{key}.name={name}: {name}.example{where} must be a dict of its arguments for the system "
+            f"prompt's example call (of {', '.join(parameters) or 'no arguments'}), not {example!r}"
+        )
+    return Tool(
+        name=name,
+        description=first,
+        parameters=parameters,
+        fn=fn,
+        example=dict(example) if example is not None else None,
+    )
 
 
 def load_tool(path: str, name: str, *, key: str = "env.tools") -> Tool:
@@ -184,8 +205,10 @@ def load_tool(path: str, name: str, *, key: str = "env.tools") -> Tool:
     """
     fn = user_function(path, name, key, what="tool function", docs="see docs/custom_tasks.md")
     if not callable(fn):
-        raise ConfigError(f"{key}.name={name}: {name!r} in {path} is not a function (it is of type "
-                          f"{type(fn).__name__}); set {key}.name to a function's name")
+        raise ConfigError(
+            f"{key}.name={name}: {name!r} in {path} is not a function (it is of type "
+            f"{type(fn).__name__}); set {key}.name to a function's name"
+        )
     return tool_from_function(fn, name=name, key=key, where=f" in {path}")
 
 
@@ -210,8 +233,9 @@ def _reply_text(tool: Tool, arguments: Mapping[str, Any]) -> str:
     return text
 
 
-def call_tool(tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS,
-              abandoned: list[threading.Thread] | None = None) -> tuple[str, str | None]:
+def call_tool(
+    tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS, abandoned: list[threading.Thread] | None = None
+) -> tuple[str, str | None]:
     """Run ``tool`` with ``arguments`` (a :class:`~grpo_rl.envs.tools.format.ToolCall`'s) under its
     ``timeout_seconds``, and never raise.
 
@@ -232,13 +256,15 @@ def call_tool(tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS,
         (:data:`grpo_rl.envs.tools.calculator.KINDS`).
     """
     if not isinstance(arguments, Mapping):
-        return _one_line(f"error: {tool.name} takes an object of named arguments, not {type(arguments).__name__}",
-                         MAX_ERROR_CHARS), "bad_arguments"
+        return _one_line(
+            f"error: {tool.name} takes an object of named arguments, not {type(arguments).__name__}", MAX_ERROR_CHARS
+        ), "bad_arguments"
     known = ", ".join(tool.parameters) or "none"
     unknown = [a for a in arguments if a not in tool.parameters]
     if unknown:
-        return _one_line(f"error: {tool.name} has no argument {str(unknown[0])!r}; its arguments: {known}",
-                         MAX_ERROR_CHARS), "bad_arguments"
+        return _one_line(
+            f"error: {tool.name} has no argument {str(unknown[0])!r}; its arguments: {known}", MAX_ERROR_CHARS
+        ), "bad_arguments"
     try:
         inspect.signature(tool.fn).bind(**arguments)
     except TypeError as e:  # a missing required argument
@@ -247,20 +273,32 @@ def call_tool(tool: Tool, arguments: Any, *, max_chars: int = MAX_OUTPUT_CHARS,
         pass
     limit = tool.timeout_seconds
     if abandoned is not None and still_running(abandoned) >= MAX_ABANDONED_CALLS:
-        return _one_line(f"error: {tool.name} was not called: {len(abandoned)} earlier calls are still running past "
-                         f"its time limit of {limit:g} s", MAX_ERROR_CHARS), "timeout"
+        return _one_line(
+            f"error: {tool.name} was not called: {len(abandoned)} earlier calls are still running past "
+            f"its time limit of {limit:g} s",
+            MAX_ERROR_CHARS,
+        ), "timeout"
     call = functools.partial(_reply_text, tool, arguments)
     try:
         if limit is None:
             text = call()
         else:
-            text = call_with_time_limit(call, limit, name=f"tool-{tool.name}", error=ToolTimeout,
-                                        message=f"{tool.name} did not answer within {limit:g} s")
+            text = call_with_time_limit(
+                call,
+                limit,
+                name=f"tool-{tool.name}",
+                error=ToolTimeout,
+                message=f"{tool.name} did not answer within {limit:g} s",
+            )
     except ToolTimeout as e:
         if abandoned is not None and e.thread is not None:
             abandoned.append(e.thread)
-        log.warning("tool %r ran past its timeout_seconds=%g (env.tools) and was abandoned; the model gets an error "
-                    "reply (counted in tool_errors_timeout)", tool.name, limit)
+        log.warning(
+            "tool %r ran past its timeout_seconds=%g (env.tools) and was abandoned; the model gets an error "
+            "reply (counted in tool_errors_timeout)",
+            tool.name,
+            limit,
+        )
         return _one_line(f"error: {e}", MAX_ERROR_CHARS), "timeout"
     except (ToolError, CalculatorError) as e:
         return _one_line(f"error: {e}", MAX_ERROR_CHARS), e.kind

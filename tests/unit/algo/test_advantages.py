@@ -1,4 +1,5 @@
 """Tests for grpo_rl.algo.advantages.group_advantages (and the advantage stage) with hand-computed groups."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.algo.advantages import group_advantages
-from grpo_rl.algo.advantages import assign_advantages
+from grpo_rl.algo.advantages import assign_advantages, group_advantages
 
 
 def consecutive(num_groups: int, group_size: int) -> torch.Tensor:
@@ -95,8 +95,9 @@ def test_scattered_groups_equal_a_loop_over_groups(scale_by_std):
 def test_group_of_one_has_zero_advantage():
     out = group_advantages(torch.tensor([5.0, 1.0, 3.0]), torch.tensor([0, 1, 1]))
     # [5] alone: 0 (not NaN, not 5 / eps); [1, 3]: mean 2, std sqrt(2) -> -+1/sqrt(2).
-    torch.testing.assert_close(out.advantage, torch.tensor([0.0, -1 / math.sqrt(2.0), 1 / math.sqrt(2.0)]),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out.advantage, torch.tensor([0.0, -1 / math.sqrt(2.0), 1 / math.sqrt(2.0)]), atol=1e-5, rtol=0
+    )
     assert out.zero_variance.tolist() == [True, False, False]
 
 
@@ -125,8 +126,9 @@ def test_rewards_must_be_one_dimensional():
 
 def _scored(rewards: list[float], group_id: list[int]) -> TensorDict:
     n = len(rewards)
-    return TensorDict({"reward": torch.tensor(rewards), "group_id": torch.tensor(group_id),
-                       "row": torch.arange(n)}, batch_size=[n])
+    return TensorDict(
+        {"reward": torch.tensor(rewards), "group_id": torch.tensor(group_id), "row": torch.arange(n)}, batch_size=[n]
+    )
 
 
 def test_assign_advantages_uses_group_id_and_filters_whole_groups():
@@ -149,7 +151,7 @@ def test_assign_advantages_keeps_everything_without_the_filter():
 
 def test_assign_advantages_passes_advantage_eps():
     # Rewards [0, 1e-4]: centred +-5e-5, std 1e-4 / sqrt(2); the eps decides how far that is scaled up.
-    std = 1e-4 / 2 ** 0.5
+    std = 1e-4 / 2**0.5
     for eps in (1e-6, 1e-4):
         out, _ = assign_advantages(_scored([0.0, 1e-4], [0, 0]), advantage_eps=eps)
         expected = 5e-5 / (std + eps)

@@ -1,5 +1,6 @@
 """Tests for the IcePop band modes of the engine correction (token_band_mask, sequence_band_mask), against values
 computed by hand from grpo_rl/algo/engine_correction.py's docstring."""
+
 from __future__ import annotations
 
 import math
@@ -37,22 +38,46 @@ def _band(mode: str, low: float, high: float, tis_cap: float = 2.0) -> LossSetti
 )
 def test_token_band_mask_keeps_the_ratio_inside_and_zeroes_outside(low, high, weights, masked):
     # tis_cap (1.2 here) is not the band's upper bound: engine_correction_max is.
-    out = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                    settings=_band("token_band_mask", low, high, tis_cap=1.2))
+    out = grpo_loss(
+        E_OLD.clone(),
+        E_OLD,
+        torch.ones(1),
+        E_MASK,
+        behavior_logprobs=E_BEHAVIOR,
+        settings=_band("token_band_mask", low, high, tis_cap=1.2),
+    )
     assert float(out.loss.detach()) == pytest.approx(-sum(weights) / 3, abs=1e-6)
     assert float(out.engine_masked_fraction) == pytest.approx(masked)
     assert float(out.tis_fraction) == pytest.approx(masked)  # every weight outside the band is masked
 
 
 def test_token_band_mask_equals_token_mask_with_the_same_two_bounds():
-    band = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                     settings=_band("token_band_mask", 0.5, 2.0))
-    mask = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                     settings=LossSettings(tis_cap=2.0, engine_correction="token_mask", engine_correction_min=0.5))
+    band = grpo_loss(
+        E_OLD.clone(),
+        E_OLD,
+        torch.ones(1),
+        E_MASK,
+        behavior_logprobs=E_BEHAVIOR,
+        settings=_band("token_band_mask", 0.5, 2.0),
+    )
+    mask = grpo_loss(
+        E_OLD.clone(),
+        E_OLD,
+        torch.ones(1),
+        E_MASK,
+        behavior_logprobs=E_BEHAVIOR,
+        settings=LossSettings(tis_cap=2.0, engine_correction="token_mask", engine_correction_min=0.5),
+    )
     assert float(band.loss) == float(mask.loss)
     # token_mask without a lower bound keeps the 0.25 token; the band always has one
-    no_low = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                       settings=LossSettings(tis_cap=2.0, engine_correction="token_mask"))
+    no_low = grpo_loss(
+        E_OLD.clone(),
+        E_OLD,
+        torch.ones(1),
+        E_MASK,
+        behavior_logprobs=E_BEHAVIOR,
+        settings=LossSettings(tis_cap=2.0, engine_correction="token_mask"),
+    )
     assert float(no_low.loss) == pytest.approx(-(1.5 + 0.25) / 3)
 
 
@@ -65,8 +90,14 @@ def test_token_band_mask_equals_token_mask_with_the_same_two_bounds():
     ],
 )
 def test_sequence_band_mask_uses_the_geometric_mean_of_the_answer(low, high, row_weights, masked):
-    out = grpo_loss(S_OLD.clone(), S_OLD, torch.ones(2), S_MASK, behavior_logprobs=S_BEHAVIOR,
-                    settings=_band("sequence_band_mask", low, high))
+    out = grpo_loss(
+        S_OLD.clone(),
+        S_OLD,
+        torch.ones(2),
+        S_MASK,
+        behavior_logprobs=S_BEHAVIOR,
+        settings=_band("sequence_band_mask", low, high),
+    )
     # token mean of -w over the 3 answer tokens, row 0's weight on both of its tokens
     assert float(out.loss.detach()) == pytest.approx(-(2 * row_weights[0] + row_weights[1]) / 3, abs=1e-6)
     assert float(out.engine_masked_fraction) == pytest.approx(masked)

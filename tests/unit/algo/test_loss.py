@@ -1,4 +1,5 @@
 """Tests for grpo_rl.algo.loss against values computed by hand from the formulas in its docstrings."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,8 @@ import math
 import pytest
 import torch
 
-from grpo_rl.algo.loss import LossSettings, aggregate, grpo_loss, kl_estimate
 from grpo_rl.algo.advantages import kl_penalised_rewards
+from grpo_rl.algo.loss import LossSettings, aggregate, grpo_loss, kl_estimate
 
 # A 2 x 3 case with a ragged mask: row 0 has 2 response tokens, row 1 has 1.
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -43,8 +44,9 @@ def test_policy_loss_aggregations_at_ratio_one(mode, max_tokens, expected):
     # At ratio 1 (old == new) the per-token policy loss is -advantage, so per-token advantages equal to
     # VALUES give minus the aggregation of VALUES; the masked 3, 5, 6 must not count.
     logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.7, -0.9]])
-    out = grpo_loss(logprobs, logprobs.clone(), VALUES, MASK,
-                    settings=LossSettings(aggregation=mode, max_tokens=max_tokens))
+    out = grpo_loss(
+        logprobs, logprobs.clone(), VALUES, MASK, settings=LossSettings(aggregation=mode, max_tokens=max_tokens)
+    )
     assert float(out.loss_policy) == pytest.approx(-expected)
     assert float(out.loss) == pytest.approx(-expected)
     assert float(out.loss_kl) == 0.0
@@ -80,8 +82,13 @@ CLIP_CASES = [
 def test_clipping_low_and_high_separately(ratio, adv, expected, clipped):
     old = torch.tensor([[-1.0]])
     logprobs = (old + math.log(ratio)).requires_grad_(True)
-    out = grpo_loss(logprobs, old, torch.tensor([adv]), torch.ones(1, 1),
-                    settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28))
+    out = grpo_loss(
+        logprobs,
+        old,
+        torch.tensor([adv]),
+        torch.ones(1, 1),
+        settings=LossSettings(clip_eps_low=0.2, clip_eps_high=0.28),
+    )
     assert float(out.loss.detach()) == pytest.approx(expected, abs=1e-6)
     assert float(out.clip_fraction) == (1.0 if clipped else 0.0)
     out.loss.backward()
@@ -129,8 +136,14 @@ def test_kl_estimators_hand_computed(estimator):
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_term_in_loss(estimator):
-    out = grpo_loss(KL_LOGPROBS, KL_LOGPROBS.clone(), torch.zeros(1), torch.ones(1, 2), ref_logprobs=KL_REF,
-                    settings=LossSettings(kl_coef=0.1, kl_estimator=estimator))
+    out = grpo_loss(
+        KL_LOGPROBS,
+        KL_LOGPROBS.clone(),
+        torch.zeros(1),
+        torch.ones(1, 2),
+        ref_logprobs=KL_REF,
+        settings=LossSettings(kl_coef=0.1, kl_estimator=estimator),
+    )
     mean_kl = sum(KL_EXPECTED[estimator]) / 2
     assert float(out.loss_kl) == pytest.approx(0.1 * mean_kl, abs=1e-6)
     assert float(out.kl_ref) == pytest.approx(mean_kl, abs=1e-6)
@@ -142,8 +155,14 @@ def test_kl_term_uses_the_same_aggregation_as_the_policy_term():
     logprobs = torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -1.0, -1.0]])
     ref = torch.tensor([[-1.5, -1.0, -9.0], [-3.0, -9.0, -9.0]])  # k1: [[0.5, -1.0, pad], [2.0, pad, pad]]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    out = grpo_loss(logprobs, logprobs.clone(), torch.zeros(2), mask, ref_logprobs=ref,
-                    settings=LossSettings(kl_coef=1.0, kl_estimator="k1", aggregation="seq_mean_token_mean"))
+    out = grpo_loss(
+        logprobs,
+        logprobs.clone(),
+        torch.zeros(2),
+        mask,
+        ref_logprobs=ref,
+        settings=LossSettings(kl_coef=1.0, kl_estimator="k1", aggregation="seq_mean_token_mean"),
+    )
     assert float(out.loss_kl) == pytest.approx(((0.5 - 1.0) / 2 + 2.0) / 2)
     # the diagnostic is a plain per-token mean
     assert float(out.kl_ref) == pytest.approx((0.5 - 1.0 + 2.0) / 3)
@@ -155,8 +174,14 @@ def test_kl_coef_without_ref_logprobs_raises():
 
 
 def test_kl_zero_coef_still_reports_kl_to_reference():
-    out = grpo_loss(KL_LOGPROBS, KL_LOGPROBS.clone(), torch.zeros(1), torch.ones(1, 2), ref_logprobs=KL_REF,
-                    settings=LossSettings(kl_coef=0.0, kl_estimator="k1"))
+    out = grpo_loss(
+        KL_LOGPROBS,
+        KL_LOGPROBS.clone(),
+        torch.zeros(1),
+        torch.ones(1, 2),
+        ref_logprobs=KL_REF,
+        settings=LossSettings(kl_coef=0.0, kl_estimator="k1"),
+    )
     assert float(out.loss_kl) == 0.0
     assert float(out.kl_ref) == pytest.approx(-0.25)
 
@@ -172,13 +197,15 @@ def test_truncated_importance_weight_capped():
     # ESS of the weights [2, 1.5] over 2 tokens: (3.5^2 / (4 + 2.25)) / 2
     assert float(capped.ess) == pytest.approx(12.25 / 6.25 / 2, abs=1e-6)
 
-    uncapped = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=10.0),
-                         **kwargs)
+    uncapped = grpo_loss(
+        old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=10.0), **kwargs
+    )
     assert float(uncapped.loss) == pytest.approx(-(3.0 + 1.5) / 2, abs=1e-6)
     assert float(uncapped.tis_fraction) == 0.0
 
-    disabled = grpo_loss(old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=None),
-                         **kwargs)
+    disabled = grpo_loss(
+        old.clone(), old, torch.ones(1), torch.ones(1, 2), settings=LossSettings(tis_cap=None), **kwargs
+    )
     assert float(disabled.loss) == pytest.approx(-1.0)
     assert float(disabled.ess) == pytest.approx(1.0)
 

@@ -1,5 +1,6 @@
 """Tests for the policy objectives (GSPO, GSPO-token, CISPO), the engine correction modes, the entropy bonus and
 the k3 clamp, against values computed by hand from the formulas in the modules' docstrings."""
+
 from __future__ import annotations
 
 import math
@@ -7,10 +8,10 @@ import math
 import pytest
 import torch
 
-from grpo_rl.config import schema as config
 from grpo_rl.algo.engine_correction import ENGINE_CORRECTIONS, engine_weights
 from grpo_rl.algo.loss import LossSettings, grpo_loss, kl_estimate
 from grpo_rl.algo.objectives import POLICY_OBJECTIVES, sequence_log_ratio
+from grpo_rl.config import schema as config
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 SQRT2 = math.sqrt(2.0)
@@ -36,9 +37,15 @@ def test_sequence_log_ratio_is_the_mean_over_answer_tokens():
 def test_gspo_clips_the_sequence_ratio():
     # eps 0.2 / 0.28: s_0 = 1.414 > 1.28 with A = +1 -> -1.28; s_1 = 0.5 < 0.8 with A = -1 -> +0.8.
     lp = _leaf(LOGPROBS)
-    out = grpo_loss(lp, OLD, torch.tensor([1.0, -1.0]), MASK,
-                    settings=LossSettings(loss_type="gspo", clip_eps_low=0.2, clip_eps_high=0.28,
-                                          aggregation="seq_mean_token_mean", tis_cap=None))
+    out = grpo_loss(
+        lp,
+        OLD,
+        torch.tensor([1.0, -1.0]),
+        MASK,
+        settings=LossSettings(
+            loss_type="gspo", clip_eps_low=0.2, clip_eps_high=0.28, aggregation="seq_mean_token_mean", tis_cap=None
+        ),
+    )
     assert float(out.loss_policy.detach()) == pytest.approx((-1.28 + 0.8) / 2)
     assert float(out.clip_fraction) == 1.0  # every token of both (clipped) answers
     assert float(out.ratio_mean) == pytest.approx((2 * SQRT2 + 0.5) / 3, abs=1e-6)  # per token, s repeated
@@ -49,9 +56,15 @@ def test_gspo_clips_the_sequence_ratio():
 def test_gspo_gradient_spreads_the_sequence_ratio_over_the_answer():
     # Unclipped (eps 0.6): loss = mean_i(-A_i s_i), d/d logp_t = -A_i s_i / |y_i| / B.
     lp = _leaf(LOGPROBS)
-    out = grpo_loss(lp, OLD, torch.tensor([1.0, -1.0]), MASK,
-                    settings=LossSettings(loss_type="gspo", clip_eps_low=0.6, clip_eps_high=0.6,
-                                          aggregation="seq_mean_token_mean", tis_cap=None))
+    out = grpo_loss(
+        lp,
+        OLD,
+        torch.tensor([1.0, -1.0]),
+        MASK,
+        settings=LossSettings(
+            loss_type="gspo", clip_eps_low=0.6, clip_eps_high=0.6, aggregation="seq_mean_token_mean", tis_cap=None
+        ),
+    )
     assert float(out.loss_policy.detach()) == pytest.approx((-SQRT2 + 0.5) / 2, abs=1e-6)
     assert float(out.clip_fraction) == 0.0
     out.loss.backward()
@@ -107,8 +120,13 @@ def test_cispo_clips_the_weight_but_keeps_every_gradient():
     old = torch.full((1, 2), -1.0)
     logprobs = old + torch.tensor([[LN3, -LN2]])
     lp = _leaf(logprobs)
-    out = grpo_loss(lp, old, torch.ones(1), torch.ones(1, 2),
-                    settings=LossSettings(loss_type="cispo", cispo_ratio_max=2.0, tis_cap=None))
+    out = grpo_loss(
+        lp,
+        old,
+        torch.ones(1),
+        torch.ones(1, 2),
+        settings=LossSettings(loss_type="cispo", cispo_ratio_max=2.0, tis_cap=None),
+    )
     expected = (-2.0 * (-1.0 + LN3) - 0.5 * (-1.0 - LN2)) / 2
     assert float(out.loss_policy.detach()) == pytest.approx(expected, abs=1e-6)
     assert float(out.clip_fraction) == 0.5  # the ratio-3 token's weight was cut
@@ -116,8 +134,13 @@ def test_cispo_clips_the_weight_but_keeps_every_gradient():
     torch.testing.assert_close(lp.grad, torch.tensor([[-1.0, -0.25]]))  # the clipped token still has one
 
     lp = _leaf(logprobs)
-    low = grpo_loss(lp, old, torch.ones(1), torch.ones(1, 2),
-                    settings=LossSettings(loss_type="cispo", cispo_ratio_max=2.0, cispo_ratio_min=0.8, tis_cap=None))
+    low = grpo_loss(
+        lp,
+        old,
+        torch.ones(1),
+        torch.ones(1, 2),
+        settings=LossSettings(loss_type="cispo", cispo_ratio_max=2.0, cispo_ratio_min=0.8, tis_cap=None),
+    )
     assert float(low.clip_fraction) == 1.0
     low.loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-1.0, -0.4]]))
@@ -160,8 +183,14 @@ E_MASK = torch.ones(1, 3)
     ],
 )
 def test_token_level_engine_correction(mode, low, weights, outside, masked):
-    out = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                    settings=LossSettings(tis_cap=2.0, engine_correction=mode, engine_correction_min=low))
+    out = grpo_loss(
+        E_OLD.clone(),
+        E_OLD,
+        torch.ones(1),
+        E_MASK,
+        behavior_logprobs=E_BEHAVIOR,
+        settings=LossSettings(tis_cap=2.0, engine_correction=mode, engine_correction_min=low),
+    )
     assert float(out.loss.detach()) == pytest.approx(-sum(weights) / 3, abs=1e-6)
     assert float(out.tis_fraction) == pytest.approx(outside)
     assert float(out.engine_masked_fraction) == pytest.approx(masked)
@@ -171,8 +200,9 @@ def test_token_level_engine_correction(mode, low, weights, outside, masked):
 
 
 def test_engine_diagnostics_quantiles_and_kl():
-    out = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                    settings=LossSettings(tis_cap=2.0))
+    out = grpo_loss(
+        E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR, settings=LossSettings(tis_cap=2.0)
+    )
     # torch.quantile interpolates linearly between the sorted weights [0.25, 1.5, 3] at positions q * 2.
     assert float(out.engine_weight_p5) == pytest.approx(0.25 + 0.1 * 1.25, abs=1e-6)
     assert float(out.engine_weight_p50) == pytest.approx(1.5, abs=1e-6)
@@ -181,8 +211,9 @@ def test_engine_diagnostics_quantiles_and_kl():
     kl = sum(w - 1 - math.log(w) for w in (3.0, 1.5, 0.25)) / 3
     assert float(out.kl_engine) == pytest.approx(kl, abs=1e-6)
     # Reported with the correction off too, the loss then unweighted.
-    off = grpo_loss(E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR,
-                    settings=LossSettings(tis_cap=None))
+    off = grpo_loss(
+        E_OLD.clone(), E_OLD, torch.ones(1), E_MASK, behavior_logprobs=E_BEHAVIOR, settings=LossSettings(tis_cap=None)
+    )
     assert float(off.loss.detach()) == pytest.approx(-1.0)
     assert float(off.engine_weight_p50) == pytest.approx(1.5, abs=1e-6)
     assert float(off.kl_engine) == pytest.approx(kl, abs=1e-6)
@@ -208,8 +239,14 @@ S_MASK = torch.tensor([[1, 1], [1, 0]])
     ],
 )
 def test_sequence_level_engine_correction(mode, cap, low, row_weights, outside, masked):
-    out = grpo_loss(S_OLD.clone(), S_OLD, torch.ones(2), S_MASK, behavior_logprobs=S_BEHAVIOR,
-                    settings=LossSettings(tis_cap=cap, engine_correction=mode, engine_correction_min=low))
+    out = grpo_loss(
+        S_OLD.clone(),
+        S_OLD,
+        torch.ones(2),
+        S_MASK,
+        behavior_logprobs=S_BEHAVIOR,
+        settings=LossSettings(tis_cap=cap, engine_correction=mode, engine_correction_min=low),
+    )
     # token mean of -w over the 3 answer tokens, row 0's weight on both of its tokens
     assert float(out.loss.detach()) == pytest.approx(-(2 * row_weights[0] + row_weights[1]) / 3, abs=1e-6)
     assert float(out.tis_fraction) == pytest.approx(outside)
@@ -238,8 +275,15 @@ def test_entropy_bonus_value_uses_the_loss_aggregation():
     tok = grpo_loss(zeros, zeros, torch.ones(2), MASK, entropy=entropy, settings=LossSettings(entropy_coef=0.1))
     assert float(tok.loss_entropy.detach()) == pytest.approx(-0.1 * (1 + 2 + 3) / 3)
     assert float(tok.loss.detach()) == pytest.approx(float(off.loss.detach()) - 0.2)
-    seq = grpo_loss(zeros, zeros, torch.ones(2), MASK, entropy=entropy, scale=0.5,
-                    settings=LossSettings(entropy_coef=0.1, aggregation="seq_mean_token_mean"))
+    seq = grpo_loss(
+        zeros,
+        zeros,
+        torch.ones(2),
+        MASK,
+        entropy=entropy,
+        scale=0.5,
+        settings=LossSettings(entropy_coef=0.1, aggregation="seq_mean_token_mean"),
+    )
     assert float(seq.loss_entropy.detach()) == pytest.approx(-0.1 * ((1 + 2) / 2 + 3) / 2 * 0.5)
     assert float(seq.entropy) == pytest.approx(2.0)  # the diagnostic stays a plain token mean
 
@@ -252,8 +296,14 @@ def test_entropy_bonus_gradient_is_hand_computable():
     logp_all = logits.log_softmax(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # [1, 1]
     logprobs = logp_all[..., 1]  # [1, 1]
-    out = grpo_loss(logprobs, logprobs.detach(), torch.zeros(1), torch.ones(1, 1), entropy=entropy,
-                    settings=LossSettings(entropy_coef=0.5))
+    out = grpo_loss(
+        logprobs,
+        logprobs.detach(),
+        torch.zeros(1),
+        torch.ones(1, 1),
+        entropy=entropy,
+        settings=LossSettings(entropy_coef=0.5),
+    )
     h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     assert float(out.loss_entropy.detach()) == pytest.approx(-0.5 * h, abs=1e-6)
     out.loss.backward()
@@ -298,8 +348,14 @@ def test_overflowing_sequence_weight_is_bounded_and_its_quantiles_finite():
     # report the float32 maximum rather than nan.
     old = torch.zeros(2, 100)
     behavior = old - 1.0
-    out = grpo_loss(old.clone(), old, torch.ones(2), torch.ones(2, 100), behavior_logprobs=behavior,
-                    settings=LossSettings(tis_cap=2.0, engine_correction="sequence_truncate"))
+    out = grpo_loss(
+        old.clone(),
+        old,
+        torch.ones(2),
+        torch.ones(2, 100),
+        behavior_logprobs=behavior,
+        settings=LossSettings(tis_cap=2.0, engine_correction="sequence_truncate"),
+    )
     assert float(out.loss) == pytest.approx(-2.0)
     assert float(out.tis_fraction) == 1.0
     assert float(out.engine_weight_p50) == torch.finfo(torch.float32).max

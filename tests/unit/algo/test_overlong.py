@@ -1,5 +1,6 @@
 """Tests for DAPO's length treatments (grpo_rl.algo.overlong): the soft overlong punishment, overlong filtering in the
 advantage stage, its wiring from the config, and the loss the learner then trains on, with hand-computed values."""
+
 from __future__ import annotations
 
 import copy
@@ -10,12 +11,12 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from grpo_rl.algo.advantages import assign_advantages
-from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.training.step import score_batch
-from grpo_rl.training.learner import Learner, LossSettings
-from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.algo.loss import grpo_loss
 from grpo_rl.algo.overlong import overlong_reward
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.training.step import score_batch
 
 CPU = torch.device("cpu")
 
@@ -44,9 +45,16 @@ def test_buffer_zero_is_off_and_a_buffer_past_the_limit_is_refused():
 def _batch(rewards: list[float], group_id: list[int], lengths: list[int], truncated: list[bool]) -> TensorDict:
     n, width = len(rewards), max(lengths)
     response_mask = (torch.arange(width) < torch.tensor(lengths).unsqueeze(-1)).long()  # [N, L]
-    return TensorDict({"reward": torch.tensor(rewards), "group_id": torch.tensor(group_id),
-                       "response_mask": response_mask, "truncated": torch.tensor(truncated),
-                       "row": torch.arange(n)}, batch_size=[n])
+    return TensorDict(
+        {
+            "reward": torch.tensor(rewards),
+            "group_id": torch.tensor(group_id),
+            "response_mask": response_mask,
+            "truncated": torch.tensor(truncated),
+            "row": torch.arange(n),
+        },
+        batch_size=[n],
+    )
 
 
 def test_shaping_enters_the_advantages_and_reward_stays_the_task_reward():
@@ -79,8 +87,12 @@ def test_filter_drops_truncated_answers_after_they_count_in_the_advantages():
     # answers alone it would be +-1/2). Group 1 [1, 1] has no signal and is dropped whole by the zero-variance
     # filter first, so its truncated answer is not counted again. Group 2 [0, 1]: the truncated 0 counts in the
     # mean 1/2 and is dropped, leaving +1/2.
-    batch = _batch([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0], [0, 0, 0, 1, 1, 2, 2], [3, 4, 8, 8, 2, 8, 5],
-                   [False, False, True, True, False, True, False])
+    batch = _batch(
+        [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0],
+        [0, 0, 0, 1, 1, 2, 2],
+        [3, 4, 8, 8, 2, 8, 5],
+        [False, False, True, True, False, True, False],
+    )
     out, stats = assign_advantages(batch, scale_by_std=False, filter_zero_variance=True, filter_overlong=True)
     assert out["row"].tolist() == [0, 1, 6]
     torch.testing.assert_close(out["advantage"], torch.tensor([2 / 3, -1 / 3, 0.5]))
@@ -110,14 +122,17 @@ def _learner_batch(model) -> TensorDict:
     n, lp, lr = 6, 7, 7
     prompt_mask = (torch.arange(lp) >= lp - torch.tensor(prompt_lens).unsqueeze(-1)).long()  # [N, Lp] left-padded
     response_mask = (torch.arange(lr) < torch.tensor(response_lens).unsqueeze(-1)).long()  # [N, Lr]
-    batch = TensorDict({
-        "prompt_ids": torch.randint(1, 1000, (n, lp), generator=g) * prompt_mask,
-        "prompt_mask": prompt_mask,
-        "response_ids": torch.randint(1, 1000, (n, lr), generator=g) * response_mask,
-        "response_mask": response_mask,
-        "advantage": torch.tensor([1.0, -0.5, 0.8, -1.2, 0.3, 0.6]),
-        "truncated": torch.tensor([False, True, False, False, True, False]),
-    }, batch_size=[n])
+    batch = TensorDict(
+        {
+            "prompt_ids": torch.randint(1, 1000, (n, lp), generator=g) * prompt_mask,
+            "prompt_mask": prompt_mask,
+            "response_ids": torch.randint(1, 1000, (n, lr), generator=g) * response_mask,
+            "response_mask": response_mask,
+            "advantage": torch.tensor([1.0, -0.5, 0.8, -1.2, 0.3, 0.6]),
+            "truncated": torch.tensor([False, True, False, False, True, False]),
+        },
+        batch_size=[n],
+    )
     with torch.no_grad():
         own = sequence_logprobs(model, batch).logprobs  # [N, Lr]
     batch["behavior_logprobs"] = (own - 0.1 * torch.rand(n, lr, generator=g)) * response_mask
@@ -135,16 +150,30 @@ def test_filtered_batch_trains_like_dapos_masked_loss(tiny_model, aggregation, r
     ref_model = copy.deepcopy(tiny_model)
     out = sequence_logprobs(ref_model, full)
     loss_mask = full["response_mask"] * keep.unsqueeze(-1)  # [N, Lr]
-    grpo_loss(out.logprobs, out.logprobs.detach(), full["advantage"], loss_mask,
-              behavior_logprobs=full["behavior_logprobs"],
-              settings=LossSettings(aggregation=aggregation)).loss.backward()
+    grpo_loss(
+        out.logprobs,
+        out.logprobs.detach(),
+        full["advantage"],
+        loss_mask,
+        behavior_logprobs=full["behavior_logprobs"],
+        settings=LossSettings(aggregation=aggregation),
+    ).loss.backward()
     expected = {name: p.grad * rows_scale for name, p in ref_model.named_parameters() if p.grad is not None}
     # The learner on the filtered batch, cut into several micro-batches (each weighted by its share).
-    learner = Learner(copy.deepcopy(tiny_model), CPU, LossSettings(aggregation=aggregation), lr=1e-3,
-                      max_grad_norm=0.0, micro_batch_tokens=24)
+    learner = Learner(
+        copy.deepcopy(tiny_model),
+        CPU,
+        LossSettings(aggregation=aggregation),
+        lr=1e-3,
+        max_grad_norm=0.0,
+        micro_batch_tokens=24,
+    )
     seen = []
-    learner.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(
-        {name: p.grad.clone() for name, p in learner.model.named_parameters() if p.grad is not None}))
+    learner.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append(
+            {name: p.grad.clone() for name, p in learner.model.named_parameters() if p.grad is not None}
+        )
+    )
     metrics = learner.train_step(full[keep])
     assert metrics["num_micro_batches"] > 1
     assert seen[0].keys() == expected.keys() and expected

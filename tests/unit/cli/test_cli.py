@@ -1,6 +1,7 @@
 """User errors: one message naming the input and the fix, exit status 2, no traceback; checked before anything
 starts. Unknown command-line keys are rejected, with or without Hydra's ``+``; an ``output_dir`` that is a file is
 refused before Hydra makes the folder; the evaluation command checks its checkpoint before loading it."""
+
 from __future__ import annotations
 
 import logging
@@ -11,20 +12,21 @@ from omegaconf import OmegaConf
 
 from grpo_rl.cli import evaluate
 from grpo_rl.cli.entry import USER_ERROR_EXIT, check_output_dir_override, check_overrides, run_entry, user_errors
-from grpo_rl.errors import RunFolderError
-from grpo_rl.run.checkpoint import CheckpointDamagedError, Checkpointer
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.errors import ConfigError, DataError, RunFolderError
+from grpo_rl.run.checkpoint import CheckpointDamagedError, Checkpointer
 from grpo_rl.run.preflight import validate
-from grpo_rl.errors import DataError
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["+train.foo=1"], "train.foo"),
-    (["train.foo=1"], "train.foo"),
-    (["++optimizer.lrr=1e-5"], "optimizer.lrr"),
-    (["--multirun", "optimizer.lr=1e-4,1e-5", "+policy.kl=0.1"], "policy.kl"),
-])
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["+train.foo=1"], "train.foo"),
+        (["train.foo=1"], "train.foo"),
+        (["++optimizer.lrr=1e-5"], "optimizer.lrr"),
+        (["--multirun", "optimizer.lr=1e-4,1e-5", "+policy.kl=0.1"], "policy.kl"),
+    ],
+)
 def test_unknown_keys_are_rejected_with_or_without_plus(argv, key):
     with pytest.raises(ConfigError, match=f"the config has no key '{key}'"):
         check_overrides(argv)
@@ -35,14 +37,17 @@ def test_a_misspelt_key_gets_a_suggestion():
         check_overrides(["train.stpes=3"])
 
 
-@pytest.mark.parametrize("argv", [
-    ["optimizer.lr=1e-5", "train.steps=3"],
-    ["--multirun", "optimizer.lr=1e-4,1e-5"],
-    ["--config-name", "grpo_ifeval", "reward.ifeval_weights.inst_loose=0.5"],
-    ["hydra.run.dir=/tmp/x", "hydra/job_logging=disabled"],
-    ["reward.functions=[{path: r.py, name: f}]", "model.lora.target_modules=[q_proj]"],
-    [],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["optimizer.lr=1e-5", "train.steps=3"],
+        ["--multirun", "optimizer.lr=1e-4,1e-5"],
+        ["--config-name", "grpo_ifeval", "reward.ifeval_weights.inst_loose=0.5"],
+        ["hydra.run.dir=/tmp/x", "hydra/job_logging=disabled"],
+        ["reward.functions=[{path: r.py, name: f}]", "model.lora.target_modules=[q_proj]"],
+        [],
+    ],
+)
 def test_known_keys_and_hydra_options_pass(argv):
     check_overrides(argv)
 
@@ -75,21 +80,24 @@ def _cfg(**values):
     return cfg
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("train.max_time_minutes", 0.0, "train.max_time_minutes=0.0 must be > 0, or null"),
-    ("logger.examine_every", 0, "logger.examine_every=0 must be > 0"),
-    ("seed", -1, "seed=-1 must be >= 0"),
-    ("optimizer.beta1", 1.0, r"optimizer.beta1=1.0 must be in \[0, 1\)"),
-    ("optimizer.beta2", -0.1, r"optimizer.beta2=-0.1 must be in \[0, 1\)"),
-    ("inference_model.kv_cache_gb", 0.0, "inference_model.kv_cache_gb=0.0 must be > 0"),
-    ("reward.correctness_weight", float("nan"), "reward.correctness_weight=nan must be a finite number"),
-    ("reward.format_weight", float("inf"), "reward.format_weight=inf must be a finite number"),
-    ("reward.model_weight", float("nan"), "reward.model_weight=nan must be a finite number"),
-    ("reward.ifeval_weights.inst_strict", float("inf"), "reward.ifeval_weights.inst_strict=inf must be a finite"),
-    ("optimizer.lr", float("nan"), "optimizer.lr=nan must be a finite number"),
-    ("inference_model.gpu_memory_utilization", 0.0, r"gpu_memory_utilization=0.0 must be in \(0, 1\]"),
-    ("train.keep_checkpoints", 0, "train.keep_checkpoints=0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("train.max_time_minutes", 0.0, "train.max_time_minutes=0.0 must be > 0, or null"),
+        ("logger.examine_every", 0, "logger.examine_every=0 must be > 0"),
+        ("seed", -1, "seed=-1 must be >= 0"),
+        ("optimizer.beta1", 1.0, r"optimizer.beta1=1.0 must be in \[0, 1\)"),
+        ("optimizer.beta2", -0.1, r"optimizer.beta2=-0.1 must be in \[0, 1\)"),
+        ("inference_model.kv_cache_gb", 0.0, "inference_model.kv_cache_gb=0.0 must be > 0"),
+        ("reward.correctness_weight", float("nan"), "reward.correctness_weight=nan must be a finite number"),
+        ("reward.format_weight", float("inf"), "reward.format_weight=inf must be a finite number"),
+        ("reward.model_weight", float("nan"), "reward.model_weight=nan must be a finite number"),
+        ("reward.ifeval_weights.inst_strict", float("inf"), "reward.ifeval_weights.inst_strict=inf must be a finite"),
+        ("optimizer.lr", float("nan"), "optimizer.lr=nan must be a finite number"),
+        ("inference_model.gpu_memory_utilization", 0.0, r"gpu_memory_utilization=0.0 must be in \(0, 1\]"),
+        ("train.keep_checkpoints", 0, "train.keep_checkpoints=0 must be > 0"),
+    ],
+)
 def test_values_that_cannot_work_are_rejected(key, value, message):
     with pytest.raises(ConfigError, match=message):
         validate(_cfg(**{key: value}))
@@ -116,9 +124,11 @@ def test_an_output_dir_that_is_a_file_ends_before_hydra_starts(tmp_path, monkeyp
     with pytest.raises(SystemExit) as exited:
         run_entry(hydra_main)
     assert exited.value.code == USER_ERROR_EXIT
-    assert capsys.readouterr().err == (f"error: output_dir={file} is a file, so the run cannot write there; set "
-                                       "output_dir to a folder (it is made if it does not exist), or move that file "
-                                       "away\n")
+    assert capsys.readouterr().err == (
+        f"error: output_dir={file} is a file, so the run cannot write there; set "
+        "output_dir to a folder (it is made if it does not exist), or move that file "
+        "away\n"
+    )
 
 
 # python -m grpo_rl.cli.evaluate checkpoint=...
@@ -149,7 +159,8 @@ def test_evaluate_refuses_a_damaged_checkpoint_in_one_line(tiny_model, tokenizer
     assert exited.value.code == USER_ERROR_EXIT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
-        f"error: checkpoint={second}: {weights} is 100 bytes, but {size} were written")
+        f"error: checkpoint={second}: {weights} is 100 bytes, but {size} were written"
+    )
     with pytest.raises(CheckpointDamagedError, match="^checkpoint=.*: all 2 checkpoints in .* are damaged; the newest"):
         (tmp_path / "checkpoints" / "step_00000001" / "trainer_state.pt").write_bytes(b"cut")
         evaluate.resolve_checkpoint(tmp_path)

@@ -1,5 +1,6 @@
 """Run logs and what reads them: RunLogger's JSONL/CSV/TensorBoard/wandb-offline outputs, the sweep summary
 table, and the curves PNG."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_rl.run.metrics import RunLogger, read_jsonl
 from grpo_rl.cli.plot import moving_average, plot_runs, series
-from grpo_rl.cli.sweep_summary import find_runs, format_table, main as summary_main, summarize_run, varying_keys
+from grpo_rl.cli.sweep_summary import find_runs, format_table, summarize_run, varying_keys
+from grpo_rl.cli.sweep_summary import main as summary_main
+from grpo_rl.run.metrics import RunLogger, read_jsonl
 
 
 def _fake_run(path: Path, lr: str, steps: int = 12, *, eval_every: int = 4, finished: bool = True) -> Path:
@@ -20,8 +22,12 @@ def _fake_run(path: Path, lr: str, steps: int = 12, *, eval_every: int = 4, fini
     logger = RunLogger(path, backend="none")
     scale = float(lr) * 1e4
     for step in range(1, steps + 1):
-        metrics = {"reward_mean": 0.1 + 0.05 * step * scale, "reward_correct_mean": 0.02 * step * scale,
-                   "kl_ref": 0.001 * step ** 2, "response_length_mean": 100 - 2 * step}
+        metrics = {
+            "reward_mean": 0.1 + 0.05 * step * scale,
+            "reward_correct_mean": 0.02 * step * scale,
+            "kl_ref": 0.001 * step**2,
+            "response_length_mean": 100 - 2 * step,
+        }
         if step % eval_every == 0:
             metrics.update({"eval/accuracy": 0.03 * step * scale, "eval/pass@4": 0.05 * step * scale})
         logger.log(step, metrics)
@@ -53,7 +59,11 @@ def test_csv_gains_columns_when_a_new_metric_appears(tmp_path):
     logger.log(3, {"reward_mean": 0.7})
     logger.close()
     assert (tmp_path / "metrics.csv").read_text().splitlines() == [
-        "step,reward_mean,eval/accuracy", "1,0.5,", "2,0.6,0.25", "3,0.7,"]
+        "step,reward_mean,eval/accuracy",
+        "1,0.5,",
+        "2,0.6,0.25",
+        "3,0.7,",
+    ]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
@@ -100,8 +110,17 @@ def test_sweep_summary_table(sweep, capsys):
 
     table = format_table(runs).splitlines()
     assert table[0] == "common overrides: model.name=tiny"
-    assert table[1].split() == ["job", "optimizer.lr", "train.steps", "steps", "reward", "accuracy", "pass@k",
-                                "train_acc", "done"]
+    assert table[1].split() == [
+        "job",
+        "optimizer.lr",
+        "train.steps",
+        "steps",
+        "reward",
+        "accuracy",
+        "pass@k",
+        "train_acc",
+        "done",
+    ]
     assert table[3].split()[:4] == ["0", "1e-4", "12", "12"] and table[4].split()[-1] == "no"
 
     summary_main([str(sweep), "--json", "--sort", "reward"])

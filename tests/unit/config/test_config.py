@@ -1,4 +1,5 @@
 """Tests for grpo_rl.config.schema: Hydra composition against the schema, and ``validate``'s messages."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,10 +10,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from grpo_rl.errors import ConfigError
-from grpo_rl.config.schema import GRPOConfig, register_configs
 from grpo_rl.config import checks
 from grpo_rl.config.checks import resolve_loss_type
+from grpo_rl.config.schema import GRPOConfig, register_configs
+from grpo_rl.errors import ConfigError
 from grpo_rl.run.preflight import validate
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
@@ -38,8 +39,9 @@ def test_gsm8k_config_composes_and_validates():
 
 
 def test_readme_overrides_parse():
-    cfg = _compose(["optimizer.lr=2e-5", "optimizer.weight_decay=0.01", "policy.kl_coef=0.1",
-                    "train_model.devices=[0,1]"])
+    cfg = _compose(
+        ["optimizer.lr=2e-5", "optimizer.weight_decay=0.01", "policy.kl_coef=0.1", "train_model.devices=[0,1]"]
+    )
     assert cfg.optimizer.lr == pytest.approx(2e-5)
     assert cfg.optimizer.weight_decay == pytest.approx(0.01)
     assert cfg.policy.kl_coef == pytest.approx(0.1)
@@ -111,7 +113,6 @@ def test_prompt_plus_answer_exactly_at_max_model_len_is_fine():
     validate(_compose(["env.max_prompt_tokens=824", "sampling.max_new_tokens=200"]))
 
 
-
 @pytest.mark.parametrize(
     ("loss_type", "aggregation", "expected"),
     [
@@ -140,19 +141,35 @@ def test_unknown_loss_type_lists_the_valid_ones():
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["policy.loss_type=dr_grpo"], ["policy.loss_type=gspo", "policy.clip_eps_low=3e-4", "policy.clip_eps_high=4e-4"],
-    ["policy.loss_type=cispo", "policy.cispo_ratio_min=0.5"], ["policy.engine_correction=sequence_mask",
-                                                             "policy.engine_correction_min=0.5", "policy.tis_cap=3.0"],
-    ["policy.entropy_coef=0.001", "policy.advantage_eps=1e-4"],
-    ["policy.loss_type=dapo", "policy.overlong_buffer=32", "policy.overlong_penalty=0.5", "policy.overlong_filter=true"],
-    ["sampling.max_new_tokens=128", "policy.overlong_buffer=127", "policy.overlong_penalty=0"],  # the widest buffer
-    ["policy.loss_type=sapo", "policy.sapo_temperature_pos=1.0", "policy.sapo_temperature_neg=1.05"],
-    ["policy.loss_type=gmpo", "policy.gmpo_clip_eps=0.4"],
-    ["policy.engine_correction=token_band_mask", "policy.engine_correction_min=0.5", "policy.engine_correction_max=5.0"],
-    ["policy.engine_correction=sequence_band_mask", "policy.engine_correction_min=0.99",
-     "policy.engine_correction_max=1.01"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["policy.loss_type=dr_grpo"],
+        ["policy.loss_type=gspo", "policy.clip_eps_low=3e-4", "policy.clip_eps_high=4e-4"],
+        ["policy.loss_type=cispo", "policy.cispo_ratio_min=0.5"],
+        ["policy.engine_correction=sequence_mask", "policy.engine_correction_min=0.5", "policy.tis_cap=3.0"],
+        ["policy.entropy_coef=0.001", "policy.advantage_eps=1e-4"],
+        [
+            "policy.loss_type=dapo",
+            "policy.overlong_buffer=32",
+            "policy.overlong_penalty=0.5",
+            "policy.overlong_filter=true",
+        ],
+        ["sampling.max_new_tokens=128", "policy.overlong_buffer=127", "policy.overlong_penalty=0"],  # the widest buffer
+        ["policy.loss_type=sapo", "policy.sapo_temperature_pos=1.0", "policy.sapo_temperature_neg=1.05"],
+        ["policy.loss_type=gmpo", "policy.gmpo_clip_eps=0.4"],
+        [
+            "policy.engine_correction=token_band_mask",
+            "policy.engine_correction_min=0.5",
+            "policy.engine_correction_max=5.0",
+        ],
+        [
+            "policy.engine_correction=sequence_band_mask",
+            "policy.engine_correction_min=0.99",
+            "policy.engine_correction_max=1.01",
+        ],
+    ],
+)
 def test_new_policy_settings_compose_and_validate(overrides):
     cfg = _compose(overrides)
     validate(cfg)
@@ -174,10 +191,23 @@ def test_band_mode_without_both_bounds_is_a_one_line_error(mode, bounds):
     ("overrides", "match"),
     [
         (["policy.engine_correction_max=5.0"], "bounds only token_band_mask"),  # token_truncate's bound is tis_cap
-        (["policy.engine_correction=token_band_mask", "policy.engine_correction_min=0.5",
-          "policy.engine_correction_max=0.9"], r"policy\.engine_correction_max=0\.9 must be"),
-        (["policy.engine_correction=sequence_band_mask", "policy.engine_correction_min=0.5",
-          "policy.engine_correction_max=5.0", "policy.tis_cap=null"], "band modes do not use its value"),
+        (
+            [
+                "policy.engine_correction=token_band_mask",
+                "policy.engine_correction_min=0.5",
+                "policy.engine_correction_max=0.9",
+            ],
+            r"policy\.engine_correction_max=0\.9 must be",
+        ),
+        (
+            [
+                "policy.engine_correction=sequence_band_mask",
+                "policy.engine_correction_min=0.5",
+                "policy.engine_correction_max=5.0",
+                "policy.tis_cap=null",
+            ],
+            "band modes do not use its value",
+        ),
         (["policy.sapo_temperature_pos=0"], r"policy\.sapo_temperature_pos"),
         (["policy.sapo_temperature_neg=-1"], r"policy\.sapo_temperature_neg"),
         (["policy.gmpo_clip_eps=0"], r"policy\.gmpo_clip_eps"),
@@ -195,7 +225,9 @@ def test_overlong_settings_default_off():
 
 def test_overlong_buffer_over_the_limit_says_what_to_set():
     cfg = _compose(["sampling.max_new_tokens=100", "policy.overlong_buffer=100"])
-    with pytest.raises(ConfigError, match=r"policy\.overlong_buffer=100 must be < sampling\.max_new_tokens=100") as info:
+    with pytest.raises(
+        ConfigError, match=r"policy\.overlong_buffer=100 must be < sampling\.max_new_tokens=100"
+    ) as info:
         validate(cfg)
     assert "policy.overlong_buffer=20" in str(info.value)  # DAPO's fifth of the limit, as a ready override
 

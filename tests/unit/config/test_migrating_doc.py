@@ -1,6 +1,7 @@
 """docs/migrating.md names only keys that exist: every ``python sota/grpo.py ...`` and ``python sota/grpo-async.py ...``
 line composes against the schema and passes the checks a run makes before it starts (nothing is run), and every
 key in the tables' "here" column is a schema key."""
+
 from __future__ import annotations
 
 import re
@@ -26,7 +27,7 @@ def command_lines(text: str) -> list[str]:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()
             if "python sota/" in line:
-                commands.append(line[line.index("python sota/"):])
+                commands.append(line[line.index("python sota/") :])
     commands += re.findall(r"`(python sota/[^`]*)`", text)
     return commands
 
@@ -95,4 +96,5 @@ def test_an_unknown_key_would_fail():
     with pytest.raises(ConfigError, match="policy.kl_coeff"):
         compose(None, ["policy.kl_coeff=0.1"])
     assert here_keys("| a | here | b |\n| --- | --- | --- |\n| x | `policy.kl_coeff=0.1` `sota/grpo.py` | y |") == [
-        "policy.kl_coeff"]
+        "policy.kl_coeff"
+    ]

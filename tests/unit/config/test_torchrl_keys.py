@@ -4,6 +4,7 @@ mapped onto env.prompts_per_step, train.steps and train.micro_batch_tokens, with
 The schema's defaults: 4 prompts x 8 answers a step, prompts up to 320 tokens, answers up to 160, a 1024-token
 engine context, train.share_prompt=true.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,10 @@ from grpo_rl.errors import ConfigError
 
 def _cfg(**settings):
     """The schema's defaults with ``settings`` as ``{"train.steps": 5}``-style dotted keys."""
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig),
-                           OmegaConf.from_dotlist([f"{k}={'null' if v is None else v}" for k, v in settings.items()]))
+    return OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig),
+        OmegaConf.from_dotlist([f"{k}={'null' if v is None else v}" for k, v in settings.items()]),
+    )
 
 
 def test_nothing_set_changes_nothing():
@@ -78,28 +81,36 @@ def test_a_value_from_a_yaml_is_replaced_one_given_explicitly_must_agree():
     cfg = _cfg(**{"train.total_dialog_turns": 960, "train.steps": 50})
     with pytest.raises(ConfigError) as info:
         resolve_torchrl_keys(cfg, given={"train.steps", "train.total_dialog_turns"})
-    assert str(info.value) == ("train.total_dialog_turns=960 gives train.steps=30 (960 answers / 32 a step), but "
-                               "train.steps=50 is given too; drop one of them, or make them agree")
+    assert str(info.value) == (
+        "train.total_dialog_turns=960 gives train.steps=30 (960 answers / 32 a step), but "
+        "train.steps=50 is given too; drop one of them, or make them agree"
+    )
 
 
-@pytest.mark.parametrize(("settings", "key"), [
-    ({"env.num_envs": 16, "env.prompts_per_step": 4}, "env.prompts_per_step"),  # 16 / 8 = 2
-    ({"train.optim_batch_size": 8, "train.micro_batch_tokens": 4096}, "train.micro_batch_tokens"),  # 3840
-])
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"env.num_envs": 16, "env.prompts_per_step": 4}, "env.prompts_per_step"),  # 16 / 8 = 2
+        ({"train.optim_batch_size": 8, "train.micro_batch_tokens": 4096}, "train.micro_batch_tokens"),  # 3840
+    ],
+)
 def test_each_mapped_setting_given_otherwise_is_an_error(settings, key):
     with pytest.raises(ConfigError, match=f"but {key}="):
         resolve_torchrl_keys(_cfg(**settings), given=set(settings))
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    ({"train.total_dialog_turns": 1000}, "use train.total_dialog_turns=992 or 1024"),  # 31 or 32 steps of 32
-    ({"train.total_dialog_turns": 20}, "use train.total_dialog_turns=32"),  # less than one step
-    ({"env.num_envs": 30}, "use env.num_envs=24 or 32"),
-    ({"env.num_envs": 4}, "use env.num_envs=8,"),
-    ({"env.num_envs": 0}, "env.num_envs=0 must be >= 1"),
-    ({"train.optim_batch_size": -1}, "train.optim_batch_size=-1 must be >= 1"),
-    ({"train.total_dialog_turns": 960, "train.prompt_epochs": 2}, "both set the run's length"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"train.total_dialog_turns": 1000}, "use train.total_dialog_turns=992 or 1024"),  # 31 or 32 steps of 32
+        ({"train.total_dialog_turns": 20}, "use train.total_dialog_turns=32"),  # less than one step
+        ({"env.num_envs": 30}, "use env.num_envs=24 or 32"),
+        ({"env.num_envs": 4}, "use env.num_envs=8,"),
+        ({"env.num_envs": 0}, "env.num_envs=0 must be >= 1"),
+        ({"train.optim_batch_size": -1}, "train.optim_batch_size=-1 must be >= 1"),
+        ({"train.total_dialog_turns": 960, "train.prompt_epochs": 2}, "both set the run's length"),
+    ],
+)
 def test_values_that_cannot_be_mapped_name_the_fix(settings, message):
     with pytest.raises(ConfigError, match=message):
         resolve_torchrl_keys(_cfg(**settings), given=())
@@ -130,8 +141,11 @@ def test_override_keys():
 
 def test_check_values_checks_them_and_writes_nothing():
     cfg = _cfg(**{"env.num_envs": 16, "train.total_dialog_turns": 960, "train.optim_batch_size": 8})
-    with pytest.raises(ConfigError, match=r"env.num_envs=16 gives env.prompts_per_step=2 .* holds "
-                                          r"env.prompts_per_step=4: the TorchRL keys were not resolved"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env.num_envs=16 gives env.prompts_per_step=2 .* holds "
+        r"env.prompts_per_step=4: the TorchRL keys were not resolved",
+    ):
         check_values(cfg)  # not derived: the checks say so, and set nothing
     assert (cfg.env.prompts_per_step, cfg.train.steps, cfg.train.micro_batch_tokens) == (4, 30, 4096)
     resolve_torchrl_keys(cfg, given=())  # what make_run does before the checks

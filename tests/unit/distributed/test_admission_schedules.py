@@ -13,6 +13,7 @@ non-blocking (``timeout=0``), one at a time in a random order:
 * the learner reports the version of its next take, takes, reports what it consumed, trains (``E`` versions) and
   pushes.
 """
+
 from __future__ import annotations
 
 import random
@@ -45,16 +46,23 @@ class Producer:
 
 def rows(index: int, version: int) -> TensorDict:
     """A batch of one group of two answers, generated with the weights of ``version``."""
-    return TensorDict({"policy_version": torch.full((2,), version), "group_id": torch.zeros(2, dtype=torch.long),
-                       "batch_index": torch.full((2,), index)}, batch_size=[2])
+    return TensorDict(
+        {
+            "policy_version": torch.full((2,), version),
+            "group_id": torch.zeros(2, dtype=torch.long),
+            "batch_index": torch.full((2,), index),
+        },
+        batch_size=[2],
+    )
 
 
 def run_schedule(seed: int) -> dict:
     """One random schedule; its settings and what happened."""
     rng = random.Random(seed)
     n, bound, per_batch = rng.randint(1, 4), rng.randint(0, 2), rng.choice([1, 2])
-    buffer = RolloutBuffer(capacity=rng.randint(1, 3), max_staleness=bound, admit_staleness=bound,
-                           versions_per_batch=per_batch)
+    buffer = RolloutBuffer(
+        capacity=rng.randint(1, 3), max_staleness=bound, admit_staleness=bound, versions_per_batch=per_batch
+    )
     producers = [Producer(r, index=r) for r in range(n)]
     version, trained, training, dropped, staleness = 0, 0, False, 0, []
 
@@ -91,12 +99,22 @@ def run_schedule(seed: int) -> dict:
         moves = [lambda p=p: producer_step(p) for p in producers] + [learner_step]
         for p in producers:
             if p.in_transit:
+
                 def deliver(p=p):
                     p.delivered = max(p.delivered or 0, p.in_transit.pop(0))
+
                 moves.append(deliver)
         rng.choice(moves)()
-    return {"seed": seed, "producers": n, "bound": bound, "per_batch": per_batch, "trained": trained,
-            "dropped": dropped, "buffer_dropped": buffer.stats()["dropped_samples"], "staleness": staleness}
+    return {
+        "seed": seed,
+        "producers": n,
+        "bound": bound,
+        "per_batch": per_batch,
+        "trained": trained,
+        "dropped": dropped,
+        "buffer_dropped": buffer.stats()["dropped_samples"],
+        "staleness": staleness,
+    }
 
 
 def test_random_schedules_never_drop_and_stay_within_the_bound():
@@ -109,5 +127,6 @@ def test_random_schedules_never_drop_and_stay_within_the_bound():
     assert all(0 <= s <= r["bound"] for r in runs for s in r["staleness"])
     # the schedules cover the settings, and batches were trained at the edge of the bound, not only fresh ones
     assert {(r["producers"], r["bound"], r["per_batch"]) for r in runs} == {
-        (n, b, e) for n in range(1, 5) for b in range(3) for e in (1, 2)}
+        (n, b, e) for n in range(1, 5) for b in range(3) for e in (1, 2)
+    }
     assert any(s == r["bound"] > 0 for r in runs for s in r["staleness"])

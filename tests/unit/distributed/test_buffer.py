@@ -1,4 +1,5 @@
 """The rollout buffer: FIFO, consumed once, bounded, with backpressure on the producer."""
+
 from __future__ import annotations
 
 import threading
@@ -90,8 +91,9 @@ def test_reports_ride_with_the_batches_and_failures_are_handed_over_once():
     buf = RolloutBuffer(capacity=2, name="scored")
     assert buf.put(batch(0, tag=0), reports={"collector/0": {"samples": 4}}, failure_examples=[{"error": "a"}])
     assert buf.put(batch(0, tag=1), reports={"collector/1": {"samples": 2}}, failure_examples=[{"error": "b"}])
-    assert not buf.put(batch(0, tag=2), timeout=0.01, reports={"collector/0": {"samples": 99}},
-                       failure_examples=[{"error": "lost"}])  # full: a put that fails keeps nothing
+    assert not buf.put(
+        batch(0, tag=2), timeout=0.01, reports={"collector/0": {"samples": 99}}, failure_examples=[{"error": "lost"}]
+    )  # full: a put that fails keeps nothing
     first = buf.take(0, timeout=0)
     assert first.reports["collector/0"] == {"samples": 4} and first.reports["collector/1"] == {"samples": 2}
     assert first.reports["scored"]["takes"] == 1 and first.reports["scored"]["size"] == 1

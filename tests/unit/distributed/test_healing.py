@@ -1,5 +1,6 @@
 """What healing rests on, without Ray: the restart budget and its record, and the buffer's side of exactly once
 (a late put from a replaced producer is dropped, a replacement's admission takes its predecessor's place)."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from grpo_rl.distributed.healing import Restarts, died_how, record_pids
 
 
 def indexed(index: int, version: int = 0, n: int = 4) -> TensorDict:
-    return TensorDict({"batch_index": torch.full((n,), index), "policy_version": torch.full((n,), version),
-                       "group_id": torch.arange(n) // 2}, batch_size=[n])
+    return TensorDict(
+        {
+            "batch_index": torch.full((n,), index),
+            "policy_version": torch.full((n,), version),
+            "group_id": torch.arange(n) // 2,
+        },
+        batch_size=[n],
+    )
 
 
 def test_restarts_are_counted_against_the_budget_logged_and_reported_once(tmp_path):
@@ -42,7 +49,8 @@ def test_no_budget_ends_at_the_first_loss_and_nothing_replaceable_reports_nothin
 def test_died_how_tells_a_lost_node_from_a_lost_process():
     assert died_how(RuntimeError("The actor is dead because its node has died. Node Id: ab")) == "its node died"
     assert died_how(RuntimeError("Worker unexpectedly exits with a connection error")) == (
-        "its process was killed or crashed")
+        "its process was killed or crashed"
+    )
 
 
 def test_record_pids_keeps_the_other_roles(tmp_path):

@@ -1,4 +1,5 @@
 """The staleness gate: a group is trained on only while current - v <= max_staleness for every row's version v."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,20 +7,21 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from grpo_rl.distributed.buffer import RolloutBuffer
-from grpo_rl.errors import ConfigError
-from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.run.preflight import validate
 from grpo_rl.config.checks import validate_async
+from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.distributed.buffer import RolloutBuffer
 from grpo_rl.distributed.pipeline import staleness_metrics
+from grpo_rl.errors import ConfigError
+from grpo_rl.run.preflight import validate
 
 
 def batch(versions: list[int], group_id: list[int] | None = None) -> TensorDict:
     """Rows of the given policy versions; without ``group_id`` each row is a group of its own."""
     n = len(versions)
     gid = torch.tensor(group_id) if group_id is not None else torch.arange(n)
-    return TensorDict({"row": torch.arange(n), "policy_version": torch.tensor(versions), "group_id": gid},
-                      batch_size=[n])
+    return TensorDict(
+        {"row": torch.arange(n), "policy_version": torch.tensor(versions), "group_id": gid}, batch_size=[n]
+    )
 
 
 def test_boundary_sample_is_kept_and_one_older_is_dropped():

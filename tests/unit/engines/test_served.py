@@ -1,5 +1,6 @@
 """The served engine without vLLM: its client against a stand-in server, the key middleware, where servers go,
 and how a server process is set up. The real servers are in tests/integration/test_served_engine.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +50,13 @@ def test_oldest_token_version_without_versions_or_tokens():
 
     plain = TensorDict({"response_mask": torch.ones(2, 3)}, batch_size=[2])
     assert oldest_token_version(plain, 4).tolist() == [4, 4]
-    mixed = TensorDict({"response_mask": torch.tensor([[1, 1, 0], [0, 0, 0]]),
-                        "behavior_version": torch.tensor([[5, 6, 0], [0, 0, 0]])}, batch_size=[2])
+    mixed = TensorDict(
+        {
+            "response_mask": torch.tensor([[1, 1, 0], [0, 0, 0]]),
+            "behavior_version": torch.tensor([[5, 6, 0], [0, 0, 0]]),
+        },
+        batch_size=[2],
+    )
     assert oldest_token_version(mixed, 4).tolist() == [5, 4]  # padding does not count; an empty answer: default
 
 
@@ -59,9 +65,16 @@ def test_a_push_is_paused_loaded_versioned_and_read_back(stand_in, tmp_path):
     tied, bias = torch.randn(4, 2), torch.randn(3)
     engine.update_weights([("model.embed_tokens.weight", tied), ("lm_head.weight", tied), ("b", bias)], 2)
     paths = [p for p, _ in stand_in.calls]
-    push = paths[paths.index("/pause"):]
-    assert push == ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update",
-                    "/reset_prefix_cache", "/resume", "/weight_info"]
+    push = paths[paths.index("/pause") :]
+    assert push == [
+        "/pause",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/reset_prefix_cache",
+        "/resume",
+        "/weight_info",
+    ]
     # nothing is in flight between two batches: the server finishes what it has before the weights change
     assert [q for p, q in stand_in.queries if p == "/pause"] == [{"mode": "wait"}]
     update = next(body for p, body in stand_in.calls if p == "/update_weights")["update_info"]
@@ -77,8 +90,9 @@ def test_a_push_is_paused_loaded_versioned_and_read_back(stand_in, tmp_path):
 
 
 def test_an_inflight_push_keeps_the_requests_and_casts_to_the_servers_dtype(stand_in, tmp_path):
-    engine = ServedEngine([stand_in.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path), inflight=True,
-                          dtype="bfloat16")
+    engine = ServedEngine(
+        [stand_in.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path), inflight=True, dtype="bfloat16"
+    )
     weight = torch.randn(5, 3)
     engine.update_weights([("w", weight)], 1)
     # in flight: requests freeze and go on after /resume, instead of being waited for
@@ -104,8 +118,11 @@ def test_a_server_not_told_the_weight_folder_refuses_the_update(tmp_path):
 def test_a_server_that_dropped_the_update_is_named():
     server = StandIn(takes_updates=False)
     engine = ServedEngine([server.url], key="k", pad_id=0, timeout=10)
-    with pytest.raises(RoleFailed, match=rf"engine server {server.url} reports weight version 0 after the push "
-                                         r"of version 1: the update did not land"):
+    with pytest.raises(
+        RoleFailed,
+        match=rf"engine server {server.url} reports weight version 0 after the push "
+        r"of version 1: the update did not land",
+    ):
         engine.update_weights([("w", torch.ones(2))], 1)
     engine.shutdown()
     server.close()
@@ -114,8 +131,11 @@ def test_a_server_that_dropped_the_update_is_named():
 def test_failures_name_the_server_in_one_line():
     slow = StandIn(delay=2.0)
     engine = ServedEngine([slow.url], key="k", pad_id=0, timeout=0.5)
-    with pytest.raises(RoleFailed, match=rf"engine server {slow.url} did not answer /inference/v1/generate within "
-                                         r"inference_model.request_timeout_s=0.5"):
+    with pytest.raises(
+        RoleFailed,
+        match=rf"engine server {slow.url} did not answer /inference/v1/generate within "
+        r"inference_model.request_timeout_s=0.5",
+    ):
         engine.generate([[1]], 1, SamplingSpec(max_new_tokens=2))
     slow.close()
     other = StandIn(key="other")
@@ -157,13 +177,15 @@ def test_the_key_middleware_guards_every_path(monkeypatch):
 
 
 def _cfg(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        [f"{k}={v}" for k, v in overrides.items()]))
+    return OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    )
 
 
 def _devices(train: str, inference: str) -> DeviceAllocation:
-    return DeviceAllocation(train=(torch.device(train),), ref=(torch.device(train),),
-                            inference=(torch.device(inference),), reward_model=())
+    return DeviceAllocation(
+        train=(torch.device(train),), ref=(torch.device(train),), inference=(torch.device(inference),), reward_model=()
+    )
 
 
 def test_an_engine_off_the_learners_device_is_served_in_the_synchronous_loop():
@@ -174,8 +196,9 @@ def test_an_engine_off_the_learners_device_is_served_in_the_synchronous_loop():
     assert engine_is_served(cfg, _devices("cuda:1", "cuda:1"), "sync")  # in-process would use cuda:0
     assert not engine_is_served(cfg, _devices("cuda:0", "cuda:1"), "async")  # a Ray actor sees its own GPU
     assert engine_is_served(_cfg(**{"inference_model.engine": "vllm_server"}), _devices("cpu", "cpu"), "async")
-    assert not engine_is_served(_cfg(**{"inference_model.engine": "transformers"}), _devices("cuda:0", "cuda:1"),
-                                "sync")
+    assert not engine_is_served(
+        _cfg(**{"inference_model.engine": "transformers"}), _devices("cuda:0", "cuda:1"), "sync"
+    )
     placement = plan_placement(cfg, _devices("cuda:0", "cuda:1"), "sync", cores=4)
     assert placement.served and placement.learner.devices == (torch.device("cuda", 0),)
     assert "1 vLLM server" in placement.describe() and "cuda:1" in placement.describe()
@@ -231,8 +254,9 @@ def test_served_engine_settings_are_checked_before_anything_starts(monkeypatch):
     with pytest.raises(ConfigError, match="weight_transfer=nccl sends weights GPU to GPU"):
         check_engine(_cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cpu", "cpu"))
     with pytest.raises(ConfigError, match="the collectors relay the weights"):
-        check_engine(_cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cuda:0", "cuda:1"),
-                     "async")
+        check_engine(
+            _cfg(**served, **{"inference_model.weight_transfer": "nccl"}), _devices("cuda:0", "cuda:1"), "async"
+        )
 
 
 def test_nccl_joins_the_learner_and_one_server_only(monkeypatch):
@@ -243,8 +267,12 @@ def test_nccl_joins_the_learner_and_one_server_only(monkeypatch):
     from grpo_rl.run.preflight import check_engine
 
     def run(inference: tuple[str, ...], mode: str = "sync", **overrides):
-        devices = DeviceAllocation(train=(torch.device("cuda:0"),), ref=(torch.device("cuda:0"),),
-                                   inference=tuple(torch.device(d) for d in inference), reward_model=())
+        devices = DeviceAllocation(
+            train=(torch.device("cuda:0"),),
+            ref=(torch.device("cuda:0"),),
+            inference=tuple(torch.device(d) for d in inference),
+            reward_model=(),
+        )
         return SimpleNamespace(cfg=_cfg(**overrides), devices=devices, mode=mode)
 
     assert weight_transfer(run(("cuda:1",))) == "nccl"
@@ -252,7 +280,10 @@ def test_nccl_joins_the_learner_and_one_server_only(monkeypatch):
     assert weight_transfer(run(("cuda:1",), mode="async")) == "file"  # the collectors relay from the object store
     assert weight_transfer(run(("cuda:0",))) == "file"  # a shared GPU
     monkeypatch.setenv(KEY_ENV, "k" * 32)
-    two = {"inference_model.engine": "vllm_server", "inference_model.weight_transfer": "nccl",
-           "inference_model.urls": "[http://a:1,http://b:2]"}
+    two = {
+        "inference_model.engine": "vllm_server",
+        "inference_model.weight_transfer": "nccl",
+        "inference_model.urls": "[http://a:1,http://b:2]",
+    }
     with pytest.raises(ConfigError, match="joins the learner and one server"):
         check_engine(_cfg(**two), _devices("cuda:0", "cuda:1"))

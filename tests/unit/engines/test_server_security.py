@@ -1,18 +1,16 @@
 """What keeps the run's key and weights to the run: the key goes only to a server that proved it holds it, the
 run's servers listen on a private Unix socket, cleartext to another machine needs an opt-in, proxies from the
 environment never see a loopback request, and the serve command refuses what would leak."""
+
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import torch
@@ -43,7 +41,9 @@ SQUATTER = textwrap.dedent("""
                 data = conn.recv(65536)
                 out.write(data)
                 out.flush()
-                conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n{}")
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n{}"
+                )
             except OSError:
                 pass
             conn.close()
@@ -66,8 +66,11 @@ def test_a_process_that_took_the_port_first_never_reads_the_key(squatter):
     client = ServerClient(url, KEY, timeout=5)
     for _ in range(3):  # the fleet's polls while a server starts
         assert not client.proves_key()
-    with pytest.raises(RoleFailed, match=rf"engine server {url} answers \(HTTP 200\) but is not a server started by "
-                                         r"python -m grpo_rl.cli.serve; start one with"):
+    with pytest.raises(
+        RoleFailed,
+        match=rf"engine server {url} answers \(HTTP 200\) but is not a server started by "
+        r"python -m grpo_rl.cli.serve; start one with",
+    ):
         client.get("/health")
     client.close()
     heard = record.read_bytes()
@@ -83,8 +86,9 @@ def test_the_fleet_starts_servers_on_a_unix_socket_in_a_private_folder(tmp_path,
         assert len(str(folder / "0.00000000.sock")) < 100  # a Unix socket path has at most 107 bytes
         spawned = []
         monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: spawned.append(cmd) or _Done())
-        server = ServerProcess(ServerSpec("m", torch.device("cpu")), key=KEY, log_path=tmp_path / "log",
-                               socket_path=folder / "0.sock")
+        server = ServerProcess(
+            ServerSpec("m", torch.device("cpu")), key=KEY, log_path=tmp_path / "log", socket_path=folder / "0.sock"
+        )
         assert server.url == f"unix:{folder}/0.sock"
         (cmd,) = spawned
         assert cmd[cmd.index("--uds") + 1] == str(folder / "0.sock") and "--port" not in cmd and "--host" not in cmd
@@ -121,16 +125,22 @@ def test_socket_folders_of_runs_now_gone_are_swept(tmp_path, monkeypatch):
 
 def test_a_server_with_another_key_or_model_is_named_before_the_key_is_sent():
     other = StandIn(key="o" * 43)
-    with pytest.raises(RoleFailed, match=rf"engine server {other.url} was started with another key than the run's: "
-                                         rf"give the run the key the server was started with \({KEY_ENV}\); the key "
-                                         r"was not sent"):
+    with pytest.raises(
+        RoleFailed,
+        match=rf"engine server {other.url} was started with another key than the run's: "
+        rf"give the run the key the server was started with \({KEY_ENV}\); the key "
+        r"was not sent",
+    ):
         ServedEngine([other.url], key=KEY, pad_id=0, timeout=5)
     assert [path for path, keyed in other.keyed] == [PROOF_PATH] and not other.keyed[0][1]
     other.close()
     held = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 960}
     bigger = StandIn(key=KEY, model=held)
-    with pytest.raises(RoleFailed, match=rf"engine server {bigger.url} holds another model than the run's "
-                                         r"\(hidden_size 960 there, 576 in the run's model\): start it with --model"):
+    with pytest.raises(
+        RoleFailed,
+        match=rf"engine server {bigger.url} holds another model than the run's "
+        r"\(hidden_size 960 there, 576 in the run's model\): start it with --model",
+    ):
         ServedEngine([bigger.url], key=KEY, pad_id=0, timeout=5, model={**held, "hidden_size": 576})
     assert "/update_weight_version" not in [path for path, _ in bigger.calls]  # nothing was changed on it
     ServedEngine([bigger.url], key=KEY, pad_id=0, timeout=5, model=held).shutdown()
@@ -153,8 +163,10 @@ def test_a_url_that_is_not_a_grpo_rl_server_is_named_in_one_line_without_its_pag
     with pytest.raises(RoleFailed) as failed:
         ServedEngine([url], key=KEY, pad_id=0, timeout=5)
     message = str(failed.value)
-    assert message.startswith(f"engine server {url} answers (HTTP 501) but is not a server started by python -m "
-                              "grpo_rl.cli.serve; start one with: GRPO_RL_ENGINE_KEY=<key> python -m grpo_rl.cli.serve")
+    assert message.startswith(
+        f"engine server {url} answers (HTTP 501) but is not a server started by python -m "
+        "grpo_rl.cli.serve; start one with: GRPO_RL_ENGINE_KEY=<key> python -m grpo_rl.cli.serve"
+    )
     assert "\n" not in message and "html" not in message and len(message) < 300
     httpd.shutdown()
     httpd.server_close()
@@ -168,11 +180,15 @@ def test_given_servers_are_checked_in_the_preflight(monkeypatch, tiny_model_dir)
     assert identity["architectures"] == ["LlamaForCausalLM"] and identity["hidden_size"] == 64
     good, other = StandIn(key=KEY, model=identity), StandIn(key=KEY, model={**identity, "num_hidden_layers": 30})
     cfg = _cfg(**{"inference_model.engine": "vllm_server", "inference_model.urls": f"[{good.url},{other.url}]"})
-    with pytest.raises(ConfigError, match=rf"inference_model.urls: engine server {other.url} holds another model "
-                                          r"than the run's \(num_hidden_layers 30 there, 2 in the run's model\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"inference_model.urls: engine server {other.url} holds another model "
+        r"than the run's \(num_hidden_layers 30 there, 2 in the run's model\)",
+    ):
         check_given_servers(cfg, str(tiny_model_dir))
-    check_given_servers(_cfg(**{"inference_model.engine": "vllm_server", "inference_model.urls": f"[{good.url}]"}),
-                        str(tiny_model_dir))
+    check_given_servers(
+        _cfg(**{"inference_model.engine": "vllm_server", "inference_model.urls": f"[{good.url}]"}), str(tiny_model_dir)
+    )
     good.close()
     other.close()
 
@@ -219,10 +235,23 @@ def test_the_key_middleware_answers_a_proof_and_names_the_model(monkeypatch):
     assert call({"type": "http", "path": PROOF_PATH, "query_string": b"nonce=short"})[0]["status"] == 400
     assert call({"type": "http", "path": MODEL_PATH})[0]["status"] == 401  # the model's name needs the key
     config = type("C", (), {"architectures": ["LlamaForCausalLM"], "vocab_size": 7, "hidden_size": 8})
-    app_state = type("A", (), {"state": type("S", (), {"vllm_config": type("V", (), {
-        "model_config": type("M", (), {"hf_config": config})})})})
-    named = call({"type": "http", "path": MODEL_PATH, "app": app_state,
-                  "headers": [(b"authorization", f"Bearer {KEY}".encode())]})
+    app_state = type(
+        "A",
+        (),
+        {
+            "state": type(
+                "S", (), {"vllm_config": type("V", (), {"model_config": type("M", (), {"hf_config": config})})}
+            )
+        },
+    )
+    named = call(
+        {
+            "type": "http",
+            "path": MODEL_PATH,
+            "app": app_state,
+            "headers": [(b"authorization", f"Bearer {KEY}".encode())],
+        }
+    )
     assert named[1]["body"] == b'{"architectures": ["LlamaForCausalLM"], "vocab_size": 7, "hidden_size": 8}'
     assert call({"type": "websocket", "path": "/v1/realtime"}) == [{"type": "websocket.close", "code": 1008}]
     assert call({"type": "lifespan"}) == [] and seen == ["lifespan"]  # lifespan passes; nothing else reached it
@@ -237,7 +266,8 @@ def test_serve_refuses_a_short_key_and_cleartext_beyond_loopback(monkeypatch):
     assert check_args(["--model", "m"], KEY) is None
     assert check_args(["--model", "m", "--host", "::1"], KEY) is None
     assert "--host 0.0.0.0 would send the key and the weights across the network in cleartext" in check_args(
-        ["--model", "m", "--host", "0.0.0.0"], KEY)
+        ["--model", "m", "--host", "0.0.0.0"], KEY
+    )
     assert check_args(["--host", "0.0.0.0", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem"], KEY) is None
     assert check_args(["--host", "0.0.0.0", CLEARTEXT_FLAG], KEY) is None
     assert CLEARTEXT_FLAG not in vllm_argv(["--host", "0.0.0.0", CLEARTEXT_FLAG])
@@ -250,31 +280,42 @@ def test_serve_refuses_a_short_key_and_cleartext_beyond_loopback(monkeypatch):
 
 
 def _cfg(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        [f"{k}={v}" for k, v in overrides.items()]))
+    return OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    )
 
 
 def test_cleartext_to_another_machine_needs_an_opt_in():
     from grpo_rl.config.checks import check_values
 
     remote = {"inference_model.engine": "vllm_server", "inference_model.urls": "[http://192.0.2.7:8000]"}
-    with pytest.raises(ConfigError, match=r"inference_model.urls: http://192.0.2.7:8000 is another machine over "
-                                          r"plain http, .* set inference_model.allow_unencrypted_network=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"inference_model.urls: http://192.0.2.7:8000 is another machine over "
+        r"plain http, .* set inference_model.allow_unencrypted_network=true",
+    ):
         check_values(_cfg(**remote))
     check_values(_cfg(**remote, **{"inference_model.allow_unencrypted_network": True}))
     for fine in ("https://192.0.2.7:8000", "http://127.0.0.1:8000", "http://localhost:8000", "unix:/run/x.sock"):
         check_values(_cfg(**{**remote, "inference_model.urls": f"[{fine}]"}))
     with pytest.raises(ConfigError, match="inference_model.server_host=0.0.0.0: the run's servers would take the key"):
         check_values(_cfg(**{"inference_model.server_host": "0.0.0.0"}))
-    check_values(_cfg(**{"inference_model.server_host": "0.0.0.0", "inference_model.ssl_certfile": "c.pem",
-                         "inference_model.ssl_keyfile": "k.pem"}))
+    check_values(
+        _cfg(
+            **{
+                "inference_model.server_host": "0.0.0.0",
+                "inference_model.ssl_certfile": "c.pem",
+                "inference_model.ssl_keyfile": "k.pem",
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="ssl_certfile and inference_model.ssl_keyfile go together"):
         check_values(_cfg(**{"inference_model.ssl_certfile": "c.pem"}))
 
 
 def test_tls_files_are_checked_before_anything_starts(monkeypatch, tmp_path):
-    from grpo_rl.run.preflight import check_engine
     from grpo_rl.placement.devices import DeviceAllocation
+    from grpo_rl.run.preflight import check_engine
 
     cpu = (torch.device("cpu"),)
     devices = DeviceAllocation(train=cpu, ref=cpu, inference=cpu, reward_model=())
@@ -289,9 +330,27 @@ def test_https_servers_are_verified_against_the_given_certificate(tmp_path):
     """A TLS stand-in with a self-signed certificate: refused without its CA, trusted with it."""
     import ssl
 
-    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
-                           str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], capture_output=True)
+    made = subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(tmp_path / "key.pem"),
+            "-out",
+            str(tmp_path / "cert.pem"),
+        ],
+        capture_output=True,
+    )
     if made.returncode != 0:
         pytest.skip(f"openssl could not make a certificate: {made.stderr[-200:]!r}")
     server = StandIn(key=KEY)
@@ -334,7 +393,11 @@ def test_a_local_servers_and_an_in_process_engines_groups_stay_on_loopback(monke
         monkeypatch.delenv(name, raising=False)
     spec = ServerSpec("m", torch.device("cpu"))
     local = server_env(spec, KEY, base={})
-    assert (local["VLLM_HOST_IP"], local["GLOO_SOCKET_IFNAME"], local["NCCL_SOCKET_IFNAME"]) == ("127.0.0.1", "lo", "lo")
+    assert (local["VLLM_HOST_IP"], local["GLOO_SOCKET_IFNAME"], local["NCCL_SOCKET_IFNAME"]) == (
+        "127.0.0.1",
+        "lo",
+        "lo",
+    )
     assert "GLOO_SOCKET_IFNAME" not in server_env(spec, KEY, base={}, local=False)  # a server other machines reach
     assert server_env(spec, KEY, base={"GLOO_SOCKET_IFNAME": "eth9"})["GLOO_SOCKET_IFNAME"] == "eth9"  # the user's
     with on_loopback():

@@ -1,17 +1,18 @@
-"""The timed stand-ins of grpo_rl/training/simulated.py: the engine's batch layout, the shares of a sharded stage, and the
-settings that choose roles and placements."""
+"""The timed stand-ins of grpo_rl/training/simulated.py: the engine's batch layout, the shares of a sharded stage, and
+the settings that choose roles and placements."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.run.preflight import validate
-from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines import simulated
+from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines.simulated import SimulatedEngine
+from grpo_rl.errors import ConfigError
+from grpo_rl.run.preflight import validate
 from grpo_rl.training.simulated import SimulatedLearner, SimulatedRefScorer
 
 
@@ -59,11 +60,14 @@ def test_stand_ins_take_their_share_of_a_batch(clock):
     from tensordict import TensorDict
 
     def batch(rows):
-        return TensorDict({"behavior_logprobs": torch.full((rows, 3), -1.0),
-                           "response_mask": torch.ones(rows, 3, dtype=torch.long)}, batch_size=[rows])
+        return TensorDict(
+            {"behavior_logprobs": torch.full((rows, 3), -1.0), "response_mask": torch.ones(rows, 3, dtype=torch.long)},
+            batch_size=[rows],
+        )
 
-    learner = SimulatedLearner(torch.nn.Linear(2, 2), torch.device("cpu"), seconds=0.2, jitter=0.0, batch_rows=8,
-                               epochs=2)
+    learner = SimulatedLearner(
+        torch.nn.Linear(2, 2), torch.device("cpu"), seconds=0.2, jitter=0.0, batch_rows=8, epochs=2
+    )
     metrics = learner.train_step(batch(2))  # a quarter of the batch: 0.05 s per optimizer step, 2 epochs
     assert clock.slept == pytest.approx([0.05, 0.05]) and learner.version == 2
     assert metrics["simulated_training_seconds"] == pytest.approx(0.1)
@@ -74,19 +78,23 @@ def test_stand_ins_take_their_share_of_a_batch(clock):
 
 
 def _cfg(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        [f"{k}={v}" for k, v in overrides.items()]))
+    return OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    )
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ({"train_model.sharding": "zero3"}, "train_model.sharding"),
-    ({"ref_model.placement": "gpu"}, "ref_model.placement"),
-    ({"ref_model.placement": "actor", "model.lora.enabled": True}, "ref_model.placement=actor"),
-    ({"train_model.sharding": "fsdp", "model.lora.enabled": True}, "train_model.sharding=fsdp"),
-    ({"pipeline.weight_transport": "nccl"}, "pipeline.weight_transport"),
-    ({"pipeline.timeout_seconds": 0}, "pipeline.timeout_seconds"),
-    ({"simulate.training_seconds": -1}, "simulate.training_seconds"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"train_model.sharding": "zero3"}, "train_model.sharding"),
+        ({"ref_model.placement": "gpu"}, "ref_model.placement"),
+        ({"ref_model.placement": "actor", "model.lora.enabled": True}, "ref_model.placement=actor"),
+        ({"train_model.sharding": "fsdp", "model.lora.enabled": True}, "train_model.sharding=fsdp"),
+        ({"pipeline.weight_transport": "nccl"}, "pipeline.weight_transport"),
+        ({"pipeline.timeout_seconds": 0}, "pipeline.timeout_seconds"),
+        ({"simulate.training_seconds": -1}, "simulate.training_seconds"),
+    ],
+)
 def test_role_settings_are_checked(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(_cfg(**overrides))

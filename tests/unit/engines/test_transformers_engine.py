@@ -1,13 +1,14 @@
 """Tests for grpo_rl.engines.transformers_engine on the tiny model: batch layout, log-probs, weight updates."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_rl.model.logprobs import sequence_logprobs
-from grpo_rl.model.loading import load_causal_lm
 from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines.transformers_engine import TransformersEngine
+from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.model.logprobs import sequence_logprobs
 
 CPU = torch.device("cpu")
 PROMPTS = [[1, 9690, 198, 22, 23, 24, 25], [1, 4093, 198]]  # different lengths: left padding is exercised
@@ -35,8 +36,15 @@ def test_batch_layout(engine):
     batch = engine.generate(PROMPTS, 3, SamplingSpec(max_new_tokens=MAX_NEW, seed=0))
     n = len(PROMPTS) * 3
     assert batch.batch_size == torch.Size([n])
-    assert {"prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logprobs", "group_id",
-            "truncated"} <= set(batch.keys())
+    assert {
+        "prompt_ids",
+        "prompt_mask",
+        "response_ids",
+        "response_mask",
+        "behavior_logprobs",
+        "group_id",
+        "truncated",
+    } <= set(batch.keys())
     lp = max(map(len, PROMPTS))
     assert batch["prompt_ids"].shape == batch["prompt_mask"].shape == (n, lp)
     lr = batch["response_ids"].shape[1]
@@ -49,7 +57,7 @@ def test_batch_layout(engine):
         p = PROMPTS[j // 3]
         # prompt left-padded with the pad id
         assert batch["prompt_mask"][j].tolist() == [0] * (lp - len(p)) + [1] * len(p)
-        assert batch["prompt_ids"][j, lp - len(p):].tolist() == p
+        assert batch["prompt_ids"][j, lp - len(p) :].tolist() == p
         assert (batch["prompt_ids"][j, : lp - len(p)] == engine.pad_id).all()
         # answer right-padded: a prefix of ones, zeros (and zero log-probs) after it
         r = int(batch["response_mask"][j].sum())
@@ -94,6 +102,7 @@ def test_update_weights_makes_engine_match_new_weights(tiny_model_dir, learner_m
 
     engine.update_weights(learner_model.state_dict().items())
     batch = engine.generate(PROMPTS, 2, spec)
-    torch.testing.assert_close(batch["behavior_logprobs"], _learner_logprobs(learner_model, batch, 1.0),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        batch["behavior_logprobs"], _learner_logprobs(learner_model, batch, 1.0), atol=1e-4, rtol=0
+    )
     engine.shutdown()

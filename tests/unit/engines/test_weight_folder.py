@@ -1,6 +1,7 @@
 """The file transport's folder: a given folder others can write to is refused, files are private, unguessable and
 never written through a planted symlink, the server reads only a regular file with the trainer's SHA-256, and
 folders of killed runs are swept."""
+
 from __future__ import annotations
 
 import fcntl
@@ -33,8 +34,11 @@ def test_a_given_folder_others_can_write_to_is_refused_before_any_server_is_cont
     shared.mkdir()
     for mode in (0o777, 0o770, 0o707):
         shared.chmod(mode)
-        with pytest.raises(ConfigError, match=rf"inference_model.weight_dir={shared}: {shared} is writable by other "
-                                              rf"users \(mode {mode:o}, no sticky bit\).*mkdir -m 700"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"inference_model.weight_dir={shared}: {shared} is writable by other "
+            rf"users \(mode {mode:o}, no sticky bit\).*mkdir -m 700",
+        ):
             check_weight_dir(str(shared))
     # nothing listens there: the folder is refused first
     with pytest.raises(ConfigError, match="writable by other users"):
@@ -93,8 +97,11 @@ def test_the_server_reads_only_a_regular_file_with_the_trainers_hash(tmp_path):
     digest = hashlib.sha256(data).hexdigest()
     (tmp_path / "w").write_bytes(data)
     assert read_weight_file(tmp_path, "w", digest) == data
-    with pytest.raises(ValueError, match=f"weight file {tmp_path / 'w'} has SHA-256 .* but the trainer wrote "
-                                         f"{'0' * 64}: it was changed after it was written; refused"):
+    with pytest.raises(
+        ValueError,
+        match=f"weight file {tmp_path / 'w'} has SHA-256 .* but the trainer wrote "
+        f"{'0' * 64}: it was changed after it was written; refused",
+    ):
         read_weight_file(tmp_path, "w", "0" * 64)
     (tmp_path / "link").symlink_to(tmp_path / "w")
     with pytest.raises(ValueError, match="is a symbolic link; refused"):
@@ -118,8 +125,9 @@ def test_receive_weights_refuses_a_changed_file_and_loads_a_good_one(tmp_path):
             self.loaded.extend(named)
 
     model = Model()
-    transfer = SharedFileWeightTransfer(None, SimpleNamespace(parallel_config=None, model_config=None),
-                                        torch.device("cpu"), model)
+    transfer = SharedFileWeightTransfer(
+        None, SimpleNamespace(parallel_config=None, model_config=None), torch.device("cpu"), model
+    )
     transfer.init_transfer_engine(FileInitInfo(directory=str(tmp_path)))
     data = save({"w": torch.arange(3.0)})
     (tmp_path / "f.safetensors").write_bytes(data)
@@ -127,8 +135,9 @@ def test_receive_weights_refuses_a_changed_file_and_loads_a_good_one(tmp_path):
     with pytest.raises(ValueError, match="has SHA-256 .* refused"):
         transfer.receive_weights(FileUpdateInfo(file="f.safetensors", num_tensors=1, sha256="1" * 64))
     assert model.loaded == []
-    transfer.receive_weights(FileUpdateInfo(file="f.safetensors", num_tensors=1, sha256=good,
-                                            aliases={"lm_head.weight": "w"}))
+    transfer.receive_weights(
+        FileUpdateInfo(file="f.safetensors", num_tensors=1, sha256=good, aliases={"lm_head.weight": "w"})
+    )
     assert [(k, v.tolist()) for k, v in model.loaded] == [("w", [0.0, 1.0, 2.0]), ("lm_head.weight", [0.0, 1.0, 2.0])]
 
 

@@ -1,19 +1,23 @@
 """Tests for the arithmetic task: seeded, disjoint, correct generated problems, scored by GSM8K's reward."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from grpo_rl.errors import ConfigError
-from grpo_rl.run.preflight import validate
 from grpo_rl.envs.tasks.arithmetic.problems import ArithmeticSpec, arithmetic_records, problem_count
 from grpo_rl.envs.tasks.gsm8k.reward import reference_answer
-
+from grpo_rl.errors import ConfigError
+from grpo_rl.run.preflight import validate
 from tests.unit.helpers import compose_config, score_answers
 
-SPECS = [ArithmeticSpec(("add",), 3, held_out=300), ArithmeticSpec(("add", "sub"), 2, held_out=300),
-         ArithmeticSpec(("mul",), 2, 1, held_out=300), ArithmeticSpec(("add", "sub", "mul"), 1, 1, held_out=40)]
+SPECS = [
+    ArithmeticSpec(("add",), 3, held_out=300),
+    ArithmeticSpec(("add", "sub"), 2, held_out=300),
+    ArithmeticSpec(("mul",), 2, 1, held_out=300),
+    ArithmeticSpec(("add", "sub", "mul"), 1, 1, held_out=40),
+]
 _QUESTION = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
 
 
@@ -26,8 +30,9 @@ def test_records_are_seeded(spec):
     first = arithmetic_records("train", seed=3, size=100, spec=spec)
     assert first == arithmetic_records("train", seed=3, size=100, spec=spec)
     assert first != arithmetic_records("train", seed=4, size=100, spec=spec)
-    assert arithmetic_records("test", seed=3, size=40, spec=spec) == arithmetic_records("test", seed=3, size=40,
-                                                                                        spec=spec)
+    assert arithmetic_records("test", seed=3, size=40, spec=spec) == arithmetic_records(
+        "test", seed=3, size=40, spec=spec
+    )
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -41,8 +46,10 @@ def test_train_and_test_are_disjoint_and_distinct(spec):
 
 def test_a_smaller_test_split_is_a_prefix():
     spec = SPECS[1]
-    assert arithmetic_records("test", seed=0, size=50, spec=spec) == arithmetic_records("test", seed=0, size=300,
-                                                                                        spec=spec)[:50]
+    assert (
+        arithmetic_records("test", seed=0, size=50, spec=spec)
+        == arithmetic_records("test", seed=0, size=300, spec=spec)[:50]
+    )
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -71,9 +78,15 @@ def test_impossible_sizes_and_splits_fail():
         arithmetic_records("validation", seed=0, size=10, spec=spec)
 
 
-ARITHMETIC = ["env.dataset=arithmetic", "env.arithmetic.operations=[add]", "env.arithmetic.digits=2",
-              "env.arithmetic.train_size=200", "env.arithmetic.test_size=50", "env.prompts_per_step=2",
-              "env.shuffle=false"]
+ARITHMETIC = [
+    "env.dataset=arithmetic",
+    "env.arithmetic.operations=[add]",
+    "env.arithmetic.digits=2",
+    "env.arithmetic.train_size=200",
+    "env.arithmetic.test_size=50",
+    "env.prompts_per_step=2",
+    "env.shuffle=false",
+]
 
 
 def test_env_builds_and_scores_with_the_gsm8k_reward(tokenizer):
@@ -88,8 +101,15 @@ def test_env_builds_and_scores_with_the_gsm8k_reward(tokenizer):
     train = arithmetic_records("train", seed=0, size=200, spec=spec)
     refs = [reference_answer(r["answer"]) for r in train[:2]]  # unshuffled: the first two problems
     wrong = str(int(refs[1]) + 1)
-    prompts, rewards = score_answers(env, [f"The sum is {refs[0]}.\n#### {refs[0]}", f"#### {wrong}",
-                                           f"#### {refs[1]}", f"So it is {wrong}.\n#### {wrong}"])
+    prompts, rewards = score_answers(
+        env,
+        [
+            f"The sum is {refs[0]}.\n#### {refs[0]}",
+            f"#### {wrong}",
+            f"#### {refs[1]}",
+            f"So it is {wrong}.\n#### {wrong}",
+        ],
+    )
     assert list(prompts["reference"]) == refs
     assert train[0]["question"] in prompts["prompt"][0] and SYSTEM_PROMPTS["hash"] in prompts["prompt"][0]
     assert rewards["reward_correct"].flatten().tolist() == [1.0, 0.0, 1.0, 0.0]
@@ -123,8 +143,9 @@ def test_tools_env_keeps_the_gsm8k_prompt(tokenizer):
     from grpo_rl.envs import make_env
     from grpo_rl.envs.tasks.gsm8k.env import SYSTEM_PROMPTS
 
-    cfg = compose_config([*ARITHMETIC, "env.tools=[{name: calculator}]", "env.max_turns=3",
-                          "env.max_prompt_tokens=480"])
+    cfg = compose_config(
+        [*ARITHMETIC, "env.tools=[{name: calculator}]", "env.max_turns=3", "env.max_prompt_tokens=480"]
+    )
     validate(cfg)
     env = make_env(cfg, tokenizer)
     prompt = env.reset()["prompt"][0]

@@ -1,4 +1,5 @@
 """Loading a user's reward functions, their failure handling, the file environment and the worked example."""
+
 from __future__ import annotations
 
 import functools
@@ -10,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import register_configs
-from grpo_rl.run.preflight import validate
-from grpo_rl.run.metrics import log_reward_failures
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent, RewardError
 from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
 from grpo_rl.envs.tasks.gsm8k.reward import correctness_reward
+from grpo_rl.errors import ConfigError
+from grpo_rl.run.metrics import log_reward_failures
+from grpo_rl.run.preflight import validate
 from tests.unit.helpers import file_env, score_answers, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,7 +25,7 @@ CONFIG_DIR = ROOT / "config"
 EXAMPLE_REWARD = ROOT / "examples" / "custom_reward.py"
 EXAMPLE_PROMPTS = ROOT / "examples" / "prompts.jsonl"
 
-REWARDS = '''
+REWARDS = """
 import numpy as np
 
 def exact(responses, references):
@@ -55,7 +56,7 @@ def one_arg(responses):
     return [0.0] * len(responses)
 
 NOT_A_FUNCTION = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -128,8 +129,10 @@ def test_file_that_fails_to_import(tmp_path):
 
 def test_file_is_imported_once(tmp_path):
     path = tmp_path / "counted.py"
-    path.write_text("import builtins\nbuiltins._grpo_imports = getattr(builtins, '_grpo_imports', 0) + 1\n"
-                    "def f(responses, references):\n    return [0.0] * len(responses)\n")
+    path.write_text(
+        "import builtins\nbuiltins._grpo_imports = getattr(builtins, '_grpo_imports', 0) + 1\n"
+        "def f(responses, references):\n    return [0.0] * len(responses)\n"
+    )
     import builtins
 
     load_reward_function(str(path), "f")
@@ -139,24 +142,37 @@ def test_file_is_imported_once(tmp_path):
 
 
 def test_components_from_config(rewards_file):
-    cfg = _compose([f"reward.path={rewards_file}", "reward.name=exact",
-                    f"reward.functions=[{{path: {rewards_file}, name: as_numpy, weight: 0.5}},"
-                    f"{{path: {rewards_file}, name: exact, weight: 2, label: exact_again}}]"])
+    cfg = _compose(
+        [
+            f"reward.path={rewards_file}",
+            "reward.name=exact",
+            f"reward.functions=[{{path: {rewards_file}, name: as_numpy, weight: 0.5}},"
+            f"{{path: {rewards_file}, name: exact, weight: 2, label: exact_again}}]",
+        ]
+    )
     comps = user_reward_components(cfg.reward)
     assert [(c.name, c.weight) for c in comps] == [("exact", 1.0), ("as_numpy", 0.5), ("exact_again", 2.0)]
-    dup = _compose([f"reward.path={rewards_file}", "reward.name=exact",
-                    f"reward.functions=[{{path: {rewards_file}, name: exact}}]"])
+    dup = _compose(
+        [
+            f"reward.path={rewards_file}",
+            "reward.name=exact",
+            f"reward.functions=[{{path: {rewards_file}, name: exact}}]",
+        ]
+    )
     with pytest.raises(RewardLoadError, match="both logged as reward_exact"):
         user_reward_components(dup.reward)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["env.dataset=file", "env.path=x.jsonl"], "env.dataset=file needs a reward: set reward.path"),
-    (["reward.path=r.py"], "set both"),
-    (["reward.functions=[{path: r.py}]"], r"reward.functions\[0\] needs both path and name"),
-    (["reward.path=/no/such/rewards.py", "reward.name=f"], "reward.path=/no/such/rewards.py"),
-    (["reward.fallback=nan"], "reward.fallback=nan must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["env.dataset=file", "env.path=x.jsonl"], "env.dataset=file needs a reward: set reward.path"),
+        (["reward.path=r.py"], "set both"),
+        (["reward.functions=[{path: r.py}]"], r"reward.functions\[0\] needs both path and name"),
+        (["reward.path=/no/such/rewards.py", "reward.name=f"], "reward.path=/no/such/rewards.py"),
+        (["reward.fallback=nan"], "reward.fallback=nan must be a finite number"),
+    ],
+)
 def test_validate_rejects_bad_reward_config(overrides, match):
     with pytest.raises(ConfigError, match=match):
         validate(_compose(overrides))
@@ -167,8 +183,13 @@ def test_validate_rejects_bad_reward_config(overrides, match):
 
 def _reward(rewards_file, name: str, fallback: float = -1.0) -> CompositeReward:
     fn = load_reward_function(str(rewards_file), name)
-    return CompositeReward([RewardComponent(name, fn, 1.0), RewardComponent("exact", load_reward_function(
-        str(rewards_file), "exact"), 1.0)], fallback=fallback)
+    return CompositeReward(
+        [
+            RewardComponent(name, fn, 1.0),
+            RewardComponent("exact", load_reward_function(str(rewards_file), "exact"), 1.0),
+        ],
+        fallback=fallback,
+    )
 
 
 def test_raising_on_some_samples_gets_the_fallback(rewards_file):
@@ -199,10 +220,14 @@ def test_every_sample_failing_raises_naming_the_file_and_the_function(rewards_fi
         reward(["a", "b"], ["x"] * 2)
     assert str(info.value).startswith(f"reward 'always_raises' ({rewards_file}:always_raises) failed on every sample")
     # A component built without an origin finds it from its function: a built-in by its module's file.
-    builtin = CompositeReward([RewardComponent("correct", functools.partial(correctness_reward,
-                                                                           last_number_fallback=False))])
-    with pytest.raises(RewardError, match=r"^reward 'correct' \(grpo_rl/envs/tasks/gsm8k/reward.py:"
-                                          r"correctness_reward\) failed on every sample"):
+    builtin = CompositeReward(
+        [RewardComponent("correct", functools.partial(correctness_reward, last_number_fallback=False))]
+    )
+    with pytest.raises(
+        RewardError,
+        match=r"^reward 'correct' \(grpo_rl/envs/tasks/gsm8k/reward.py:"
+        r"correctness_reward\) failed on every sample",
+    ):
         builtin(["a", "b"], [None, None])
 
 
@@ -217,9 +242,15 @@ def test_failures_are_written_to_the_run_dir(tmp_path, rewards_file):
 # The file environment
 
 
-ROWS = [{"prompt": "Say four.", "ground_truth": "4", "max_words": 1, "topic": "math"},
-        {"prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Say five."}],
-         "ground_truth": 5, "max_words": 3, "topic": "math"}]
+ROWS = [
+    {"prompt": "Say four.", "ground_truth": "4", "max_words": 1, "topic": "math"},
+    {
+        "prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Say five."}],
+        "ground_truth": 5,
+        "max_words": 3,
+        "topic": "math",
+    },
+]
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
@@ -232,8 +263,10 @@ def test_file_env_passes_references_and_columns(tmp_path, tokenizer, rewards_fil
         import pyarrow.parquet as pq
 
         # a parquet column has one type: plain-string prompts and ground truths
-        pq.write_table(pa.Table.from_pylist([{**r, "prompt": "Say it.", "ground_truth": str(r["ground_truth"])}
-                                             for r in ROWS]), data)
+        pq.write_table(
+            pa.Table.from_pylist([{**r, "prompt": "Say it.", "ground_truth": str(r["ground_truth"])} for r in ROWS]),
+            data,
+        )
     env = file_env(tokenizer, data, rewards_file, "all_columns")
     assert env.extra_columns == ("prompt", "max_words", "topic")
     prompts, nxt = score_answers(env, ["4", "x", "5", "5"])
@@ -246,19 +279,27 @@ def test_file_env_passes_references_and_columns(tmp_path, tokenizer, rewards_fil
 def test_file_env_named_columns_and_no_ground_truth(tmp_path, tokenizer, rewards_file):
     rows = [{"question": "Say four in one word.", "limit": 1}, {"question": "Say five.", "limit": 2}]
     data = write_jsonl(tmp_path / "p.jsonl", rows)
-    env = file_env(tokenizer, data, rewards_file, "all_columns",
-                    ["env.prompt_column=question", "env.ground_truth_column=null", "env.extra_columns=[limit]"])
+    env = file_env(
+        tokenizer,
+        data,
+        rewards_file,
+        "all_columns",
+        ["env.prompt_column=question", "env.ground_truth_column=null", "env.extra_columns=[limit]"],
+    )
     assert env.extra_columns == ("question", "limit")  # the prompt column always comes along
     prompts, nxt = score_answers(env, ["four", "four five six"])
     assert list(prompts["reference"]) == [None, None]
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [2.0, 2.0]
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["env.prompt_column=question"], r"row 0 has no column env.prompt_column='question'"),
-    (["env.ground_truth_column=answer"], r"env.ground_truth_column=null if your reward needs no ground truth"),
-    (["env.extra_columns=[difficulty]"], r"no row has \['difficulty'\]"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["env.prompt_column=question"], r"row 0 has no column env.prompt_column='question'"),
+        (["env.ground_truth_column=answer"], r"env.ground_truth_column=null if your reward needs no ground truth"),
+        (["env.extra_columns=[difficulty]"], r"no row has \['difficulty'\]"),
+    ],
+)
 def test_file_env_column_errors(tmp_path, tokenizer, rewards_file, overrides, match):
     data = write_jsonl(tmp_path / "p.jsonl", ROWS)
     with pytest.raises(ConfigError, match=match):
@@ -282,10 +323,17 @@ def test_fallback_is_configurable(tmp_path, tokenizer, rewards_file):
 def test_user_function_added_to_a_builtin_task(tmp_path, tokenizer, rewards_file):
     from grpo_rl.envs import make_env
 
-    cfg = _compose(["env.dataset=ifeval", f"reward.path={rewards_file}", "reward.name=all_columns",
-                    "env.prompts_per_step=1"])
-    rows = [{"key": 1, "prompt": "Answer in lowercase.", "instruction_id_list": ["change_case:english_lowercase"],
-             "kwargs": [{}]}]
+    cfg = _compose(
+        ["env.dataset=ifeval", f"reward.path={rewards_file}", "reward.name=all_columns", "env.prompts_per_step=1"]
+    )
+    rows = [
+        {
+            "key": 1,
+            "prompt": "Answer in lowercase.",
+            "instruction_id_list": ["change_case:english_lowercase"],
+            "kwargs": [{}],
+        }
+    ]
     env = make_env(cfg, tokenizer, records=rows)
     _, nxt = score_answers(env, ["yes", "no"] * 2)
     assert nxt["reward_all_columns"].squeeze(-1).tolist() == [1.0] * 4  # the ifeval env passes `prompt`
@@ -297,8 +345,9 @@ def test_user_function_added_to_a_builtin_task(tmp_path, tokenizer, rewards_file
 def test_worked_example(tokenizer):
     contains_answer = load_reward_function(str(EXAMPLE_REWARD), "contains_answer")
     brevity = load_reward_function(str(EXAMPLE_REWARD), "brevity")
-    assert contains_answer(["It is Ottawa.", "Toronto", "16 sides", "carbon  Dioxide!"],
-                           ["Ottawa", "Ottawa", "6", "carbon dioxide"]) == [1.0, 0.0, 0.0, 1.0]
+    assert contains_answer(
+        ["It is Ottawa.", "Toronto", "16 sides", "carbon  Dioxide!"], ["Ottawa", "Ottawa", "6", "carbon dioxide"]
+    ) == [1.0, 0.0, 0.0, 1.0]
     assert brevity(["one", "one two three four"], [None, None], max_words=[2, 2]) == [1.0, 0.5]
     env = file_env(tokenizer, EXAMPLE_PROMPTS, EXAMPLE_REWARD, "contains_answer")
     assert len(env) == 10

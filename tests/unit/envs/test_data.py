@@ -49,9 +49,7 @@ class _FakeHubDataset:
         return self._records
 
 
-def _fake_datasets(
-    monkeypatch: pytest.MonkeyPatch, result: list[dict[str, Any]] | Exception
-) -> list[tuple[Any, ...]]:
+def _fake_datasets(monkeypatch: pytest.MonkeyPatch, result: list[dict[str, Any]] | Exception) -> list[tuple[Any, ...]]:
     """Installs a fake `datasets` module; returns the list its calls are recorded in."""
     calls: list[tuple[Any, ...]] = []
 
@@ -84,9 +82,7 @@ def test_data_dir_prefers_env(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib
     assert data_dir() == tmp_path / "anywhere"
 
 
-def test_data_dir_shared_next_to_repo(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
-) -> None:
+def test_data_dir_shared_next_to_repo(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
     assert data_dir() is None
     monkeypatch.setattr(data, "_REPO_ROOT", tmp_path / "main")
     (tmp_path / "shared" / "data").mkdir(parents=True)
@@ -172,9 +168,7 @@ def test_hub_failure_without_local_copy_says_how_to_fix(monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("flag", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
-def test_offline_flag_skips_hub(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, flag: str
-) -> None:
+def test_offline_flag_skips_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, flag: str) -> None:
     _online(monkeypatch)
     monkeypatch.setenv(flag, "1")
     calls = _fake_datasets(monkeypatch, RuntimeError("must not be called"))
@@ -225,9 +219,7 @@ def test_file_parquet(tmp_path: pathlib.Path) -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    "text", ['[{"prompt": "a"}, {"prompt": "b"}]', '{"prompt": "a"}\n{"prompt": "b"}\n']
-)
+@pytest.mark.parametrize("text", ['[{"prompt": "a"}, {"prompt": "b"}]', '{"prompt": "a"}\n{"prompt": "b"}\n'])
 def test_file_json_list_or_lines(tmp_path: pathlib.Path, text: str) -> None:
     path = tmp_path / "custom.json"
     path.write_text(text, encoding="utf-8")
@@ -352,7 +344,10 @@ def test_file_list_is_concatenated_in_order(tmp_path: pathlib.Path) -> None:
     second = tmp_path / "b.parquet"
     pq.write_table(pa.table({"prompt": ["b1"]}), second)
     assert load_records("file", path=[str(second), str(first)], required_fields=["prompt"]) == [
-        {"prompt": "b1"}, {"prompt": "a1"}, {"prompt": "a2"}]
+        {"prompt": "b1"},
+        {"prompt": "a1"},
+        {"prompt": "a2"},
+    ]
 
 
 def test_gsm8k_path_list_of_files_and_folders(tmp_path: pathlib.Path) -> None:
@@ -362,12 +357,16 @@ def test_gsm8k_path_list_of_files_and_folders(tmp_path: pathlib.Path) -> None:
     assert load_records("gsm8k", path=[str(folder), str(extra)]) == GSM_ROWS
 
 
-@pytest.mark.parametrize(("second_rows", "match"), [
-    ([{"text": "x"}], r"b\.jsonl: row 0 is missing required field 'prompt'"),
-    ([], r"b\.jsonl: data set is empty"),
-])
-def test_each_file_of_a_list_is_checked_under_its_own_name(tmp_path: pathlib.Path, second_rows: list,
-                                                           match: str) -> None:
+@pytest.mark.parametrize(
+    ("second_rows", "match"),
+    [
+        ([{"text": "x"}], r"b\.jsonl: row 0 is missing required field 'prompt'"),
+        ([], r"b\.jsonl: data set is empty"),
+    ],
+)
+def test_each_file_of_a_list_is_checked_under_its_own_name(
+    tmp_path: pathlib.Path, second_rows: list, match: str
+) -> None:
     first = _write_jsonl(tmp_path / "a.jsonl", [{"prompt": "a"}])
     second = _write_jsonl(tmp_path / "b.jsonl", second_rows)
     with pytest.raises(ValueError, match=match) as info:

@@ -1,4 +1,5 @@
 """Tests for grpo_rl.envs: PromptEnv's reset/step contract and prompt stream, and GSM8K over the real data."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,8 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.envs.data import data_dir
 from grpo_rl.envs.base import PromptEnv, PromptTooLongError, group_answers
+from grpo_rl.envs.data import data_dir
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 
 RECORDS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "topic": f"t{i}"} for i in range(10)]
@@ -16,7 +17,7 @@ RECORDS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "topic": f"
 
 def exact(responses, references, **_):
     """1 for the reference answer; ignores extra columns (every component receives them)."""
-    return [float(r.strip() == ref) for r, ref in zip(responses, references)]
+    return [float(r.strip() == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def topic_bonus(responses, references, *, topic):
@@ -54,7 +55,7 @@ def test_reset_contract(tokenizer):
     assert list(td["reference"]) == ["0", "2", "4"]
     assert td["done"].shape == (3, 1) and not td["done"].any()
     prompts, tokens = list(td["prompt"]), list(td["prompt_tokens"])
-    for i, (text, toks) in enumerate(zip(prompts, tokens)):
+    for i, (text, toks) in enumerate(zip(prompts, tokens, strict=True)):
         # the chat template was applied, with the generation prompt, and the tokens are that text
         assert RECORDS[i]["question"] in text
         assert text.endswith("<|im_start|>assistant\n")
@@ -76,10 +77,14 @@ def test_step_contract(tokenizer):
 
 def test_extra_columns_reach_the_reward(tokenizer):
     env = PromptEnv(
-        RECORDS, tokenizer,
+        RECORDS,
+        tokenizer,
         CompositeReward([RewardComponent("exact", exact), RewardComponent("bonus", topic_bonus, 2.0)]),
         format_messages=lambda row: [{"role": "user", "content": row["question"]}],
-        reference_of=lambda row: row["answer"], prompts_per_step=2, max_prompt_tokens=512, shuffle=False,
+        reference_of=lambda row: row["answer"],
+        prompts_per_step=2,
+        max_prompt_tokens=512,
+        shuffle=False,
         extra_columns=("topic",),
     )
     env.reset()  # rows 0, 1
@@ -175,18 +180,23 @@ def test_gsm8k_env_on_real_data(tokenizer):
 
     prompts = env.reset()
     refs = list(prompts["reference"])
-    for idx, text, ref in zip(prompts["prompt_index"].tolist(), prompts["prompt"], refs):
+    for idx, text, ref in zip(prompts["prompt_index"].tolist(), prompts["prompt"], refs, strict=True):
         assert records[idx]["question"] in text
         assert SYSTEM_PROMPTS["hash"] in text
         assert ref == reference_answer(records[idx]["answer"])
 
-    responses = [f"So the answer is this.\n#### {refs[0]}", "I am not sure.",
-                 f"Adding up gives {refs[1]}.", "It is\n#### 123456789"]
+    responses = [
+        f"So the answer is this.\n#### {refs[0]}",
+        "I am not sure.",
+        f"Adding up gives {refs[1]}.",
+        "It is\n#### 123456789",
+    ]
     td = env.step(answers_td(prompts, responses, group_size=2))
     correct = td["next", "reward_correct"].flatten().tolist()
     fmt = td["next", "reward_format"].flatten().tolist()
     assert correct == [1.0, 0.0, 1.0, 0.0]  # the third is found by the last-number fallback
     assert fmt == [1.0, 0.0, 0.0, 1.0]
     total = td["next", "reward"].flatten().tolist()
-    assert total == pytest.approx([c * cfg.reward.correctness_weight + f * cfg.reward.format_weight
-                                   for c, f in zip(correct, fmt)])
+    assert total == pytest.approx(
+        [c * cfg.reward.correctness_weight + f * cfg.reward.format_weight for c, f in zip(correct, fmt, strict=True)]
+    )

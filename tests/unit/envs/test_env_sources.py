@@ -1,27 +1,34 @@
 """Where a task's prompts come from: ``env.path`` as a list of files, a hub data set (``env.hub_dataset``), enough
 prompts for a step, and the run's length in passes over them (``train.prompt_epochs``)."""
+
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import socket
 from types import SimpleNamespace
 
 import pytest
 
-from grpo_rl.envs import data
-from grpo_rl.errors import ConfigError
+from grpo_rl.envs import data, make_env
+from grpo_rl.errors import ConfigError, DataError
 from grpo_rl.run.preflight import validate
-from grpo_rl.envs import make_env
-from grpo_rl.errors import DataError
 from tests.unit.helpers import ROOT, compose_config, write_jsonl
 
 REWARD = ROOT / "examples" / "custom_reward.py"
 
 
 def _file_cfg(path_override: str, *extra: str):
-    cfg = compose_config(["env.dataset=file", path_override, f"reward.path={REWARD}",
-                          "reward.name=contains_answer", "env.shuffle=false", *extra])
+    cfg = compose_config(
+        [
+            "env.dataset=file",
+            path_override,
+            f"reward.path={REWARD}",
+            "reward.name=contains_answer",
+            "env.shuffle=false",
+            *extra,
+        ]
+    )
     validate(cfg)
     return cfg
 
@@ -45,12 +52,15 @@ def test_row_errors_name_the_file_of_a_list(tmp_path, tokenizer):
         make_env(_file_cfg(f"env.path=[{a},{b}]", "env.prompts_per_step=1"), tokenizer)
 
 
-@pytest.mark.parametrize(("override", "match"), [
-    ("env.path=[]", r"env\.dataset=file needs env\.path"),
-    ("env.path=[a.jsonl,'']", r"'' is not a file path"),
-    ("env.path=[a.jsonl,[b.jsonl]]", r"\['b.jsonl'\] is not a file path"),
-    ("env.path={a: b}", r"must be a file or folder path, or a list of files"),
-])
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("env.path=[]", r"env\.dataset=file needs env\.path"),
+        ("env.path=[a.jsonl,'']", r"'' is not a file path"),
+        ("env.path=[a.jsonl,[b.jsonl]]", r"\['b.jsonl'\] is not a file path"),
+        ("env.path={a: b}", r"must be a file or folder path, or a list of files"),
+    ],
+)
 def test_bad_path_values(override, match):
     with pytest.raises(ConfigError, match=match):
         _file_cfg(override)
@@ -70,8 +80,11 @@ def test_more_prompts_per_step_than_prompts_is_an_error(tmp_path, tokenizer):
 def test_skipped_prompts_are_counted_in_the_message(tmp_path, tokenizer):
     rows = _rows("a", 2) + [{"prompt": "word " * 400, "ground_truth": "x"}]
     data = write_jsonl(tmp_path / "a.jsonl", rows)
-    with pytest.raises(ConfigError, match=r"more than the 2 prompts in .*\(1 more were skipped as longer than "
-                                          r"env\.max_prompt_tokens=320\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"more than the 2 prompts in .*\(1 more were skipped as longer than "
+        r"env\.max_prompt_tokens=320\)",
+    ):
         make_env(_file_cfg(f"env.path={data}", "env.prompts_per_step=3"), tokenizer)
 
 
@@ -87,8 +100,12 @@ def test_prompt_epochs_set_the_steps_from_the_prompts_left_after_loading(tmp_pat
     from grpo_rl.run.setup import build_train_env
 
     rows = _rows("a", 30) + [{"prompt": "word " * 400, "ground_truth": "x"}]  # 31 rows, one skipped as too long
-    cfg = _file_cfg(f"env.path={write_jsonl(tmp_path / 'a.jsonl', rows)}", "env.prompts_per_step=3",
-                    f"train.prompt_epochs={epochs}", "train.steps=7")
+    cfg = _file_cfg(
+        f"env.path={write_jsonl(tmp_path / 'a.jsonl', rows)}",
+        "env.prompts_per_step=3",
+        f"train.prompt_epochs={epochs}",
+        "train.steps=7",
+    )
     with caplog.at_level(logging.INFO, logger="grpo_rl.run.setup"):
         env = build_train_env(cfg, tokenizer)  # as make_run builds it, before the config is final
     assert len(env) == 30 and cfg.train.steps == steps  # ceil(epochs * 30 / 3); 0.1 is one step, not two
@@ -98,8 +115,9 @@ def test_prompt_epochs_set_the_steps_from_the_prompts_left_after_loading(tmp_pat
 def test_without_prompt_epochs_the_steps_stay(tmp_path, tokenizer):
     from grpo_rl.run.setup import build_train_env, make_train_env
 
-    cfg = _file_cfg(f"env.path={write_jsonl(tmp_path / 'a.jsonl', _rows('a', 4))}", "env.prompts_per_step=2",
-                    "train.steps=7")
+    cfg = _file_cfg(
+        f"env.path={write_jsonl(tmp_path / 'a.jsonl', _rows('a', 4))}", "env.prompts_per_step=2", "train.steps=7"
+    )
     build_train_env(cfg, tokenizer)
     assert cfg.train.steps == 7
     env = make_train_env(SimpleNamespace(cfg=cfg, tokenizer=tokenizer, devices=None, rewards=(), train_env=None))
@@ -126,8 +144,9 @@ def hub_calls(monkeypatch):
 
 
 def test_a_hub_dataset_gives_the_prompts_of_the_same_rows_in_a_local_file(tmp_path, tokenizer, hub_calls):
-    hub = make_env(_file_cfg("env.hub_dataset=org/tasks", "env.hub_config=easy", "env.split=test", *HUB_COLUMNS),
-                   tokenizer)
+    hub = make_env(
+        _file_cfg("env.hub_dataset=org/tasks", "env.hub_config=easy", "env.split=test", *HUB_COLUMNS), tokenizer
+    )
     # offline (as every test runs) the cache is still asked, with the hub switched off for the call
     assert hub_calls == [("org/tasks", "easy", "test", True)]
     local = make_env(_file_cfg(f"env.path={write_jsonl(tmp_path / 'rows.jsonl', HUB_ROWS)}", *HUB_COLUMNS), tokenizer)
@@ -139,8 +158,11 @@ def test_a_hub_dataset_gives_the_prompts_of_the_same_rows_in_a_local_file(tmp_pa
 
 
 def test_hub_rows_are_checked_as_a_files_rows(tokenizer, hub_calls):
-    with pytest.raises(ConfigError, match=r"env\.hub_dataset=org/tasks: row 0 has no column env\.prompt_column="
-                                          r"'prompt' \(columns: \['answer', 'level', 'question'\]\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.hub_dataset=org/tasks: row 0 has no column env\.prompt_column="
+        r"'prompt' \(columns: \['answer', 'level', 'question'\]\)",
+    ):
         make_env(_file_cfg("env.hub_dataset=org/tasks", "env.ground_truth_column=answer"), tokenizer)
 
 
@@ -149,10 +171,13 @@ def test_eval_split_reads_that_split_of_the_hub_dataset(tokenizer, hub_calls):
     assert hub_calls[-1][:3] == ("org/tasks", None, "validation")
 
 
-@pytest.mark.parametrize(("overrides", "match"), [
-    (("env.hub_dataset=org/tasks", "env.path=a.jsonl"), r"env\.hub_dataset=org/tasks and env\.path=a\.jsonl both"),
-    (("env.hub_config=main",), r"env\.hub_config=main names a configuration of env\.hub_dataset, which is not set"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (("env.hub_dataset=org/tasks", "env.path=a.jsonl"), r"env\.hub_dataset=org/tasks and env\.path=a\.jsonl both"),
+        (("env.hub_config=main",), r"env\.hub_config=main names a configuration of env\.hub_dataset, which is not set"),
+    ],
+)
 def test_hub_dataset_settings_that_contradict(overrides, match):
     with pytest.raises(ConfigError, match=match):
         _file_cfg(*overrides)
@@ -172,9 +197,12 @@ def test_an_uncached_hub_dataset_offline_fails_at_once_in_one_line(tokenizer):
     message = str(info.value)
     assert tried == []  # the network path retries for about 25 s: it was never taken
     assert "\n" not in message
-    for fragment in ("env.hub_dataset=grpo-rl-tests/not-cached (env.hub_config=main) split 'train'",
-                     "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set", "HF_HUB_OFFLINE=0",
-                     "pass env.path=prompts.jsonl instead of env.hub_dataset"):
+    for fragment in (
+        "env.hub_dataset=grpo-rl-tests/not-cached (env.hub_config=main) split 'train'",
+        "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set",
+        "HF_HUB_OFFLINE=0",
+        "pass env.path=prompts.jsonl instead of env.hub_dataset",
+    ):
         assert fragment in message
 
 
@@ -182,8 +210,14 @@ def test_an_unreachable_hub_reads_only_the_cache(tokenizer, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")
     monkeypatch.setattr(data, "_hub_unreachable", lambda timeout=3.0: "hub.invalid")
-    with no_network() as tried, pytest.raises(DataError, match=r"the hub \(hub\.invalid\) is unreachable and the "
-                                                               r"local datasets cache"):
+    with (
+        no_network() as tried,
+        pytest.raises(
+            DataError,
+            match=r"the hub \(hub\.invalid\) is unreachable and the "
+            r"local datasets cache",
+        ),
+    ):
         make_env(_file_cfg("env.hub_dataset=grpo-rl-tests/not-cached"), tokenizer)
     assert tried == []
 

@@ -264,9 +264,7 @@ def test_every_real_gsm8k_reference_scores_itself() -> None:
         ("answer is " * 20_000, None, 0.0, 0.0),
     ],
 )
-def test_degenerate_output(
-    response: str, answer: str | None, hash_score: float, tags_score: float
-) -> None:
+def test_degenerate_output(response: str, answer: str | None, hash_score: float, tags_score: float) -> None:
     assert extract_answer(response) == answer
     assert format_reward([response], ["5"]) == [hash_score]
     assert format_reward([response], ["5"], template="tags") == [tags_score]

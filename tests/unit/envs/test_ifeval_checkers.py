@@ -38,9 +38,7 @@ CASES = [
         True,
         "substrings count: con-CAT-enate, hot-DOG-s",
     ),
-    _case(
-        "keywords:existence", {"keywords": ["cat", "dog"]}, "A cat alone.", False, "dog is missing"
-    ),
+    _case("keywords:existence", {"keywords": ["cat", "dog"]}, "A cat alone.", False, "dog is missing"),
     # --- keywords:frequency: non-overlapping substring matches, any case.
     _case(
         "keywords:frequency",
@@ -422,9 +420,7 @@ CASES = [
         True,
         "option anywhere in the text",
     ),
-    _case(
-        "detectable_format:constrained_response", {}, "My answer is Yes.", False, "case-sensitive"
-    ),
+    _case("detectable_format:constrained_response", {}, "My answer is Yes.", False, "case-sensitive"),
     _case(
         "detectable_format:constrained_response",
         {},
@@ -694,9 +690,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("instruction_id", "kwargs", "response", "expected"), CASES)
-def test_checker_follows_reference_rules(
-    instruction_id: str, kwargs: dict, response: str, expected: bool
-) -> None:
+def test_checker_follows_reference_rules(instruction_id: str, kwargs: dict, response: str, expected: bool) -> None:
     assert build_checker(instruction_id, kwargs)(response) is expected
 
 

@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from grpo_rl.envs.tasks.ifeval.instructions import (INSTRUCTION_IDS, IFEvalResult, build_checker, evaluate_response,
-                                                    loose_variants)
+from grpo_rl.envs.tasks.ifeval.instructions import (
+    INSTRUCTION_IDS,
+    IFEvalResult,
+    build_checker,
+    evaluate_response,
+    loose_variants,
+)
 
 # The reference registry's 25 ids (instructions_registry.INSTRUCTION_DICT).
 REFERENCE_IDS = {
@@ -92,9 +97,7 @@ def test_loose_variants_in_reference_order() -> None:
         ("No commas.", "punctuation:no_comma", {}, True, True),
     ],
 )
-def test_strict_and_loose(
-    response: str, instruction_id: str, kwargs: dict, strict: bool, loose: bool
-) -> None:
+def test_strict_and_loose(response: str, instruction_id: str, kwargs: dict, strict: bool, loose: bool) -> None:
     result = evaluate_response(response, [instruction_id], [kwargs], prompt="p")
     assert result.strict == [strict]
     assert result.loose == [loose]
@@ -217,26 +220,18 @@ def test_mismatched_lists_raise() -> None:
 
 def _ifeval_data_file() -> Path:
     root = os.environ.get("GRPO_DATA_DIR")
-    data_dir = (
-        Path(root) if root else Path(__file__).resolve().parents[3].parent / "shared" / "data"
-    )
+    data_dir = Path(root) if root else Path(__file__).resolve().parents[3].parent / "shared" / "data"
     return data_dir / "ifeval" / "input_data.jsonl"
 
 
 def test_all_541_prompts_evaluate_without_error() -> None:
     path = _ifeval_data_file()
     if not path.exists():
-        pytest.skip(
-            f"IFEval data not found at {path} (set GRPO_DATA_DIR to the shared data folder)"
-        )
+        pytest.skip(f"IFEval data not found at {path} (set GRPO_DATA_DIR to the shared data folder)")
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     assert len(rows) == 541
     response = "Hello world. This is a dummy response, with *one* highlight.\nP.S. Bye."
     for row in rows:
-        result = evaluate_response(
-            response, row["instruction_id_list"], row["kwargs"], row["prompt"]
-        )
+        result = evaluate_response(response, row["instruction_id_list"], row["kwargs"], row["prompt"])
         assert len(result.strict) == len(result.loose) == len(row["instruction_id_list"])
-        assert all(
-            loose or not strict for strict, loose in zip(result.strict, result.loose, strict=True)
-        )
+        assert all(loose or not strict for strict, loose in zip(result.strict, result.loose, strict=True))

@@ -35,8 +35,7 @@ def test_punkt_docstring_example() -> None:
         "name."
     )
     assert text.split_sentences(sample) == [
-        "Punkt knows that the periods in Mr. Smith and Johann S. Bach\n"
-        "do not mark sentence boundaries.",
+        "Punkt knows that the periods in Mr. Smith and Johann S. Bach\ndo not mark sentence boundaries.",
         "And sometimes sentences\ncan start with non-capitalized words.",
         "i is a good variable\nname.",
     ]

@@ -1,18 +1,19 @@
 """Multi-turn tool use: the tool message rendered once by the chat template, the turn loop, the batch's masks, and
 token exactness: every model token the learner trains on is an id the engine sampled, with the engine's log-prob,
 in the context the engine sampled it from."""
+
 from __future__ import annotations
 
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.rollout.collector import Collector
-from grpo_rl.training.learner import loss_mask
 from grpo_rl.algo.loss import LossSettings, grpo_loss
-from grpo_rl.envs.multiturn import ERROR_KINDS, ToolMessages, ToolUse, pack_episodes, run_episodes, tool_metrics
 from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.envs.multiturn import ERROR_KINDS, ToolMessages, ToolUse, pack_episodes, run_episodes, tool_metrics
 from grpo_rl.envs.tools.configured import configured_tools
 from grpo_rl.envs.tools.registry import BUILTIN_TOOLS, call_tool
+from grpo_rl.rollout.collector import Collector
+from grpo_rl.training.learner import loss_mask
 from tests.unit.helpers import file_env, write_jsonl
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
@@ -58,16 +59,28 @@ def test_tool_messages_close_the_turn_and_open_the_next(tokenizer):
 
 
 def test_episodes_are_token_exact(tokenizer):
-    prompts = [tokenizer.encode("<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"),
-               tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")]
+    prompts = [
+        tokenizer.encode("<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"),
+        tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+    ]
     # Prompt 0: a call, then the answer; prompt 1: an answer at once, then a malformed call and an answer.
     # Turn 1 of the 4 episodes (2 per prompt), then turn 2 of the two that called the calculator.
-    engine = ScriptedEngine(tokenizer, [f"Let me compute. {CALL}", "Hello!", BAD_CALL, "Bye.", "The answer is 42.",
-                                        "#### 1"])
+    engine = ScriptedEngine(
+        tokenizer, [f"Let me compute. {CALL}", "Hello!", BAD_CALL, "Bye.", "The answer is 42.", "#### 1"]
+    )
     tools = ToolUse(dict(BUILTIN_TOOLS))
     messages = ToolMessages(tokenizer)
-    episodes = run_episodes(engine, prompts, 2, SamplingSpec(max_new_tokens=64, seed=3), tools=tools,
-                            messages=messages, decode=decode(tokenizer), max_turns=3, max_total_tokens=4096)
+    episodes = run_episodes(
+        engine,
+        prompts,
+        2,
+        SamplingSpec(max_new_tokens=64, seed=3),
+        tools=tools,
+        messages=messages,
+        decode=decode(tokenizer),
+        max_turns=3,
+        max_total_tokens=4096,
+    )
     assert [e.turns for e in episodes] == [2, 1, 2, 1]
     assert [e.tool_calls for e in episodes] == [1, 0, 1, 0]
     assert episodes[2].tool_errors == {"syntax": 1}
@@ -84,22 +97,24 @@ def test_episodes_are_token_exact(tokenizer):
         model = batch["loss_mask"][row, :n].bool().tolist()
         lps = batch["behavior_logprobs"][row, :n].tolist()
         prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
-        model_ids = [t for t, m in zip(ids, model) if m]
-        model_lps = [x for x, m in zip(lps, model) if m]
+        model_ids = [t for t, m in zip(ids, model, strict=True) if m]
+        model_lps = [x for x, m in zip(lps, model, strict=True) if m]
         assert model_ids == [t for c in calls for t in engine.calls[c]["ids"]]
-        assert torch.allclose(torch.tensor(model_lps), torch.tensor([x for c in calls for x in engine.calls[c]["logprobs"]]))
-        assert all(x == 0.0 for x, m in zip(lps, model) if not m)
+        assert torch.allclose(
+            torch.tensor(model_lps), torch.tensor([x for c in calls for x in engine.calls[c]["logprobs"]])
+        )
+        assert all(x == 0.0 for x, m in zip(lps, model, strict=True) if not m)
         assert len(model_ids) < n or len(calls) == 1
         offset = 0
         for c in calls:
             assert prompt + ids[:offset] == engine.calls[c]["context"]
             k = len(engine.calls[c]["ids"])
-            assert ids[offset:offset + k] == engine.calls[c]["ids"]
+            assert ids[offset : offset + k] == engine.calls[c]["ids"]
             offset += k
             if offset < n:  # the tool message follows, as rendered once
                 rendered = messages.render(replies[row])
-                assert ids[offset:offset + len(rendered)] == rendered
-                assert not any(model[offset:offset + len(rendered)])
+                assert ids[offset : offset + len(rendered)] == rendered
+                assert not any(model[offset : offset + len(rendered)])
                 offset += len(rendered)
     m = tool_metrics(batch)
     assert m["turns_mean"] == 1.5 and m["tool_calls_mean"] == 0.5 and m["tool_call_rate"] == 0.5
@@ -110,9 +125,17 @@ def test_episodes_are_token_exact(tokenizer):
 def test_a_call_at_the_last_turn_ends_the_episode_truncated(tokenizer):
     prompts = [tokenizer.encode("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")]
     engine = ScriptedEngine(tokenizer, [CALL, CALL])
-    episodes = run_episodes(engine, prompts, 1, SamplingSpec(max_new_tokens=64), tools=ToolUse(dict(BUILTIN_TOOLS)),
-                            messages=ToolMessages(tokenizer), decode=decode(tokenizer), max_turns=2,
-                            max_total_tokens=4096)
+    episodes = run_episodes(
+        engine,
+        prompts,
+        1,
+        SamplingSpec(max_new_tokens=64),
+        tools=ToolUse(dict(BUILTIN_TOOLS)),
+        messages=ToolMessages(tokenizer),
+        decode=decode(tokenizer),
+        max_turns=2,
+        max_total_tokens=4096,
+    )
     assert episodes[0].turns == 2 and episodes[0].tool_calls == 2 and episodes[0].truncated
     assert len(engine.calls) == 2
 
@@ -132,16 +155,25 @@ def lookup(word: str) -> str:
 
 def test_a_hung_user_tool_is_a_failed_tool_and_the_episode_goes_on(tokenizer, tmp_path):
     (tmp_path / "stuck.py").write_text(STUCK_TOOL)
-    tools = configured_tools(OmegaConf.create([{"name": "lookup", "path": str(tmp_path / "stuck.py"),
-                                                "timeout_seconds": 0.3}]))
+    tools = configured_tools(
+        OmegaConf.create([{"name": "lookup", "path": str(tmp_path / "stuck.py"), "timeout_seconds": 0.3}])
+    )
     prompts = [tokenizer.encode("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")]
     lookup = '<tool_call>{"name": "lookup", "arguments": {"word": "ratio"}}</tool_call>'
     engine = ScriptedEngine(tokenizer, [lookup, "It did not answer. #### 1"])
     release = tools["lookup"].fn.__globals__["RELEASE"]
     try:
-        episodes = run_episodes(engine, prompts, 1, SamplingSpec(max_new_tokens=64), tools=ToolUse(tools),
-                                messages=ToolMessages(tokenizer), decode=decode(tokenizer), max_turns=3,
-                                max_total_tokens=4096)
+        episodes = run_episodes(
+            engine,
+            prompts,
+            1,
+            SamplingSpec(max_new_tokens=64),
+            tools=ToolUse(tools),
+            messages=ToolMessages(tokenizer),
+            decode=decode(tokenizer),
+            max_turns=3,
+            max_total_tokens=4096,
+        )
         assert not release.is_set()  # the episode ended while the tool still hung: it was abandoned, not waited for
     finally:
         release.set()
@@ -166,15 +198,29 @@ def test_tool_use_pickles_without_its_abandoned_calls():
 def test_the_loss_covers_model_tokens_only(tokenizer):
     prompts = [tokenizer.encode("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")]
     engine = ScriptedEngine(tokenizer, [CALL, "#### 42", "#### 7"])
-    episodes = run_episodes(engine, prompts, 2, SamplingSpec(max_new_tokens=64), tools=ToolUse(dict(BUILTIN_TOOLS)),
-                            messages=ToolMessages(tokenizer), decode=decode(tokenizer), max_turns=3,
-                            max_total_tokens=4096)
+    episodes = run_episodes(
+        engine,
+        prompts,
+        2,
+        SamplingSpec(max_new_tokens=64),
+        tools=ToolUse(dict(BUILTIN_TOOLS)),
+        messages=ToolMessages(tokenizer),
+        decode=decode(tokenizer),
+        max_turns=3,
+        max_total_tokens=4096,
+    )
     batch = pack_episodes(prompts, episodes, 2, pad_id=0)
     mask = loss_mask(batch)
     assert int(mask.sum()) < int(batch["response_mask"].sum())
     lp = batch["behavior_logprobs"].clone().requires_grad_(True)
-    out = grpo_loss(lp, lp.detach(), torch.tensor([1.0, -1.0]), mask, behavior_logprobs=batch["behavior_logprobs"],
-                    settings=LossSettings(kl_coef=0.0))
+    out = grpo_loss(
+        lp,
+        lp.detach(),
+        torch.tensor([1.0, -1.0]),
+        mask,
+        behavior_logprobs=batch["behavior_logprobs"],
+        settings=LossSettings(kl_coef=0.0),
+    )
     out.loss.backward()
     tool = (batch["response_mask"] == 1) & (mask == 0)
     assert tool.any()
@@ -182,10 +228,14 @@ def test_the_loss_covers_model_tokens_only(tokenizer):
 
 
 def test_collector_runs_episodes_and_scores_the_last_turn(tokenizer, tmp_path):
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "What is 6*7?", "ground_truth": "42"},
-                                               {"prompt": "What is 2+2?", "ground_truth": "4"}])
-    (tmp_path / "r.py").write_text("def exact(responses, references):\n"
-                                   "    return [float(r.strip().endswith(x)) for r, x in zip(responses, references)]\n")
+    data = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"prompt": "What is 6*7?", "ground_truth": "42"}, {"prompt": "What is 2+2?", "ground_truth": "4"}],
+    )
+    (tmp_path / "r.py").write_text(
+        "def exact(responses, references):\n"
+        "    return [float(r.strip().endswith(x)) for r, x in zip(responses, references)]\n"
+    )
     tools = ["env.tools=[{name: calculator}]", "env.max_turns=3"]
     env = file_env(tokenizer, data, tmp_path / "r.py", "exact", extra=tools)
     system = tokenizer.decode(env.reset()["prompt_tokens"][0])
@@ -207,10 +257,14 @@ def test_a_template_without_tool_messages_is_a_config_error_when_the_env_is_buil
     from grpo_rl.errors import ConfigError
 
     no_tools = copy.deepcopy(tokenizer)  # a template that silently drops tool messages
-    no_tools.chat_template = ("{% for m in messages %}{% if m['role'] != 'tool' %}<|im_start|>{{ m['role'] }}\n"
-                              "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-                              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Q", "ground_truth": "1"}, {"prompt": "R", "ground_truth": "2"}])
+    no_tools.chat_template = (
+        "{% for m in messages %}{% if m['role'] != 'tool' %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    data = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "Q", "ground_truth": "1"}, {"prompt": "R", "ground_truth": "2"}]
+    )
     (tmp_path / "r.py").write_text("def f(responses, references):\n    return [0.0] * len(responses)\n")
     with pytest.raises(ConfigError, match=r"env\.tools: .*chat template"):
         file_env(no_tools, data, tmp_path / "r.py", "f", extra=["env.tools=[{name: calculator}]", "env.max_turns=2"])

@@ -1,4 +1,5 @@
 """Tests for grpo_rl.envs.rewards.base.CompositeReward: weighting, per-component values and failure isolation."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ REFERENCES = ["42", "7", "13", "42"]
 
 
 def exact(responses, references):
-    return [float(r == ref) for r, ref in zip(responses, references)]
+    return [float(r == ref) for r, ref in zip(responses, references, strict=True)]
 
 
 def length(responses, references):
@@ -52,7 +53,8 @@ def test_component_raising_on_some_samples_gets_fallback():
     torch.testing.assert_close(out.total, torch.tensor([2.0, -1.0, 2.0, -1.0]))
     assert out.failures == {"digits": 2}
     assert [(e["reward"], e["index"], e["response"]) for e in out.failure_examples] == [
-        ("digits", 1, "seven"), ("digits", 3, "42!")
+        ("digits", 1, "seven"),
+        ("digits", 3, "42!"),
     ]
     assert all("ValueError" in e["error"] for e in out.failure_examples)
 

@@ -1,4 +1,5 @@
 """Reward functions written for verl and for TRL are recognised by their parameter names and called as ours."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 from grpo_rl.envs.rewards.custom import RewardLoadError, load_reward_function, user_reward_components
 from tests.unit.helpers import ROOT, compose_config, file_env, score_answers, write_jsonl
 
-REWARDS = '''
+REWARDS = """
 calls = []
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -44,7 +45,7 @@ def trl_named_column(completions, solution, max_words):
 
 def trl_needs_state(prompts, completions, trainer_state, **kwargs):
     return [0.0] * len(completions)
-'''
+"""
 
 
 @pytest.fixture
@@ -85,18 +86,24 @@ def test_verl_dict_result_gives_its_score_and_a_dict_without_score_fails(rewards
 
 
 def test_verl_parameter_that_cannot_be_filled(rewards_file):
-    with pytest.raises(RewardLoadError, match=r"reward\.name=verl_needs_more has signature .*\['scale'\] cannot be "
-                                              r"filled.*give them defaults"):
+    with pytest.raises(
+        RewardLoadError,
+        match=r"reward\.name=verl_needs_more has signature .*\['scale'\] cannot be "
+        r"filled.*give them defaults",
+    ):
         load_reward_function(str(rewards_file), "verl_needs_more")
 
 
 def test_verl_function_on_a_file_task(tmp_path, tokenizer, rewards_file):
     """It used to be taken for ours: ``ground_truth`` became a required data column, and building the environment
     failed, blaming the data ("requires column(s) ['ground_truth'] ... add them to the data")."""
-    rows = [{"prompt": "Say four.", "ground_truth": "4", "data_source": "toy"},
-            {"prompt": "Say five.", "ground_truth": "5", "data_source": "toy"}]
-    env = file_env(tokenizer, write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "compute_score",
-                   ["reward.fallback=-1"])
+    rows = [
+        {"prompt": "Say four.", "ground_truth": "4", "data_source": "toy"},
+        {"prompt": "Say five.", "ground_truth": "5", "data_source": "toy"},
+    ]
+    env = file_env(
+        tokenizer, write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "compute_score", ["reward.fallback=-1"]
+    )
     _, nxt = score_answers(env, ["4", "x", "5", "5"])
     assert nxt["reward_compute_score"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
 
@@ -123,7 +130,9 @@ def test_trl_conversational_prompts_get_message_completions(rewards_file):
 
 
 def test_trl_none_is_no_reward(rewards_file):
-    comps = user_reward_components(compose_config([f"reward.path={rewards_file}", "reward.name=trl_none_when_unsure"]).reward)
+    comps = user_reward_components(
+        compose_config([f"reward.path={rewards_file}", "reward.name=trl_none_when_unsure"]).reward
+    )
     reward = CompositeReward(comps, fallback=-1.0)
     result = reward(["sure", "unsure", "sure"], [None] * 3)
     assert result.components["trl_none_when_unsure"].tolist() == [1.0, -1.0, 1.0]
@@ -146,10 +155,17 @@ def test_trl_required_columns(rewards_file):
 
 
 def test_trl_function_on_a_file_task(tmp_path, tokenizer, rewards_file):
-    rows = [{"question": "Say four.", "solution": "4", "max_words": 1},
-            {"question": "Say five.", "solution": "5", "max_words": 1}]
-    env = file_env(tokenizer, write_jsonl(tmp_path / "p.jsonl", rows), rewards_file, "trl_exact",
-                   ["env.prompt_column=question", "env.ground_truth_column=solution", "reward.fallback=-1"])
+    rows = [
+        {"question": "Say four.", "solution": "4", "max_words": 1},
+        {"question": "Say five.", "solution": "5", "max_words": 1},
+    ]
+    env = file_env(
+        tokenizer,
+        write_jsonl(tmp_path / "p.jsonl", rows),
+        rewards_file,
+        "trl_exact",
+        ["env.prompt_column=question", "env.ground_truth_column=solution", "reward.fallback=-1"],
+    )
     _, nxt = score_answers(env, ["4", "x", "5", "5"])
     assert nxt["reward_trl_exact"].squeeze(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
     seen = load_reward_function(str(rewards_file), "trl_exact").fn.__globals__["trl_seen"]
@@ -169,6 +185,11 @@ def test_examples(tmp_path, tokenizer):
     assert trl(["a b", "a b c d"], [None, None], max_words=[2, 2]) == [1.0, 0.5]
     reward = CompositeReward([RewardComponent("brevity", trl, none_is_no_reward=True)], fallback=0.0)
     assert reward(["a b"], [None], max_words=[None]).failures == {"brevity": 1}
-    env = file_env(tokenizer, ROOT / "examples" / "prompts.jsonl", ROOT / "examples" / "verl_style_reward.py",
-                   "compute_score", ["reward.fallback=-1"])
+    env = file_env(
+        tokenizer,
+        ROOT / "examples" / "prompts.jsonl",
+        ROOT / "examples" / "verl_style_reward.py",
+        "compute_score",
+        ["reward.fallback=-1"],
+    )
     assert len(env) == 10

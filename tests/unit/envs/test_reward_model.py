@@ -1,4 +1,5 @@
 """A tiny sequence-classification reward model as a reward component, and its place in the device allocation."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig, register_configs
-from grpo_rl.run.preflight import validate
-from grpo_rl.placement.devices import allocate_devices
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 from grpo_rl.envs.rewards.reward_model import RewardModelScorer, build_tiny_reward_model
+from grpo_rl.errors import ConfigError
+from grpo_rl.placement.devices import allocate_devices
+from grpo_rl.run.preflight import validate
 
 CPU = torch.device("cpu")
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
@@ -37,7 +38,7 @@ PROMPTS = ["What is the capital of Canada?"] * 2 + ["Name a large Canadian city.
 
 def test_scores_a_batch_like_one_at_a_time(scorer):
     batched = scorer(RESPONSES, [None] * 4, prompt=PROMPTS)  # two forward passes of 2, padded
-    single = [scorer([r], [None], prompt=[p])[0] for r, p in zip(RESPONSES, PROMPTS)]
+    single = [scorer([r], [None], prompt=[p])[0] for r, p in zip(RESPONSES, PROMPTS, strict=True)]
     assert len(batched) == 4 and all(isinstance(v, float) for v in batched)
     torch.testing.assert_close(torch.tensor(batched), torch.tensor(single), rtol=1e-5, atol=1e-5)
     assert len(set(batched)) == 4
@@ -59,8 +60,9 @@ def test_chat_message_prompts(scorer):
 
 def test_long_inputs_are_cut_from_the_left(reward_model_dir):
     short = RewardModelScorer(str(reward_model_dir), CPU, max_length=8)
-    enc = short.tokenizer([short.format_pair("x " * 200, "the end")], truncation=True, max_length=8,
-                          add_special_tokens=False)
+    enc = short.tokenizer(
+        [short.format_pair("x " * 200, "the end")], truncation=True, max_length=8, add_special_tokens=False
+    )
     assert len(enc["input_ids"][0]) == 8 and short.tokenizer.decode(enc["input_ids"][0]).rstrip().endswith("<|im_end|>")
     assert len(short(["the end"], [None], prompt=["x " * 200])) == 1
 
@@ -100,25 +102,40 @@ def test_file_env_with_a_reward_model_alone(tmp_path, tokenizer, reward_model_di
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"question": p, "ground_truth": None}) + "\n" for p in PROMPTS[1:3]))
-    cfg = _compose(["env.dataset=file", f"env.path={data}", "env.prompt_column=question", "env.shuffle=false",
-                    "env.prompts_per_step=2", f"reward.model_path={reward_model_dir}", "reward.model_weight=2"])
+    cfg = _compose(
+        [
+            "env.dataset=file",
+            f"env.path={data}",
+            "env.prompt_column=question",
+            "env.shuffle=false",
+            "env.prompts_per_step=2",
+            f"reward.model_path={reward_model_dir}",
+            "reward.model_weight=2",
+        ]
+    )
     validate(cfg)
     env = make_env(cfg, tokenizer)
     from grpo_rl.envs import group_answers, rewards_per_answer
 
     prompts = env.reset()
     nxt = rewards_per_answer(env.step(prompts.set("response_text", group_answers(RESPONSES, 2)))["next"])  # [4]
-    expected = torch.tensor(RewardModelScorer(str(reward_model_dir), CPU, prompt_column="question")(
-        RESPONSES, [None] * 4, question=[PROMPTS[1]] * 2 + [PROMPTS[2]] * 2))
+    expected = torch.tensor(
+        RewardModelScorer(str(reward_model_dir), CPU, prompt_column="question")(
+            RESPONSES, [None] * 4, question=[PROMPTS[1]] * 2 + [PROMPTS[2]] * 2
+        )
+    )
     torch.testing.assert_close(nxt["reward_model"].squeeze(-1), expected)
     torch.testing.assert_close(nxt["reward"].squeeze(-1), 2 * expected)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["reward.model_path=/no/such/rm"], "reward.model_path=/no/such/rm: no config.json"),
-    (["reward.model_path={rm}", "reward_model.num_devices=2"], "reward_model.num_devices=2"),
-    (["reward_model.batch_size=0"], "reward_model.batch_size=0"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["reward.model_path=/no/such/rm"], "reward.model_path=/no/such/rm: no config.json"),
+        (["reward.model_path={rm}", "reward_model.num_devices=2"], "reward_model.num_devices=2"),
+        (["reward_model.batch_size=0"], "reward_model.batch_size=0"),
+    ],
+)
 def test_validate_reward_model_settings(reward_model_dir, overrides, match):
     with pytest.raises(ConfigError, match=match):
         validate(_compose([o.format(rm=reward_model_dir) for o in overrides]))
@@ -128,8 +145,11 @@ def test_a_reward_model_folder_without_a_tokenizer_is_refused_at_start(reward_mo
     folder = Path(shutil.copytree(reward_model_dir, tmp_path / "rm"))
     for file in ("tokenizer.json", "tokenizer_config.json"):
         (folder / file).unlink()
-    with pytest.raises(ConfigError, match=rf"^reward.model_path={folder}: the folder holds no tokenizer: "
-                                          "tokenizer.json and tokenizer_config.json are missing"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^reward.model_path={folder}: the folder holds no tokenizer: "
+        "tokenizer.json and tokenizer_config.json are missing",
+    ):
         validate(_compose([f"reward.model_path={folder}"]))
 
 
@@ -168,7 +188,8 @@ def test_reward_model_gpu_errors():
     # One device per role on fewer GPUs than roles: they share (tests/unit/placement/test_devices.py).
     assert allocate_devices(_cfg(**{"reward.model_path": "/rm"}), num_gpus=3).reward_model == (torch.device("cuda", 1),)
     with pytest.raises(ConfigError, match="share GPUs"):
-        allocate_devices(_cfg(**{"reward.model_path": "/rm", "reward_model.devices": [0], "train_model.devices": [0]}),
-                         num_gpus=4)
+        allocate_devices(
+            _cfg(**{"reward.model_path": "/rm", "reward_model.devices": [0], "train_model.devices": [0]}), num_gpus=4
+        )
     explicit = allocate_devices(_cfg(**{"reward.model_path": "/rm", "reward_model.devices": [7]}), num_gpus=8)
     assert explicit.reward_model == (torch.device("cuda", 7),)

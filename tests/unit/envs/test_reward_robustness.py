@@ -1,5 +1,6 @@
 """A reward function's bad behaviour costs its samples, not the run: NumPy numbers, time limits, sys.exit,
 huge GSM8K answers and huge texts in the failure log."""
+
 from __future__ import annotations
 
 import sys
@@ -44,8 +45,9 @@ def test_numpy_scalars_are_numbers(kind):
     torch.testing.assert_close(values, torch.tensor([1.0, 0.0, 1.0]))
 
 
-@pytest.mark.parametrize("array", [np.array([0.5, 1.0, 2.0], dtype=np.float32), np.array([True, False, True]),
-                                   np.arange(3)])
+@pytest.mark.parametrize(
+    "array", [np.array([0.5, 1.0, 2.0], dtype=np.float32), np.array([True, False, True]), np.arange(3)]
+)
 def test_numpy_arrays_are_numbers(array):
     values = _values(lambda responses, references: array)
     torch.testing.assert_close(values, torch.tensor(array.astype(np.float32)))
@@ -58,8 +60,11 @@ def test_python_bools_are_numbers():
 @pytest.mark.parametrize("bad", [[np.float32("nan")] * 3, ["1.0"] * 3, [10**400] * 3, "abc", 1.0])
 def test_non_numbers_still_fail(bad):
     reward = CompositeReward([RewardComponent("bad", lambda r, ref: bad)])
-    with pytest.raises(RewardError, match=r"'bad' \(tests/unit/envs/test_reward_robustness.py:"
-                                          r"test_non_numbers_still_fail\.<locals>\.<lambda>\) failed on every sample"):
+    with pytest.raises(
+        RewardError,
+        match=r"'bad' \(tests/unit/envs/test_reward_robustness.py:"
+        r"test_non_numbers_still_fail\.<locals>\.<lambda>\) failed on every sample",
+    ):
         reward(RESPONSES, REFS)
 
 
@@ -82,8 +87,9 @@ def test_a_call_past_the_time_limit_fails_its_samples_and_the_run_goes_on(releas
         release.wait(30)
         return [1.0] * len(responses)
 
-    reward = CompositeReward([RewardComponent("exact", exact), RewardComponent("stuck", stuck, 1.0,
-                                                                             timeout_seconds=0.2)], fallback=-1.0)
+    reward = CompositeReward(
+        [RewardComponent("exact", exact), RewardComponent("stuck", stuck, 1.0, timeout_seconds=0.2)], fallback=-1.0
+    )
     out = reward(RESPONSES, REFS)  # no RewardError: a time-out is not a broken function
     # the batch call and MAX_RETRY_TIMEOUTS retries, not one per sample; all abandoned while they still wait
     assert calls == [3] + [1] * MAX_RETRY_TIMEOUTS and not release.is_set()
@@ -229,7 +235,11 @@ def test_gsm8k_answer_with_too_many_digits_scores_zero():
     huge = "9" * 5000
     assert normalize_number(huge) is None and normalize_number(f"1/{huge}") is None
     assert correctness_reward([huge, f"#### {huge}", f"The answer is 0.{huge}", "#### 5"], ["5"] * 4) == [
-        0.0, 0.0, 0.0, 1.0]
+        0.0,
+        0.0,
+        0.0,
+        1.0,
+    ]
 
 
 # Failure texts are cut

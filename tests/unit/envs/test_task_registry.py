@@ -1,5 +1,6 @@
 """The task registry: one room per ``env.dataset``, each saying its columns, system prompt and evaluation defaults;
 the run's system prompt as a function of the config (never written back into it); the tools on the environment."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,12 @@ from grpo_rl.run.preflight import validate
 from tests.unit.helpers import ROOT, compose_config
 
 CALCULATOR = ["env.tools=[{name: calculator}]", "env.max_turns=3", "env.max_prompt_tokens=480"]
-FILE = ["env.dataset=file", f"env.path={ROOT / 'examples' / 'prompts.jsonl'}",
-        f"reward.path={ROOT / 'examples' / 'custom_reward.py'}", "reward.name=contains_answer"]
+FILE = [
+    "env.dataset=file",
+    f"env.path={ROOT / 'examples' / 'prompts.jsonl'}",
+    f"reward.path={ROOT / 'examples' / 'custom_reward.py'}",
+    "reward.name=contains_answer",
+]
 
 
 def test_every_dataset_the_config_accepts_has_a_room():
@@ -24,17 +29,23 @@ def test_every_dataset_the_config_accepts_has_a_room():
 
 
 def test_an_unknown_dataset_names_the_choices():
-    with pytest.raises(ValueError, match=r"env.dataset='gsm9k' is not supported; choose gsm8k, ifeval, arithmetic "
-                                         r"or file"):
+    with pytest.raises(
+        ValueError,
+        match=r"env.dataset='gsm9k' is not supported; choose gsm8k, ifeval, arithmetic "
+        r"or file",
+    ):
         task_of("gsm9k")
 
 
-@pytest.mark.parametrize(("dataset", "prompt", "reference", "success", "split"), [
-    ("gsm8k", "question", None, "correct", "test"),
-    ("ifeval", "prompt", None, "prompt_strict", "train"),
-    ("arithmetic", "question", None, "correct", "test"),
-    ("file", "text", "answer", None, None),  # the user's columns; no defaults of its own
-])
+@pytest.mark.parametrize(
+    ("dataset", "prompt", "reference", "success", "split"),
+    [
+        ("gsm8k", "question", None, "correct", "test"),
+        ("ifeval", "prompt", None, "prompt_strict", "train"),
+        ("arithmetic", "question", None, "correct", "test"),
+        ("file", "text", "answer", None, None),  # the user's columns; no defaults of its own
+    ],
+)
 def test_columns_and_evaluation_defaults(dataset, prompt, reference, success, split):
     env = compose_config(["env.prompt_column=text", "env.ground_truth_column=answer"]).env
     task = TASKS[dataset]
@@ -42,28 +53,34 @@ def test_columns_and_evaluation_defaults(dataset, prompt, reference, success, sp
     assert (task.success_component, task.eval_split) == (success, split)
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    (["env.template=hash"], SYSTEM_PROMPTS["hash"]),
-    (["env.template=tags"], SYSTEM_PROMPTS["tags"]),
-    (["env.dataset=arithmetic"], SYSTEM_PROMPTS["hash"]),
-    (["env.system_prompt=Be brief."], "Be brief."),
-    (["env.dataset=ifeval"], None),
-    (["env.dataset=ifeval", "reward.ifeval_answer_tags=true"], ANSWER_TAGS_SYSTEM_PROMPT),
-    (FILE, None),
-    ([*FILE, "env.system_prompt=Be brief."], "Be brief."),
-])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["env.template=hash"], SYSTEM_PROMPTS["hash"]),
+        (["env.template=tags"], SYSTEM_PROMPTS["tags"]),
+        (["env.dataset=arithmetic"], SYSTEM_PROMPTS["hash"]),
+        (["env.system_prompt=Be brief."], "Be brief."),
+        (["env.dataset=ifeval"], None),
+        (["env.dataset=ifeval", "reward.ifeval_answer_tags=true"], ANSWER_TAGS_SYSTEM_PROMPT),
+        (FILE, None),
+        ([*FILE, "env.system_prompt=Be brief."], "Be brief."),
+    ],
+)
 def test_system_prompt_without_tools(overrides, expected):
     cfg = compose_config(overrides)
     assert system_prompt(cfg.env, cfg.reward) == expected
 
 
-@pytest.mark.parametrize(("overrides", "own"), [
-    ([], SYSTEM_PROMPTS["hash"]),
-    (["env.system_prompt=Be brief."], "Be brief."),
-    (["env.dataset=ifeval", "reward.ifeval_answer_tags=true"], ANSWER_TAGS_SYSTEM_PROMPT),
-    (["env.dataset=ifeval"], None),
-    (FILE, None),
-])
+@pytest.mark.parametrize(
+    ("overrides", "own"),
+    [
+        ([], SYSTEM_PROMPTS["hash"]),
+        (["env.system_prompt=Be brief."], "Be brief."),
+        (["env.dataset=ifeval", "reward.ifeval_answer_tags=true"], ANSWER_TAGS_SYSTEM_PROMPT),
+        (["env.dataset=ifeval"], None),
+        (FILE, None),
+    ],
+)
 def test_system_prompt_with_tools_follows_the_tasks_own(overrides, own):
     cfg = compose_config([*overrides, *CALCULATOR])
     configured = cfg.env.system_prompt
@@ -75,8 +92,15 @@ def test_system_prompt_with_tools_follows_the_tasks_own(overrides, own):
 def test_make_env_leaves_the_config_as_it_was(tokenizer):
     from grpo_rl.envs import make_env
 
-    cfg = compose_config(["env.dataset=arithmetic", "env.arithmetic.train_size=20", "env.arithmetic.test_size=10",
-                          "env.prompts_per_step=2", *CALCULATOR])
+    cfg = compose_config(
+        [
+            "env.dataset=arithmetic",
+            "env.arithmetic.train_size=20",
+            "env.arithmetic.test_size=10",
+            "env.prompts_per_step=2",
+            *CALCULATOR,
+        ]
+    )
     validate(cfg)
     before = str(cfg)
     env = make_env(cfg, tokenizer)
@@ -88,6 +112,12 @@ def test_make_env_leaves_the_config_as_it_was(tokenizer):
 def test_an_environment_without_tools_says_so(tokenizer):
     from grpo_rl.envs import make_env
 
-    cfg = compose_config(["env.dataset=arithmetic", "env.arithmetic.train_size=20", "env.arithmetic.test_size=10",
-                          "env.prompts_per_step=2"])
+    cfg = compose_config(
+        [
+            "env.dataset=arithmetic",
+            "env.arithmetic.train_size=20",
+            "env.arithmetic.test_size=10",
+            "env.prompts_per_step=2",
+        ]
+    )
     assert make_env(cfg, tokenizer).tool_use is None

@@ -1,5 +1,6 @@
 """Tests for the tool-call format (grpo_rl.envs.tools.format): parsing the first call with its end offset, the errors a
 model's malformed call gets, and the system prompt."""
+
 from __future__ import annotations
 
 import json
@@ -50,20 +51,23 @@ def test_no_call(text):
     assert parse_tool_call(text) is None
 
 
-@pytest.mark.parametrize("body, detail", [
-    ('{"name": "calculator", "arguments": {"expression": "12*7"}', "not valid JSON"),
-    ("calculator(12*7)", "not valid JSON"),
-    ("", "not valid JSON"),
-    ("[" * 100_000, "not valid JSON"),  # nesting beyond the JSON parser's recursion
-    ('["calculator", "12*7"]', "expected a JSON object"),
-    ('{"arguments": {"expression": "12*7"}}', 'no "name"'),
-    ('{"name": "", "arguments": {}}', 'no "name"'),
-    ('{"name": 3, "arguments": {}}', 'no "name"'),
-    ('{"name": "calculator", "arguments": "12*7"}', '"arguments" must be an object'),
-    ('{"name": "calculator", "arguments": ["12*7"]}', '"arguments" must be an object'),
-    ('{"name": "calculator", "arguments": null}', '"arguments" must be an object'),
-    ('{"name": "calculator", "arguments": "[1]"}', '"arguments" must be an object'),
-])
+@pytest.mark.parametrize(
+    "body, detail",
+    [
+        ('{"name": "calculator", "arguments": {"expression": "12*7"}', "not valid JSON"),
+        ("calculator(12*7)", "not valid JSON"),
+        ("", "not valid JSON"),
+        ("[" * 100_000, "not valid JSON"),  # nesting beyond the JSON parser's recursion
+        ('["calculator", "12*7"]', "expected a JSON object"),
+        ('{"arguments": {"expression": "12*7"}}', 'no "name"'),
+        ('{"name": "", "arguments": {}}', 'no "name"'),
+        ('{"name": 3, "arguments": {}}', 'no "name"'),
+        ('{"name": "calculator", "arguments": "12*7"}', '"arguments" must be an object'),
+        ('{"name": "calculator", "arguments": ["12*7"]}', '"arguments" must be an object'),
+        ('{"name": "calculator", "arguments": null}', '"arguments" must be an object'),
+        ('{"name": "calculator", "arguments": "[1]"}', '"arguments" must be an object'),
+    ],
+)
 def test_malformed_calls(body, detail):
     text = f"Let me compute. {TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE} done"
     error = parse_tool_call(text)

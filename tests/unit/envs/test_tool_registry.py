@@ -1,6 +1,7 @@
 """Tests for tools (grpo_rl.envs.tools.registry): a user's tool loaded from a file with its description and parameters,
 the one-line errors that name the config key, and call_tool's capture of bad arguments, exceptions and long
 output."""
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.envs.time_limit import MAX_ABANDONED_CALLS
 from grpo_rl.envs.tools.calculator import KINDS
 from grpo_rl.envs.tools.configured import configured_tools
@@ -25,6 +25,7 @@ from grpo_rl.envs.tools.registry import (
     load_tool,
     tool_from_function,
 )
+from grpo_rl.errors import ConfigError
 
 TOOLS = '''
 import sys
@@ -129,22 +130,40 @@ def test_a_tool_example_shows_in_the_system_prompt_and_is_checked():
     shout.example = {"text": "hello"}
     assert format_tool_call("shout", {"text": "hello"}) in tool_system_prompt([tool_from_function(shout)])
     shout.example = {"words": "hello"}
-    with pytest.raises(ConfigError, match=r"env\.tools\[0\]\.name=shout: shout\.example must be a dict of its "
-                                          r"arguments .* \(of text\), not \{'words': 'hello'\}"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.tools\[0\]\.name=shout: shout\.example must be a dict of its "
+        r"arguments .* \(of text\), not \{'words': 'hello'\}",
+    ):
         tool_from_function(shout, key="env.tools[0]")
 
 
-@pytest.mark.parametrize("name, pattern", [
-    ("no_doc", r"env\.tools\[2\]\.name=no_doc: 'no_doc' in .*my_tools\.py has no docstring; add one"),
-    ("star_args", r"env\.tools\[2\]\.name=star_args: star_args\(\*values\) in .* takes \*values; "
-                  r".* its own parameter"),
-    ("star_kwargs", r"env\.tools\[2\]\.name=star_kwargs: .* takes \*\*values; name each parameter"),
-    ("positional_only", r"env\.tools\[2\]\.name=positional_only: .* positional-only parameter 'x'; .* remove the /"),
-    ("missing", r"env\.tools\[2\]\.name=missing: .*my_tools\.py defines no 'missing'; functions it defines: "
-                r"\['broken', 'count', .*\]\. Set env\.tools\[2\]\.name to one of them"),
-    ("NOT_A_FUNCTION", r"env\.tools\[2\]\.name=NOT_A_FUNCTION: 'NOT_A_FUNCTION' in .* is not a function "
-                       r"\(it is of type int\)"),
-])
+@pytest.mark.parametrize(
+    "name, pattern",
+    [
+        ("no_doc", r"env\.tools\[2\]\.name=no_doc: 'no_doc' in .*my_tools\.py has no docstring; add one"),
+        (
+            "star_args",
+            r"env\.tools\[2\]\.name=star_args: star_args\(\*values\) in .* takes \*values; "
+            r".* its own parameter",
+        ),
+        ("star_kwargs", r"env\.tools\[2\]\.name=star_kwargs: .* takes \*\*values; name each parameter"),
+        (
+            "positional_only",
+            r"env\.tools\[2\]\.name=positional_only: .* positional-only parameter 'x'; .* remove the /",
+        ),
+        (
+            "missing",
+            r"env\.tools\[2\]\.name=missing: .*my_tools\.py defines no 'missing'; functions it defines: "
+            r"\['broken', 'count', .*\]\. Set env\.tools\[2\]\.name to one of them",
+        ),
+        (
+            "NOT_A_FUNCTION",
+            r"env\.tools\[2\]\.name=NOT_A_FUNCTION: 'NOT_A_FUNCTION' in .* is not a function "
+            r"\(it is of type int\)",
+        ),
+    ],
+)
 def test_loading_errors_name_the_key_and_the_fix(tools_file, name, pattern):
     with pytest.raises(ConfigError, match=pattern) as info:
         load_tool(str(tools_file), name, key="env.tools[2]")
@@ -152,8 +171,11 @@ def test_loading_errors_name_the_key_and_the_fix(tools_file, name, pattern):
 
 
 def test_a_missing_file_or_a_directory(tmp_path):
-    with pytest.raises(ConfigError, match=r"env\.tools\[0\]\.path=.*nope\.py does not exist; set env\.tools\[0\]"
-                                          r"\.path to the Python file that defines your tool function"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.tools\[0\]\.path=.*nope\.py does not exist; set env\.tools\[0\]"
+        r"\.path to the Python file that defines your tool function",
+    ):
         load_tool(str(tmp_path / "nope.py"), "f", key="env.tools[0]")
     with pytest.raises(ConfigError, match="is a directory"):
         load_tool(str(tmp_path), "f", key="env.tools[0]")
@@ -176,11 +198,15 @@ def test_a_file_that_fails_to_import(tmp_path):
 def test_unknown_and_missing_arguments(tools_file):
     tool = load_tool(str(tools_file), "weather")
     assert call_tool(tool, {"town": "Paris"}) == (
-        "error: weather has no argument 'town'; its arguments: city, units", "bad_arguments")
+        "error: weather has no argument 'town'; its arguments: city, units",
+        "bad_arguments",
+    )
     text, kind = call_tool(tool, {"units": "metric"})
     assert kind == "bad_arguments" and "missing a required argument: 'city'" in text and text.startswith("error: ")
-    assert call_tool(tool, ["Paris"]) == ("error: weather takes an object of named arguments, not list",
-                                          "bad_arguments")
+    assert call_tool(tool, ["Paris"]) == (
+        "error: weather takes an object of named arguments, not list",
+        "bad_arguments",
+    )
 
 
 def test_exceptions_inside_a_tool_are_captured(tools_file):
@@ -193,8 +219,10 @@ def test_exceptions_inside_a_tool_are_captured(tools_file):
 
 
 def test_a_tool_error_is_shown_without_its_type(tools_file):
-    assert call_tool(load_tool(str(tools_file), "weather"), {"city": "Atlantis"}) == ("error: unknown city",
-                                                                                      "not_found")
+    assert call_tool(load_tool(str(tools_file), "weather"), {"city": "Atlantis"}) == (
+        "error: unknown city",
+        "not_found",
+    )
     tool = Tool("t", "Fails.", {}, fn=lambda: (_ for _ in ()).throw(ToolError("nope")))
     assert call_tool(tool, {}) == ("error: nope", "tool_error")
 
@@ -246,8 +274,10 @@ def test_a_tool_whose_calls_still_run_is_not_called_again(release):
     text, kind = call_tool(tool, {}, abandoned=abandoned)
     # not called, so not waited for: no call entered the tool and no thread was started for one
     assert len(calls) == len(abandoned) == MAX_ABANDONED_CALLS
-    assert kind == "timeout" and text == (f"error: stuck was not called: {MAX_ABANDONED_CALLS} earlier calls are "
-                                          "still running past its time limit of 0.05 s")
+    assert kind == "timeout" and text == (
+        f"error: stuck was not called: {MAX_ABANDONED_CALLS} earlier calls are "
+        "still running past its time limit of 0.05 s"
+    )
     release.set()
     for thread in abandoned:
         thread.join(10)
@@ -260,11 +290,14 @@ class _Unprintable:
         raise RuntimeError("no text")
 
 
-@pytest.mark.parametrize("out, says", [
-    (None, "error: t returned None, not a reply; a tool returns its reply as text"),
-    (_Unprintable(), "error: t returned a _Unprintable whose str() raised RuntimeError"),
-    ("ok \ud800", "error: t returned text that is not valid Unicode (at character 3)"),
-])
+@pytest.mark.parametrize(
+    "out, says",
+    [
+        (None, "error: t returned None, not a reply; a tool returns its reply as text"),
+        (_Unprintable(), "error: t returned a _Unprintable whose str() raised RuntimeError"),
+        ("ok \ud800", "error: t returned text that is not valid Unicode (at character 3)"),
+    ],
+)
 def test_a_reply_that_is_no_text_is_an_error_reply(out, says):
     for timeout in (None, 5.0):  # in the calling thread, and in a worker
         assert call_tool(Tool("t", "Garbage.", {}, fn=lambda: out, timeout_seconds=timeout), {}) == (says, "bad_output")
@@ -292,11 +325,18 @@ def test_builtin_calculator_through_a_parsed_call():
     assert call_tool(tool, {"expression": 12}) == ("12", None)  # a JSON number
 
 
-@pytest.mark.parametrize("expression, kind", [
-    ("9**9**9", "too_large"), ("1/0", "zero_division"), ("x", "disallowed"), ("2+", "syntax"),
-    ("1" * 300, "too_long"),
-    ("-" * 150 + "1", "too_deep"), ("(-1)**0.5", "domain"),
-])
+@pytest.mark.parametrize(
+    "expression, kind",
+    [
+        ("9**9**9", "too_large"),
+        ("1/0", "zero_division"),
+        ("x", "disallowed"),
+        ("2+", "syntax"),
+        ("1" * 300, "too_long"),
+        ("-" * 150 + "1", "too_deep"),
+        ("(-1)**0.5", "domain"),
+    ],
+)
 def test_builtin_calculator_errors_are_counted_by_kind(expression, kind):
     text, got = call_tool(BUILTIN_TOOLS["calculator"], {"expression": expression})
     assert got == kind and kind in KINDS

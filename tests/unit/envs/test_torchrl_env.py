@@ -1,5 +1,6 @@
 """The environments as torchrl environments: specs checked by torchrl on GSM8K, IFEval and a prompt file, rollouts
 with a rollout engine as the policy, transforms, and the collector's path through the same ``reset``/``step``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,25 +11,35 @@ from tensordict import TensorDict
 from torchrl.envs import Compose, RewardScaling, RewardSum, TransformedEnv
 from torchrl.envs.utils import check_env_specs
 
-from grpo_rl.rollout.collector import Collector
+from grpo_rl.engines.base import SamplingSpec, pack_rollouts
 from grpo_rl.envs import PromptEnv, group_answers, make_env, rewards_per_answer
 from grpo_rl.envs.policy import EnginePolicy
-from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.rollout.collector import Collector
 from tests.unit.helpers import compose_config, file_env, write_jsonl
 
-GSM8K_ROWS = [{"question": f"Tom has {i} apples and buys {i} more. How many?", "answer": f"{i} + {i}\n#### {2 * i}"}
-              for i in range(1, 5)]
-IFEVAL_ROWS = [{"key": i, "prompt": f"Write about topic {i} in lowercase without commas.",
-                "instruction_id_list": ["change_case:english_lowercase", "punctuation:no_comma"],
-                "kwargs": [{}, {}]} for i in range(3)]
-FILE_ROWS = [{"prompt": "Say four.", "ground_truth": "4", "max_words": 1},
-             {"prompt": "Say five.", "ground_truth": "5", "max_words": 3},
-             {"prompt": "Say six.", "ground_truth": "6", "max_words": 2}]
-FILE_REWARDS = '''
+GSM8K_ROWS = [
+    {"question": f"Tom has {i} apples and buys {i} more. How many?", "answer": f"{i} + {i}\n#### {2 * i}"}
+    for i in range(1, 5)
+]
+IFEVAL_ROWS = [
+    {
+        "key": i,
+        "prompt": f"Write about topic {i} in lowercase without commas.",
+        "instruction_id_list": ["change_case:english_lowercase", "punctuation:no_comma"],
+        "kwargs": [{}, {}],
+    }
+    for i in range(3)
+]
+FILE_ROWS = [
+    {"prompt": "Say four.", "ground_truth": "4", "max_words": 1},
+    {"prompt": "Say five.", "ground_truth": "5", "max_words": 3},
+    {"prompt": "Say six.", "ground_truth": "6", "max_words": 2},
+]
+FILE_REWARDS = """
 def exact_and_short(responses, references, max_words):
     return [float(r.strip() == str(g)) + 0.5 * float(len(r.split()) <= m)
             for r, g, m in zip(responses, references, max_words)]
-'''
+"""
 # Answers a fake engine gives every prompt: right for prompt "4"/"#### 4" in places, wrong elsewhere.
 ANSWERS = ["#### 4", "4", "this is lowercase", "Not, Lower"]
 
@@ -42,8 +53,9 @@ def env(request, tmp_path: Path, tokenizer) -> PromptEnv:
         return file_env(tokenizer, write_jsonl(tmp_path / "p.jsonl", FILE_ROWS), rewards, "exact_and_short")
     rows = GSM8K_ROWS if request.param == "gsm8k" else IFEVAL_ROWS
     data = write_jsonl(tmp_path / f"{request.param}.jsonl", rows)
-    cfg = compose_config([f"env.dataset={request.param}", f"env.path={data}", "env.prompts_per_step=2",
-                          "env.shuffle=false"])
+    cfg = compose_config(
+        [f"env.dataset={request.param}", f"env.path={data}", "env.prompts_per_step=2", "env.shuffle=false"]
+    )
     return make_env(cfg, tokenizer)
 
 
@@ -56,8 +68,9 @@ class FixedEngine:
 
     def generate(self, prompts, n, sampling):
         ids = [self.tokenizer.encode(a, add_special_tokens=False) for _ in prompts for a in self.answers[:n]]
-        batch = pack_rollouts(prompts, ids, [[-1.0] * len(x) for x in ids], [False] * len(ids), n,
-                              self.tokenizer.pad_token_id)
+        batch = pack_rollouts(
+            prompts, ids, [[-1.0] * len(x) for x in ids], [False] * len(ids), n, self.tokenizer.pad_token_id
+        )
         if self.interleave:
             batch = batch[torch.arange(len(ids)).view(-1, n).t().reshape(-1)]
         return batch
@@ -96,8 +109,9 @@ def test_reset_and_step_shapes(env):
 
 
 def test_rollout_with_an_engine_policy(env, tokenizer):
-    policy = EnginePolicy(FixedEngine(tokenizer, ANSWERS), tokenizer, group_size=4,
-                          sampling=SamplingSpec(max_new_tokens=8))
+    policy = EnginePolicy(
+        FixedEngine(tokenizer, ANSWERS), tokenizer, group_size=4, sampling=SamplingSpec(max_new_tokens=8)
+    )
     td = env.rollout(1, policy)
     assert td.batch_size == torch.Size([2, 1])
     step = td[:, 0]
@@ -133,8 +147,9 @@ def test_rollout_with_the_transformers_engine(tmp_path, tokenizer, tiny_model_di
 
 
 def test_transforms_compose(env, tokenizer):
-    policy = EnginePolicy(FixedEngine(tokenizer, ANSWERS), tokenizer, group_size=4,
-                          sampling=SamplingSpec(max_new_tokens=8))
+    policy = EnginePolicy(
+        FixedEngine(tokenizer, ANSWERS), tokenizer, group_size=4, sampling=SamplingSpec(max_new_tokens=8)
+    )
     raw = env.rollout(1, policy)[:, 0]
     env.load_state_dict({"epoch": 0, "position": 0, "seed": env.seed})  # the same prompts again
     scaled_env = TransformedEnv(env, Compose(RewardScaling(loc=0.5, scale=2.0), RewardSum()))
@@ -155,8 +170,9 @@ def test_transforms_compose(env, tokenizer):
 def test_collector_rows_get_their_own_rewards(env, tokenizer, interleave):
     """The training path: ``reset``, the engine, ``step``, and the rewards back on the engine's rows (by
     ``group_id``, whatever the row order)."""
-    collector = Collector(env, FixedEngine(tokenizer, ANSWERS, interleave=interleave), tokenizer, group_size=4,
-                          max_new_tokens=8)
+    collector = Collector(
+        env, FixedEngine(tokenizer, ANSWERS, interleave=interleave), tokenizer, group_size=4, max_new_tokens=8
+    )
     batch, _ = collector.collect(0, 0)
     assert batch.batch_size == torch.Size([8])
     refs, extras = batch.get("reference").tolist(), batch.get("extra").tolist()
@@ -209,8 +225,14 @@ def test_reward_components_added_later_get_specs(tokenizer, tmp_path):
 
 
 def test_rewards_per_answer_follows_group_id():
-    nxt = TensorDict({"reward": torch.tensor([[1.0, 2.0], [3.0, 4.0]]).unsqueeze(-1),
-                      "reward_x": torch.zeros(2, 2, 1), "episode_reward": torch.zeros(2, 2, 1)}, [2])
+    nxt = TensorDict(
+        {
+            "reward": torch.tensor([[1.0, 2.0], [3.0, 4.0]]).unsqueeze(-1),
+            "reward_x": torch.zeros(2, 2, 1),
+            "episode_reward": torch.zeros(2, 2, 1),
+        },
+        [2],
+    )
     assert rewards_per_answer(nxt)["reward"].tolist() == [1.0, 2.0, 3.0, 4.0]
     rows = rewards_per_answer(nxt, torch.tensor([0, 1, 0, 1]))  # prompt 0's answers are rows 0 and 2
     assert rows["reward"].tolist() == [1.0, 3.0, 2.0, 4.0] and set(rows) == {"reward", "reward_x"}

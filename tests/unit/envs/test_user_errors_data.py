@@ -1,5 +1,6 @@
 """Bad inputs end in a UserError that names the file or folder and the fix: data files, model folders,
 checkpoints on a full disk, and checkpoints of another model."""
+
 from __future__ import annotations
 
 import errno
@@ -13,20 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_rl.run import atomic_fs
-from grpo_rl.run import checkpoint as ckpt
 from grpo_rl.envs import data
-from grpo_rl.run.checkpoint import (
-    Checkpointer,
-    CheckpointMismatchError,
-    DiskFullError,
-    export_model_atomic,
-    load_model_weights,
-    load_trainer_state,
-    remove_stale_tmp,
-)
-from grpo_rl.envs.data import load_records
 from grpo_rl.envs.base import PromptTooLongError
+from grpo_rl.envs.data import load_records
 from grpo_rl.errors import DataError, RunFolderError, UserError
 from grpo_rl.model.loading import (
     ModelFileError,
@@ -36,6 +26,17 @@ from grpo_rl.model.loading import (
     check_model_folder,
     load_causal_lm,
     load_tokenizer,
+)
+from grpo_rl.run import atomic_fs
+from grpo_rl.run import checkpoint as ckpt
+from grpo_rl.run.checkpoint import (
+    Checkpointer,
+    CheckpointMismatchError,
+    DiskFullError,
+    export_model_atomic,
+    load_model_weights,
+    load_trainer_state,
+    remove_stale_tmp,
 )
 
 CPU = torch.device("cpu")
@@ -150,12 +151,13 @@ def test_a_folder_without_tokenizer_files_names_the_missing_files(model_copy, ke
     removed = ["tokenizer.json", "chat_template.jinja"] + ([] if keep_config else ["tokenizer_config.json"])
     for name in removed:
         (model_copy / name).unlink()
-    missing = ("tokenizer.json is missing" if keep_config else
-               "tokenizer.json and tokenizer_config.json are missing")
-    expected = (f"model.name={model_copy}: the folder holds no tokenizer: {missing}, and so is every vocabulary "
-                "file a tokenizer can be built from (tokenizer.model, vocab.json with merges.txt, vocab.txt, "
-                "*.tiktoken). Copy the tokenizer files of the model these weights come from into that folder "
-                f"(AutoTokenizer.from_pretrained(<that model>).save_pretrained('{model_copy}') writes them)")
+    missing = "tokenizer.json is missing" if keep_config else "tokenizer.json and tokenizer_config.json are missing"
+    expected = (
+        f"model.name={model_copy}: the folder holds no tokenizer: {missing}, and so is every vocabulary "
+        "file a tokenizer can be built from (tokenizer.model, vocab.json with merges.txt, vocab.txt, "
+        "*.tiktoken). Copy the tokenizer files of the model these weights come from into that folder "
+        f"(AutoTokenizer.from_pretrained(<that model>).save_pretrained('{model_copy}') writes them)"
+    )
     with pytest.raises(TokenizerNotFoundError) as info:
         check_model_folder(str(model_copy))  # with the other model-folder checks, before any engine
     assert isinstance(info.value, UserError) and str(info.value) == expected
@@ -206,8 +208,9 @@ def test_full_disk_reported_by_safetensors(tiny_model, tokenizer, tmp_path, monk
     ckp = Checkpointer(tmp_path, keep=2)
 
     def full(self, *args, **kwargs):
-        raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
-                           'message: "No space left on device" })')
+        raise RuntimeError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
 
     monkeypatch.setattr(type(tiny_model), "save_pretrained", full)
     with pytest.raises(DiskFullError, match="the disk is full"):
@@ -305,8 +308,9 @@ def test_checkpoint_of_another_model_is_a_run_folder_error(tiny_model_dir, token
 
 
 def test_checkpoint_without_config_still_explains(tiny_model_dir, tokenizer_dir, tokenizer, tmp_path):
-    wide = load_causal_lm(str(build_tiny_model(str(tokenizer_dir), tmp_path / "wide", hidden_size=128,
-                                               num_heads=4)), CPU)
+    wide = load_causal_lm(
+        str(build_tiny_model(str(tokenizer_dir), tmp_path / "wide", hidden_size=128, num_heads=4)), CPU
+    )
     path = Checkpointer(tmp_path / "run").save(1, wide, tokenizer, {})
     with pytest.raises(CheckpointMismatchError, match="was trained with another model.*the model.name it was"):
         load_model_weights(path, load_causal_lm(str(tiny_model_dir), CPU))

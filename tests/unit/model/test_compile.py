@@ -1,4 +1,5 @@
 """Tests for grpo_rl.model.compile: train.compile's decision, the compiled layers' numbers, resume, and the fallback."""
+
 from __future__ import annotations
 
 import copy
@@ -7,21 +8,22 @@ import logging
 import pytest
 import torch
 
-from grpo_rl.model import compile as compile_mod
 from grpo_rl.config.schema import parse_compile_mode as parse_mode
-from grpo_rl.model.compile import COMPILE_COST_S, DECIDE_AFTER, SAVING, CompileDecision
 from grpo_rl.errors import ConfigError
-from grpo_rl.training.learner import Learner, LossSettings
+from grpo_rl.model import compile as compile_mod
+from grpo_rl.model.compile import COMPILE_COST_S, DECIDE_AFTER, SAVING, CompileDecision
 from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.training.learner import Learner, LossSettings
 from grpo_rl.training.reference import RefScorer
-
 from tests.unit.training.test_learner import make_batch
 
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize(("value", "mode"), [("auto", "auto"), (True, "true"), (False, "false"), ("On", "true"),
-                                             ("off", "false"), ("maybe", "maybe")])
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("auto", "auto"), (True, "true"), (False, "false"), ("On", "true"), ("off", "false"), ("maybe", "maybe")],
+)
 def test_parse_mode_accepts_bools_and_words(value, mode):
     assert parse_mode(value) == mode
 
@@ -75,7 +77,7 @@ def test_compiled_layers_give_the_eager_logprobs_and_gradients(tiny_model):
             outs.append(lp)
         torch.testing.assert_close(outs[1].logprobs, outs[0].logprobs, rtol=1e-4, atol=1e-5)
         assert torch.count_nonzero(outs[0].logprobs) > 0
-        for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-6, msg=name)
 
 
@@ -83,8 +85,9 @@ def test_compiled_learner_steps_like_the_eager_one_and_resumes_compiled(tiny_mod
     """One optimizer step of a learner with train.compile=true: the eager loss and gradient norm. The decision is in
     the checkpointed state, so a resumed learner compiles too, unless the resumed run says false."""
     eager = Learner(copy.deepcopy(tiny_model), CPU, LossSettings(tis_cap=None), lr=1e-3, share_prompt=True)
-    compiled = Learner(copy.deepcopy(tiny_model), CPU, LossSettings(tis_cap=None), lr=1e-3, share_prompt=True,
-                       compile="true")
+    compiled = Learner(
+        copy.deepcopy(tiny_model), CPU, LossSettings(tis_cap=None), lr=1e-3, share_prompt=True, compile="true"
+    )
     assert compiled.compiled and not eager.compiled
     batch = _grouped_batch(0)
     m_eager, m_compiled = eager.train_step(batch.clone()), compiled.train_step(batch.clone())
@@ -94,8 +97,15 @@ def test_compiled_learner_steps_like_the_eager_one_and_resumes_compiled(tiny_mod
 
     state = compiled.state_dict()
     assert state["compiled"] is True
-    resumed = Learner(copy.deepcopy(tiny_model), CPU, LossSettings(tis_cap=None), lr=1e-3, share_prompt=True,
-                      compile="auto", total_steps=3)
+    resumed = Learner(
+        copy.deepcopy(tiny_model),
+        CPU,
+        LossSettings(tis_cap=None),
+        lr=1e-3,
+        share_prompt=True,
+        compile="auto",
+        total_steps=3,
+    )
     assert not resumed.compiled
     resumed.load_state_dict(state)
     assert resumed.compiled

@@ -1,4 +1,5 @@
 """Tests for grpo_rl.model.logprobs.sequence_logprobs against a plain, unpadded HF forward of each sequence."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,13 @@ def padded_batch(prompts=PROMPTS, responses=RESPONSES, pad=PAD) -> TensorDict:
     """Prompts left-padded, answers right-padded, as every engine returns them."""
     lp, lr = max(map(len, prompts)), max(map(len, responses))
     n = len(prompts)
-    out = {k: torch.full((n, w), pad if "ids" in k else 0, dtype=torch.long)
-           for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))}
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        out["prompt_ids"][i, lp - len(p):] = torch.tensor(p)
-        out["prompt_mask"][i, lp - len(p):] = 1
+    out = {
+        k: torch.full((n, w), pad if "ids" in k else 0, dtype=torch.long)
+        for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))
+    }
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        out["prompt_ids"][i, lp - len(p) :] = torch.tensor(p)
+        out["prompt_mask"][i, lp - len(p) :] = 1
         out["response_ids"][i, : len(r)] = torch.tensor(r)
         out["response_mask"][i, : len(r)] = 1
     return TensorDict(out, batch_size=[n])
@@ -44,15 +47,15 @@ def test_matches_unpadded_forward(tiny_model, temperature):
     with torch.no_grad():
         out = sequence_logprobs(tiny_model, batch, temperature=temperature, with_entropy=True)
     assert out.logprobs.shape == out.entropy.shape == batch["response_ids"].shape
-    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
         want_lp, want_ent = reference_logprobs(tiny_model, p, r, temperature)
         # Values near ln(49152) = 10.8: fp32 kernels that sum in another order (AVX2 vs AVX-512 builds of the same
         # op) differ by about 1e-6 relative, so the tolerance is relative too.
         torch.testing.assert_close(out.logprobs[i, : len(r)], want_lp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(out.entropy[i, : len(r)], want_ent, atol=1e-5, rtol=1e-5)
         # zero at answer padding
-        assert (out.logprobs[i, len(r):] == 0).all()
-        assert (out.entropy[i, len(r):] == 0).all()
+        assert (out.logprobs[i, len(r) :] == 0).all()
+        assert (out.entropy[i, len(r) :] == 0).all()
     assert (out.entropy >= 0).all()
     assert (out.logprobs <= 0).all()
 

@@ -1,17 +1,18 @@
 """LoRA: adapters train while the base stays frozen; the reference is the base with adapters off; merged weights
 (for the engine and exports) equal the adapted model's function and leave it untouched; checkpoints round-trip."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
 
+from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.model.lora import apply_lora, is_lora, merged_state_dict
 from grpo_rl.run.checkpoint import Checkpointer, export_model, load_model_weights
 from grpo_rl.training.learner import Learner, LossSettings
-from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.training.reference import AdapterDisabledRefScorer
-from grpo_rl.model.lora import apply_lora, is_lora, merged_state_dict
-from grpo_rl.model.loading import load_causal_lm
 
 pytest.importorskip("peft")
 
@@ -25,13 +26,16 @@ def _lora(model):
 
 def _batch(n: int = 4, lp: int = 5, lr: int = 6, vocab: int = 1000, seed: int = 0) -> TensorDict:
     g = torch.Generator().manual_seed(seed)
-    return TensorDict({
-        "prompt_ids": torch.randint(1, vocab, (n, lp), generator=g),
-        "prompt_mask": torch.ones(n, lp, dtype=torch.long),
-        "response_ids": torch.randint(1, vocab, (n, lr), generator=g),
-        "response_mask": torch.ones(n, lr, dtype=torch.long),
-        "advantage": torch.tensor([1.0, -1.0, 0.5, -0.5]),
-    }, batch_size=[n])
+    return TensorDict(
+        {
+            "prompt_ids": torch.randint(1, vocab, (n, lp), generator=g),
+            "prompt_mask": torch.ones(n, lp, dtype=torch.long),
+            "response_ids": torch.randint(1, vocab, (n, lr), generator=g),
+            "response_mask": torch.ones(n, lr, dtype=torch.long),
+            "advantage": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        },
+        batch_size=[n],
+    )
 
 
 def _trained(model, steps: int = 2) -> Learner:
@@ -114,7 +118,7 @@ def test_lora_checkpoint_round_trip(tiny_model, tiny_model_dir, tokenizer, tmp_p
 
     fresh = _lora(load_causal_lm(str(tiny_model_dir), CPU))
     load_model_weights(path, fresh)
-    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="LoRA"):
         load_model_weights(path, load_causal_lm(str(tiny_model_dir), CPU))

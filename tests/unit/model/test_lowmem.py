@@ -1,6 +1,7 @@
 """The pieces of the ``lowmem`` preset (config/preset/lowmem.yaml): torchao's 8-bit AdamW behind
 ``optimizer.name``, an engine that generates with the learner's own model, a bf16 reference, and their config
 checks."""
+
 from __future__ import annotations
 
 import io
@@ -8,17 +9,16 @@ import types
 
 import pytest
 import torch
-
 from omegaconf import OmegaConf
 
 from grpo_rl.cli.entry import check_overrides
-from grpo_rl.errors import ConfigError
-from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.run.preflight import validate
 from grpo_rl.config.checks import validate_async
-from grpo_rl.model.optim import check_optimizer, make_optimizer
+from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines.transformers_engine import TransformersEngine
+from grpo_rl.errors import ConfigError
+from grpo_rl.model.optim import check_optimizer, make_optimizer
+from grpo_rl.run.preflight import validate
 from tests.unit.config.test_config import CONFIG_DIR, _compose
 
 CPU = torch.device("cpu")
@@ -54,15 +54,18 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
     for state in opt.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                inner = [getattr(value, name) for name in value.__tensor_flatten__()[0]] \
-                    if hasattr(value, "__tensor_flatten__") else [value]
+                inner = (
+                    [getattr(value, name) for name in value.__tensor_flatten__()[0]]
+                    if hasattr(value, "__tensor_flatten__")
+                    else [value]
+                )
                 total += sum(t.numel() * t.element_size() for t in inner)
     return total
 
 
 def _steps(opt, params, grads) -> None:
     for grad in grads:
-        for p, g in zip(params, grad):
+        for p, g in zip(params, grad, strict=True):
             p.grad = g.clone()
         opt.step()
 
@@ -101,7 +104,7 @@ def test_adamw8bit_state_round_trips_a_checkpoint_and_resumes_bit_for_bit():
     more = [[torch.randn_like(p) for p in params] for _ in range(2)]
     _steps(opt, params, more)
     _steps(resumed, copy, more)
-    assert all(torch.equal(p, q) for p, q in zip(params, copy))
+    assert all(torch.equal(p, q) for p, q in zip(params, copy, strict=True))
 
 
 def test_adamw8bit_without_a_compiler_is_a_config_error(monkeypatch):
@@ -120,11 +123,14 @@ def test_unknown_optimizer_is_a_config_error():
         validate(cfg)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"inference_model.engine": "vllm"}, "inference_model.engine=transformers"),
-    ({"train_model.num_devices": 2}, "train_model.num_devices=1"),
-    ({"train.compile": "auto"}, "train.compile=false"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"inference_model.engine": "vllm"}, "inference_model.engine=transformers"),
+        ({"train_model.num_devices": 2}, "train_model.num_devices=1"),
+        ({"train.compile": "auto"}, "train.compile=false"),
+    ],
+)
 def test_shared_weights_needs_a_transformers_engine_beside_one_learner(change, message):
     cfg = base_cfg()
     cfg.inference_model.engine, cfg.inference_model.share_weights = "transformers", True
@@ -143,9 +149,15 @@ def test_shared_weights_is_refused_by_the_asynchronous_loop():
         validate_async(cfg)
 
 
-@pytest.mark.parametrize("setting, bf16, expected", [
-    (None, True, "float32"), ("auto", True, "bfloat16"), ("auto", False, "float32"), ("bfloat16", False, "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "setting, bf16, expected",
+    [
+        (None, True, "float32"),
+        ("auto", True, "bfloat16"),
+        ("auto", False, "float32"),
+        ("bfloat16", False, "bfloat16"),
+    ],
+)
 def test_reference_dtype_follows_its_precision_under_auto(setting, bf16, expected):
     from grpo_rl.training.build import reference_dtype
 
@@ -173,14 +185,21 @@ def test_a_sharing_engine_generates_with_the_learners_model(tiny_model_dir, tiny
     c = shared.generate(PROMPTS, 3, spec)
     assert not torch.equal(a["behavior_logprobs"], c["behavior_logprobs"])
     own.update_weights(tiny_model.named_parameters())
-    torch.testing.assert_close(own.generate(PROMPTS, 3, spec)["behavior_logprobs"], c["behavior_logprobs"],
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        own.generate(PROMPTS, 3, spec)["behavior_logprobs"], c["behavior_logprobs"], rtol=0, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("setting, bf16, optimizer, fails", [
-    ("auto", True, "adamw", True), ("bfloat16", False, "adamw", True), ("auto", False, "adamw", False),
-    ("auto", True, "adamw8bit", False), (None, True, "adamw", False),
-])
+@pytest.mark.parametrize(
+    "setting, bf16, optimizer, fails",
+    [
+        ("auto", True, "adamw", True),
+        ("bfloat16", False, "adamw", True),
+        ("auto", False, "adamw", False),
+        ("auto", True, "adamw8bit", False),
+        (None, True, "adamw", False),
+    ],
+)
 def test_bf16_learner_weights_need_the_stochastically_rounding_optimizer(setting, bf16, optimizer, fails):
     from grpo_rl.training.build import check_learner_dtype
 

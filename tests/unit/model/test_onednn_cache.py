@@ -1,5 +1,6 @@
 """Importing grpo_rl caps oneDNN's kernel caches, so that bf16 matmuls over ever new token counts stop growing the
 process (each cached kernel holds about half a MiB that the caches' default 1024 entries never give back)."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ for n in range(300 if sys.argv[1] == "matmuls" else 0):  # the env alone: no bf1
     torch.nn.functional.linear(x, w).sum().backward()
     w.grad = None
 print(json.dumps({"grown_mib": in_use() - marks[0] if marks else None, "env": {k: os.environ.get(k) for k in %r}}))
-""" % (str(Path(__file__).resolve().parents[3]), CAPS)
+""" % (str(Path(__file__).resolve().parents[3]), CAPS)  # noqa: UP031 - %-format: the program's own braces stay single
 
 
 def probe(matmuls: bool = True, **env_given: str) -> dict:
@@ -50,14 +51,18 @@ def test_import_sets_the_caps_and_keeps_a_users_value():
     assert probe(matmuls=False, LRU_CACHE_CAPACITY="7")["env"]["LRU_CACHE_CAPACITY"] == "7"
 
 
-@pytest.mark.skipif(sys.platform != "linux" or not torch.backends.mkldnn.is_available()
-                    or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                    reason="oneDNN runs bf16 matmuls only on Linux CPUs with bf16 support (glibc's mallinfo2)")
+@pytest.mark.skipif(
+    sys.platform != "linux"
+    or not torch.backends.mkldnn.is_available()
+    or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="oneDNN runs bf16 matmuls only on Linux CPUs with bf16 support (glibc's mallinfo2)",
+)
 def test_the_caps_stop_bf16_matmuls_over_new_token_counts_from_growing_the_process():
     capped = probe()["grown_mib"]
     uncapped = probe(**{k: "1024" for k in CAPS})["grown_mib"]
     print(f"grown over the last 150 token counts: {capped:.1f} MiB capped, {uncapped:.1f} MiB at 1024 entries")
     # 450 new kernels at 1024 entries (about half a MiB each on an avx512_bf16 CPU: 255 MiB); none kept at 64
     assert uncapped > 20, f"oneDNN's default caches grew {uncapped:.1f} MiB: the probe no longer fills them"
-    assert capped < uncapped / 5, (f"{capped:.1f} MiB grown with the caps of {grpo_rl.ONEDNN_DEFAULTS}, "
-                                   f"{uncapped:.1f} MiB without")
+    assert capped < uncapped / 5, (
+        f"{capped:.1f} MiB grown with the caps of {grpo_rl.ONEDNN_DEFAULTS}, {uncapped:.1f} MiB without"
+    )

@@ -1,13 +1,15 @@
-"""Shared-prompt packing (grpo_rl.model.packing): the layout by hand, and log-probs/gradients equal to the unpacked forward."""
+"""Shared-prompt packing (grpo_rl.model.packing): the layout by hand, and log-probs/gradients equal to the unpacked
+forward."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.training.reference import RefScorer
 from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.model.packing import group_micro_batches, group_spans, pack_groups
+from grpo_rl.training.reference import RefScorer
 
 PAD = 0
 
@@ -18,11 +20,13 @@ def grouped_batch(groups: list[tuple[list[int], list[list[int]]]]) -> TensorDict
     rows = [(p, a) for p, answers in groups for a in answers]
     lp, lr = max(len(p) for p, _ in rows), max(1, max(len(a) for _, a in rows))
     n = len(rows)
-    out = {k: torch.full((n, w), PAD, dtype=torch.long)
-           for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))}
+    out = {
+        k: torch.full((n, w), PAD, dtype=torch.long)
+        for k, w in (("prompt_ids", lp), ("prompt_mask", lp), ("response_ids", lr), ("response_mask", lr))
+    }
     for i, (p, a) in enumerate(rows):
-        out["prompt_ids"][i, lp - len(p):] = torch.tensor(p)
-        out["prompt_mask"][i, lp - len(p):] = 1
+        out["prompt_ids"][i, lp - len(p) :] = torch.tensor(p)
+        out["prompt_mask"][i, lp - len(p) :] = 1
         if a:
             out["response_ids"][i, : len(a)] = torch.tensor(a)
             out["response_mask"][i, : len(a)] = 1
@@ -53,7 +57,7 @@ def test_layout_by_hand():
     assert packed.attention_mask[0, 0].int().tolist() == want
     # Answer 1: token 1 predicted at position 1 (last prompt token), token 2 at 2; answer 2: token 3 at 1.
     assert packed.source_index.tolist() == [1, 2, 1]
-    assert list(zip(packed.target_row.tolist(), packed.target_col.tolist())) == [(0, 0), (0, 1), (1, 0)]
+    assert list(zip(packed.target_row.tolist(), packed.target_col.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 0)]
     assert packed.target_ids.tolist() == [1, 2, 3]
 
 
@@ -100,7 +104,7 @@ def test_packed_gradients_equal_unpacked(tiny_model):
 
     want, got = grads(False), grads(True)
     assert any(g.abs().sum() > 0 for g in want)
-    for g_want, g_got in zip(want, got):
+    for g_want, g_got in zip(want, got, strict=True):
         torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=1e-4)
 
 
@@ -166,6 +170,10 @@ def test_rows_of_a_group_must_share_the_prompt():
 def test_ref_scorer_packs_by_group_id(tiny_model):
     tiny_model.eval()
     batch = grouped_batch(GROUPS)
-    scores = [RefScorer(tiny_model, torch.device("cpu"), micro_batch_tokens=16, share_prompt=share)
-              .score(batch.clone())["ref_logprobs"] for share in (False, True)]
+    scores = [
+        RefScorer(tiny_model, torch.device("cpu"), micro_batch_tokens=16, share_prompt=share).score(batch.clone())[
+            "ref_logprobs"
+        ]
+        for share in (False, True)
+    ]
     torch.testing.assert_close(scores[1], scores[0], atol=1e-5, rtol=1e-5)

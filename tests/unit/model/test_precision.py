@@ -1,17 +1,18 @@
 """Precision from the hardware: the choice logic with the probe's answer forced both ways, and its cache."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.model import precision
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.run.preflight import validate
-from grpo_rl.placement.devices import DeviceAllocation
-from grpo_rl.placement.context import resolve_run_precision
+from grpo_rl.errors import ConfigError
+from grpo_rl.model import precision
 from grpo_rl.model.precision import BF16Probe, Precision, measure_cpu_bf16, resolve_precision
+from grpo_rl.placement.context import resolve_run_precision
+from grpo_rl.placement.devices import DeviceAllocation
+from grpo_rl.run.preflight import validate
 
 CPU = torch.device("cpu")
 FAST = BF16Probe(True, "measured bf16 matmul 900 GFLOP/s vs float32 150: faster")
@@ -38,8 +39,9 @@ def test_no_bf16_instructions_means_float32_without_timing(monkeypatch):
     assert not probe.fast and "no bf16 matmul instructions" in probe.reason
 
 
-@pytest.mark.parametrize("fp32_s, bf16_s, fast", [(1.0, 0.25, True), (1.0, 0.79, True), (1.0, 0.9, False),
-                                                  (1.0, 50.0, False)])
+@pytest.mark.parametrize(
+    "fp32_s, bf16_s, fast", [(1.0, 0.25, True), (1.0, 0.79, True), (1.0, 0.9, False), (1.0, 50.0, False)]
+)
 def test_measured_bf16_must_beat_fp32_by_the_margin(monkeypatch, fp32_s, bf16_s, fast):
     monkeypatch.setattr(precision, "_onednn_bf16", lambda: True)
     monkeypatch.setattr(precision, "_best_matmul_seconds", lambda *a: {"float32": fp32_s, "bfloat16": bf16_s})

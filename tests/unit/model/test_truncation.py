@@ -1,5 +1,6 @@
-"""Scoring under the engine's sampling truncation (top-k, top-p): grpo_rl.model.vocab, grpo_rl.model.logprobs, the loss mask,
-and the engine/learner ratio on the tiny model."""
+"""Scoring under the engine's sampling truncation (top-k, top-p): grpo_rl.model.vocab, grpo_rl.model.logprobs, the loss
+mask, and the engine/learner ratio on the tiny model."""
+
 from __future__ import annotations
 
 import math
@@ -7,10 +8,9 @@ import math
 import pytest
 import torch
 
-from grpo_rl.errors import ConfigError
-from grpo_rl.run.preflight import validate
-from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.algo.loss import LossSettings, grpo_loss
+from grpo_rl.errors import ConfigError
+from grpo_rl.model.logprobs import sequence_logprobs
 from grpo_rl.model.vocab import (
     TOP_P_CANDIDATES,
     ChunkedTokenLogprob,
@@ -19,7 +19,7 @@ from grpo_rl.model.vocab import (
     top_p_threshold_sorted,
     truncation_threshold,
 )
-
+from grpo_rl.run.preflight import validate
 from tests.unit.helpers import compose_config
 
 CPU = torch.device("cpu")
@@ -172,8 +172,9 @@ def test_values_and_gradients_match_the_masked_log_softmax(temperature, top_p, t
     with torch.no_grad():
         targets = _sample_inside((hidden @ weight.t()) / temperature, top_p, top_k, g)
     up_lp, up_ent = torch.randn(hidden.shape[0], generator=g), torch.randn(hidden.shape[0], generator=g)
-    lp, ent, outside = TruncatedTokenLogprob.apply(hidden, weight, targets, temperature, True, chunk, True, top_p,
-                                                   top_k)
+    lp, ent, outside = TruncatedTokenLogprob.apply(
+        hidden, weight, targets, temperature, True, chunk, True, top_p, top_k
+    )
     assert not outside.any()
     ((lp * up_lp).sum() + (ent * up_ent).sum()).backward()
     gh, gw = hidden.grad.clone(), weight.grad.clone()
@@ -186,8 +187,8 @@ def test_values_and_gradients_match_the_masked_log_softmax(temperature, top_p, t
     torch.testing.assert_close(gw, weight.grad, atol=1e-4, rtol=1e-4)
 
 
-BF16_UNIT_ROUNDOFF = 2.0 ** -8  # bf16 keeps 8 significant bits: round to nearest is within 2^-8 relative
-FP32_SUM = 2.0 ** -20  # a bound on an fp32 sum's relative error over up to 16 terms (16 x 2^-24), of sum |terms|
+BF16_UNIT_ROUNDOFF = 2.0**-8  # bf16 keeps 8 significant bits: round to nearest is within 2^-8 relative
+FP32_SUM = 2.0**-20  # a bound on an fp32 sum's relative error over up to 16 terms (16 x 2^-24), of sum |terms|
 
 
 def test_bf16_autocast_backward_is_within_bf16_rounding_of_the_exact_gradient():
@@ -212,8 +213,7 @@ def test_bf16_autocast_backward_is_within_bf16_rounding_of_the_exact_gradient():
     upstream = torch.randn(hidden.shape[0], generator=g)  # [T]
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        lp, _, outside = TruncatedTokenLogprob.apply(hidden, weight, targets, temperature, False, 5, False, 1.0,
-                                                     top_k)
+        lp, _, outside = TruncatedTokenLogprob.apply(hidden, weight, targets, temperature, False, 5, False, 1.0, top_k)
     (lp * upstream).sum().backward()  # 12 tokens in chunks of 5: a short last chunk
 
     keep = z >= top[:, top_k - 1 : top_k]  # [T, V]
@@ -233,8 +233,11 @@ def test_bf16_autocast_backward_is_within_bf16_rounding_of_the_exact_gradient():
     gw_tol = gz_err.t() @ hb.abs() + chunks_rounding + FP32_SUM * (gz.abs().t() @ hb.abs())
 
     assert lp.dtype == hidden.grad.dtype == weight.grad.dtype == torch.float32 and not outside.any()
-    for got, want, tol in ((lp.detach(), ref_lp.detach(), lp_tol), (hidden.grad, hb_.grad, gh_tol),
-                           (weight.grad, wb_.grad, gw_tol)):
+    for got, want, tol in (
+        (lp.detach(), ref_lp.detach(), lp_tol),
+        (hidden.grad, hb_.grad, gh_tol),
+        (weight.grad, wb_.grad, gw_tol),
+    ):
         error = (got.double() - want).abs()
         # twice the first-order bound: the products of two errors are left out of it
         assert bool((error <= 2 * tol).all()), f"{float((error / tol).max()):.2f} times the bf16 bound"
@@ -301,19 +304,28 @@ def test_outside_tokens_carry_no_policy_or_kl_gradient():
     mask = torch.ones(2, 4)
     outside = torch.zeros(2, 4, dtype=torch.bool)
     outside[0, 1] = outside[1, 3] = True
-    out = grpo_loss(logprobs, logprobs.detach() + 0.1, torch.tensor([1.0, -1.0]), mask,
-                    ref_logprobs=logprobs.detach() - 0.3, behavior_logprobs=logprobs.detach() + 0.05, outside=outside,
-                    settings=LossSettings(kl_coef=0.1))
+    out = grpo_loss(
+        logprobs,
+        logprobs.detach() + 0.1,
+        torch.tensor([1.0, -1.0]),
+        mask,
+        ref_logprobs=logprobs.detach() - 0.3,
+        behavior_logprobs=logprobs.detach() + 0.05,
+        outside=outside,
+        settings=LossSettings(kl_coef=0.1),
+    )
     out.loss.backward()
     assert (logprobs.grad[outside] == 0).all() and (logprobs.grad[~outside] != 0).all()
     assert float(out.truncation_masked_fraction) == pytest.approx(2 / 8)
     # without outside tokens the argument changes nothing
     lp2 = logprobs.detach().clone().requires_grad_()
-    common = dict(settings=LossSettings(kl_coef=0.1), ref_logprobs=lp2.detach() - 0.3,
-                  behavior_logprobs=lp2.detach() + 0.05)
+    common = dict(
+        settings=LossSettings(kl_coef=0.1), ref_logprobs=lp2.detach() - 0.3, behavior_logprobs=lp2.detach() + 0.05
+    )
     a = grpo_loss(lp2, lp2.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, **common)
-    b = grpo_loss(lp2, lp2.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, outside=torch.zeros(2, 4, dtype=torch.bool),
-                  **common)
+    b = grpo_loss(
+        lp2, lp2.detach() + 0.1, torch.tensor([1.0, -1.0]), mask, outside=torch.zeros(2, 4, dtype=torch.bool), **common
+    )
     assert a.diagnostics() == b.diagnostics()
 
 
@@ -338,12 +350,14 @@ def test_engine_and_learner_agree_under_truncation(engine, tiny_model, temperatu
     from grpo_rl.engines.base import SamplingSpec
 
     prompts = [[1, 9690, 198, 22, 23, 24, 25], [1, 4093, 198]]
-    batch = engine.generate(prompts, 4, SamplingSpec(max_new_tokens=8, temperature=temperature, top_p=top_p,
-                                                     top_k=top_k, seed=11))
+    batch = engine.generate(
+        prompts, 4, SamplingSpec(max_new_tokens=8, temperature=temperature, top_p=top_p, top_k=top_k, seed=11)
+    )
     mask = batch["response_mask"].bool()
     with torch.no_grad():
-        out = sequence_logprobs(tiny_model, batch, temperature=temperature, top_p=top_p, top_k=top_k,
-                                share_prompt=share_prompt)
+        out = sequence_logprobs(
+            tiny_model, batch, temperature=temperature, top_p=top_p, top_k=top_k, share_prompt=share_prompt
+        )
         plain = sequence_logprobs(tiny_model, batch, temperature=temperature, share_prompt=share_prompt).logprobs
     ratio = (out.logprobs - batch["behavior_logprobs"])[mask].exp()
     assert abs(float(ratio.mean()) - 1.0) < 1e-3
@@ -353,8 +367,8 @@ def test_engine_and_learner_agree_under_truncation(engine, tiny_model, temperatu
 
 
 def test_learner_masks_outside_tokens(tiny_model, engine):
-    from grpo_rl.training.learner import Learner, LossSettings
     from grpo_rl.engines.base import SamplingSpec
+    from grpo_rl.training.learner import Learner, LossSettings
 
     batch = engine.generate([[1, 9690, 198, 22]], 4, SamplingSpec(max_new_tokens=6, top_k=50, seed=3))
     batch.set("advantage", torch.tensor([1.0, -1.0, 0.5, -0.5]))

@@ -1,4 +1,5 @@
 """The chunked LM-head log-prob equals the plain ``log_softmax(head(h))`` form, values and gradients."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """The LM head's reused scratch buffers and in-place weight-gradient sum (grpo_rl.model.vocab) give what fresh
 per-chunk tensors gave: bit for bit in bf16 for the log-prob and both gradients, the entropy to summation order."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """The wiring of roles, without Ray or an engine: placement, actor slices, the stream position that makes a resume
 exactly-once, the replicas' share of the stream, and the asynchronous loop's rates."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,16 +9,24 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.placement.devices import allocate_devices
 from grpo_rl.distributed.actors import replica_indices
 from grpo_rl.distributed.pipeline import combine_reports, step_rates
-from grpo_rl.rollout.source import InProcessRollouts, StreamPosition
 from grpo_rl.placement.context import plan_placement
+from grpo_rl.placement.devices import allocate_devices
+from grpo_rl.rollout.source import InProcessRollouts, StreamPosition
 
 
 def _counters(**values) -> dict[str, float]:
-    keys = ("samples", "tokens", "busy_seconds", "wait_for_space_seconds", "weight_load_seconds",
-            "generation_seconds", "reward_seconds", "reward_failures")
+    keys = (
+        "samples",
+        "tokens",
+        "busy_seconds",
+        "wait_for_space_seconds",
+        "weight_load_seconds",
+        "generation_seconds",
+        "reward_seconds",
+        "reward_failures",
+    )
     out = {f"collector/{k}": float(values.get(k, 0.0)) for k in keys}
     out.update({"collector/version": 3.0, "collector/replicas": float(values.get("replicas", 1))})
     out.update({f"buffer/{k}": 0.0 for k in ("fill", "size", "max_fill", "dropped_samples")})
@@ -37,10 +46,12 @@ def test_busy_fraction_is_per_replica():
 def test_collector_reports_combine_into_the_step_counters():
     """What the collectors' batches carried: counters summed over replicas, the oldest engine's version, the
     collectors' buffer's fill, and the drops of whichever buffer gates."""
-    reports = {"collector/0": {"samples": 8, "busy_seconds": 2.0, "version": 3, "replica": 0},
-               "collector/1": {"samples": 4, "busy_seconds": 1.0, "version": 2, "replica": 1},
-               "buffer": {"fill": 0.5, "size": 1, "max_fill": 2, "dropped_samples": 0},
-               "scored": {"fill": 1.0, "size": 1, "max_fill": 1, "dropped_samples": 6}}
+    reports = {
+        "collector/0": {"samples": 8, "busy_seconds": 2.0, "version": 3, "replica": 0},
+        "collector/1": {"samples": 4, "busy_seconds": 1.0, "version": 2, "replica": 1},
+        "buffer": {"fill": 0.5, "size": 1, "max_fill": 2, "dropped_samples": 0},
+        "scored": {"fill": 1.0, "size": 1, "max_fill": 1, "dropped_samples": 6},
+    }
     out = combine_reports(reports, num_collectors=2)
     assert out["collector/samples"] == 12 and out["collector/busy_seconds"] == 3.0
     assert out["collector/version"] == 2 and out["collector/replicas"] == 2
@@ -52,14 +63,16 @@ def test_collector_reports_combine_into_the_step_counters():
 
 
 def _cfg(**overrides):
-    return OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(
-        [f"{k}={v}" for k, v in overrides.items()]))
+    return OmegaConf.merge(
+        OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    )
 
 
 def _placement(mode: str, cores: int = 2, num_gpus: int = 0, **overrides):
     cfg = _cfg(**overrides)
-    devices = allocate_devices(cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled,
-                               num_gpus=num_gpus, num_cpus=max(cores, 4))
+    devices = allocate_devices(
+        cfg, need_ref=cfg.policy.kl_coef > 0 and not cfg.model.lora.enabled, num_gpus=num_gpus, num_cpus=max(cores, 4)
+    )
     return plan_placement(cfg, devices, mode, cores=cores)
 
 
@@ -76,8 +89,11 @@ def test_async_roles_split_the_cores():
     assert (p.collector.threads, p.reference.threads, p.learner.threads, p.driver_threads) == (1, 1, 1, 1)
     assert p.ray_cpus == 2  # a collector and a reference actor of one thread each
     assert not _placement("async", **{"ref_model.placement": "learner"}).reference.actors
-    p = _placement("async", cores=16, **{"inference_model.num_devices": 2, "train_model.num_devices": 2,
-                                         "ref_model.placement": "learner"})
+    p = _placement(
+        "async",
+        cores=16,
+        **{"inference_model.num_devices": 2, "train_model.num_devices": 2, "ref_model.placement": "learner"},
+    )
     assert p.collector.threads == p.learner.threads == 4  # 2 collectors + 2 ranks busy at once
     assert p.learner.actors and p.ray_cpus == 16
 
@@ -122,8 +138,16 @@ def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_
     monkeypatch.setattr(torch, "set_num_threads", threads_set.append)
 
     def spec(cfg):
-        return ActorSpec(cfg=cfg, run_dir=str(tmp_path), model_path=str(tiny_model_dir), role="collector", index=0,
-                         device=torch.device("cpu"), threads=1, mode="async")
+        return ActorSpec(
+            cfg=cfg,
+            run_dir=str(tmp_path),
+            model_path=str(tiny_model_dir),
+            role="collector",
+            index=0,
+            device=torch.device("cpu"),
+            threads=1,
+            mode="async",
+        )
 
     run = spec({"reward": {"model_path": str(tiny_model_dir)}}).enter()
     assert run.devices.reward_model == (torch.device("cpu"),)
@@ -196,7 +220,9 @@ def test_in_process_source_numbers_its_batches_and_resumes_in_order():
 def test_a_learner_group_step_takes_as_long_as_its_slowest_rank():
     from grpo_rl.distributed.learner_group import combine_rank_metrics
 
-    ranks = [{"loss": 0.5, "num_micro_batches": 2.0, "simulated_training_seconds": 1.0, "version": 3},
-             {"loss": 0.5, "num_micro_batches": 1.0, "simulated_training_seconds": 1.3, "version": 3}]
+    ranks = [
+        {"loss": 0.5, "num_micro_batches": 2.0, "simulated_training_seconds": 1.0, "version": 3},
+        {"loss": 0.5, "num_micro_batches": 1.0, "simulated_training_seconds": 1.3, "version": 3},
+    ]
     out = combine_rank_metrics(ranks)
     assert out == {"loss": 0.5, "num_micro_batches": 3.0, "simulated_training_seconds": 1.3, "version": 3}

@@ -1,12 +1,14 @@
-"""Tests for grpo_rl.placement.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU count)."""
+"""Tests for grpo_rl.placement.devices.allocate_devices on faked machines (it never touches CUDA when told the GPU
+count)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.errors import ConfigError
 from grpo_rl.config.schema import GRPOConfig
+from grpo_rl.errors import ConfigError
 from grpo_rl.placement.devices import allocate_devices
 
 CPU = torch.device("cpu")
@@ -107,14 +109,17 @@ def test_more_gpus_than_exist_raise():
         allocate_devices(cfg, num_gpus=4)
 
 
-@pytest.mark.parametrize("num_gpus, reward_model, expected", [
-    # train, ref, inference[, reward model]
-    (1, False, ([0], [0], [0], [])),
-    (2, False, ([0], [0], [1], [])),  # the reference shares the learner's GPU, the engine keeps its own
-    (1, True, ([0], [0], [0], [0])),
-    (2, True, ([0], [0], [1], [1])),
-    (3, True, ([0], [2], [1], [1])),
-])
+@pytest.mark.parametrize(
+    "num_gpus, reward_model, expected",
+    [
+        # train, ref, inference[, reward model]
+        (1, False, ([0], [0], [0], [])),
+        (2, False, ([0], [0], [1], [])),  # the reference shares the learner's GPU, the engine keeps its own
+        (1, True, ([0], [0], [0], [0])),
+        (2, True, ([0], [0], [1], [1])),
+        (3, True, ([0], [2], [1], [1])),
+    ],
+)
 def test_the_defaults_share_gpus_on_a_smaller_machine(num_gpus, reward_model, expected, caplog):
     with caplog.at_level("INFO", logger="grpo_rl.placement.devices"):
         alloc = allocate_devices(_cfg(), need_reward_model=reward_model, num_gpus=num_gpus)
@@ -197,8 +202,7 @@ def test_a_missing_vllm_is_named_with_its_build_before_anything_starts(num_gpus,
 
 
 def test_a_compiled_engine_needs_the_transformers_engine_on_a_gpu():
-    from grpo_rl.run.preflight import validate
-    from grpo_rl.run.preflight import check_engine
+    from grpo_rl.run.preflight import check_engine, validate
 
     cfg = _cfg(**{"inference_model.engine": "transformers", "inference_model.compile": True})
     check_engine(cfg, allocate_devices(cfg, num_gpus=1))

@@ -3,6 +3,7 @@
 The host name of a test machine often resolves to 127.0.0.1, where gloo's default would pass by luck; naming a
 non-loopback interface in ``GLOO_SOCKET_IFNAME`` makes that default bind beyond loopback, so the checks can fail.
 """
+
 from __future__ import annotations
 
 import os
@@ -94,12 +95,15 @@ def peer_namespace():
     tag = f"{os.getpid() % 100000}{random.randrange(100)}"
     ns, here, there = f"grpolb{tag}", f"glb{tag}a", f"glb{tag}b"  # link names take at most 15 characters
     subnet = f"10.{random.randrange(200, 250)}.{random.randrange(256)}"
-    steps = [["ip", "netns", "add", ns],
-             ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
-             ["ip", "link", "set", there, "netns", ns],
-             ["ip", "addr", "add", f"{subnet}.1/30", "dev", here], ["ip", "link", "set", here, "up"],
-             ["ip", "-n", ns, "addr", "add", f"{subnet}.2/30", "dev", there],
-             ["ip", "-n", ns, "link", "set", there, "up"]]
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+        ["ip", "link", "set", there, "netns", ns],
+        ["ip", "addr", "add", f"{subnet}.1/30", "dev", here],
+        ["ip", "link", "set", here, "up"],
+        ["ip", "-n", ns, "addr", "add", f"{subnet}.2/30", "dev", there],
+        ["ip", "-n", ns, "link", "set", there, "up"],
+    ]
     try:
         for step in steps:
             done = subprocess.run(step, capture_output=True, text=True, timeout=20)
@@ -113,8 +117,12 @@ def peer_namespace():
 
 def _reaches(ns: str, address: str, port: int) -> bool:
     probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=3).close()"
-    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True,
-                          timeout=30).returncode == 0
+    return (
+        subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True, timeout=30
+        ).returncode
+        == 0
+    )
 
 
 def test_rendezvous_is_out_of_reach_of_another_host(peer_namespace):

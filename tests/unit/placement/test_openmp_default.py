@@ -1,5 +1,6 @@
 """Importing grpo_rl sets OpenMP's wait policy before torch loads, keeps a user's value, and actors inherit it
 (and the oneDNN cache caps of test_onednn_cache.py)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """DAPO's dynamic sampling: which groups vary, how rounds are drawn, cut and bounded, how batches of different
 padding are joined, and that every drawn batch is consumed exactly once."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ from grpo_rl.rollout.source import InProcessRollouts, Rollout
 G = 2  # answers per group
 
 
-def make_batch(rewards_per_group: list[list[float]], *, prompt_len: int = 3, answer_len: int = 2,
-               index: int = 0) -> TensorDict:
+def make_batch(
+    rewards_per_group: list[list[float]], *, prompt_len: int = 3, answer_len: int = 2, index: int = 0
+) -> TensorDict:
     """Groups of G answers with the given rewards; prompts left-padded, answers right-padded to the given widths
     (each row's real prompt is 2 tokens, its answer 1 token)."""
     n = len(rewards_per_group) * G
@@ -23,15 +25,22 @@ def make_batch(rewards_per_group: list[list[float]], *, prompt_len: int = 3, ans
     response_ids = torch.zeros(n, answer_len, dtype=torch.long)
     response_ids[:, 0] = 7
     response_mask = (response_ids != 0).long()
-    return TensorDict({
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
-        "response_mask": response_mask, "behavior_logprobs": -response_mask.float(),
-        "group_id": torch.arange(n) // G, "truncated": torch.zeros(n, dtype=torch.bool),
-        "reward": torch.tensor([float(r) for group in rewards_per_group for r in group]),
-        "reward_correct": torch.tensor([float(r) for group in rewards_per_group for r in group]),
-        "batch_index": torch.full((n,), index),
-        "response_text": NonTensorStack(*[f"b{index}r{i}" for i in range(n)]),
-    }, batch_size=[n])
+    return TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "behavior_logprobs": -response_mask.float(),
+            "group_id": torch.arange(n) // G,
+            "truncated": torch.zeros(n, dtype=torch.bool),
+            "reward": torch.tensor([float(r) for group in rewards_per_group for r in group]),
+            "reward_correct": torch.tensor([float(r) for group in rewards_per_group for r in group]),
+            "batch_index": torch.full((n,), index),
+            "response_text": NonTensorStack(*[f"b{index}r{i}" for i in range(n)]),
+        },
+        batch_size=[n],
+    )
 
 
 class ScriptedSource:
@@ -44,8 +53,11 @@ class ScriptedSource:
     def next_batch(self, version, *args):
         batch = self.batches[self.calls]
         self.calls += 1
-        return Rollout(batch=batch, metrics={"generation_seconds": 1.0, "staleness_max": float(self.calls)},
-                       failure_examples=[{"call": self.calls}])
+        return Rollout(
+            batch=batch,
+            metrics={"generation_seconds": 1.0, "staleness_max": float(self.calls)},
+            failure_examples=[{"call": self.calls}],
+        )
 
 
 def test_varied_groups_marks_whole_groups_whose_rewards_differ():
@@ -54,10 +66,12 @@ def test_varied_groups_marks_whole_groups_whose_rewards_differ():
 
 
 def test_draws_until_enough_varied_groups_and_cuts_to_prompts_per_step():
-    rounds = [make_batch([[1, 1], [0, 1]], index=0),            # 1 varied
-              make_batch([[0, 0], [0, 0]], index=1),            # 0 varied
-              make_batch([[1, 0], [0, 1]], index=2),            # 2 varied: 3 in all, 2 wanted
-              make_batch([[1, 0], [1, 0]], index=3)]            # never drawn
+    rounds = [
+        make_batch([[1, 1], [0, 1]], index=0),  # 1 varied
+        make_batch([[0, 0], [0, 0]], index=1),  # 0 varied
+        make_batch([[1, 0], [0, 1]], index=2),  # 2 varied: 3 in all, 2 wanted
+        make_batch([[1, 0], [1, 0]], index=3),
+    ]  # never drawn
     source = ScriptedSource(rounds)
     rollout = DynamicSampling(source, groups=2, max_extra_rounds=5, pad_id=0).next_batch(0)
     assert source.calls == 3
@@ -105,8 +119,12 @@ def test_concat_pads_prompts_left_and_answers_right():
 
 
 def test_combine_round_metrics_sums_maxima_and_row_weighted_means():
-    m = combine_round_metrics([({"reward_seconds": 1.0, "staleness_max": 2.0, "staleness_mean": 1.0}, 4),
-                               ({"reward_seconds": 2.0, "staleness_max": 1.0, "staleness_mean": 4.0}, 2)])
+    m = combine_round_metrics(
+        [
+            ({"reward_seconds": 1.0, "staleness_max": 2.0, "staleness_mean": 1.0}, 4),
+            ({"reward_seconds": 2.0, "staleness_max": 1.0, "staleness_mean": 4.0}, 2),
+        ]
+    )
     assert m == {"reward_seconds": 3.0, "staleness_max": 2.0, "staleness_mean": 2.0}
 
 

@@ -1,5 +1,6 @@
 """Evaluation: the pass@k estimator by hand, greedy accuracy and pass@k on a scripted engine, the schedule, the
 held-out split, and the standalone command on a checkpoint (transformers engine, tiny model)."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_rl.envs.base import PromptEnv
-from grpo_rl.rollout.evaluation import Evaluator, pass_at_k, solved
-from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
 from grpo_rl.engines.base import pack_rollouts
+from grpo_rl.envs.base import PromptEnv
+from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
+from grpo_rl.rollout.evaluation import Evaluator, pass_at_k, solved
 
 
 def test_pass_at_k_by_hand():
@@ -35,30 +36,50 @@ class ScriptedEngine:
 
     def generate(self, prompts, n, sampling):
         self.calls.append(([list(p) for p in prompts], n, sampling.temperature))
-        texts = [t for i in range(len(prompts))
-                 for t in ([self.greedy[i]] if sampling.temperature == 0 else self.sampled[i][:n])]
+        texts = [
+            t
+            for i in range(len(prompts))
+            for t in ([self.greedy[i]] if sampling.temperature == 0 else self.sampled[i][:n])
+        ]
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return pack_rollouts(prompts, ids, [[0.0] * len(x) for x in ids], [False] * len(ids), n,
-                             self.tokenizer.pad_token_id)
+        return pack_rollouts(
+            prompts, ids, [[0.0] * len(x) for x in ids], [False] * len(ids), n, self.tokenizer.pad_token_id
+        )
 
 
 def _exact(responses, references):
-    return [1.0 if r.strip() == ref else 0.0 for r, ref in zip(responses, references)]
+    return [1.0 if r.strip() == ref else 0.0 for r, ref in zip(responses, references, strict=True)]
 
 
 def _env(tokenizer, num_prompts: int) -> PromptEnv:
     records = [{"q": f"Say the word number {i}.", "a": f"word{i}"} for i in range(5)]
-    return PromptEnv(records, tokenizer, CompositeReward([RewardComponent("correct", _exact)]),
-                     format_messages=lambda r: [{"role": "user", "content": r["q"]}], reference_of=lambda r: r["a"],
-                     prompts_per_step=num_prompts, max_prompt_tokens=128, shuffle=False)
+    return PromptEnv(
+        records,
+        tokenizer,
+        CompositeReward([RewardComponent("correct", _exact)]),
+        format_messages=lambda r: [{"role": "user", "content": r["q"]}],
+        reference_of=lambda r: r["a"],
+        prompts_per_step=num_prompts,
+        max_prompt_tokens=128,
+        shuffle=False,
+    )
 
 
 def _evaluator(tokenizer, every: int = 0):
     greedy = ["word0", "wrong", "word2"]
     sampled = [["x", "y", "z", "w"], ["word1", "y", "z", "w"], ["word2"] * 4]  # c = 0, 1, 4
     engine = ScriptedEngine(tokenizer, greedy, sampled)
-    ev = Evaluator(_env(tokenizer, 3), engine, tokenizer, pass_k=2, num_samples=4, temperature=1.0,
-                   max_new_tokens=8, success_component="correct", every=every)
+    ev = Evaluator(
+        _env(tokenizer, 3),
+        engine,
+        tokenizer,
+        pass_k=2,
+        num_samples=4,
+        temperature=1.0,
+        max_new_tokens=8,
+        success_component="correct",
+        every=every,
+    )
     return ev, engine
 
 
@@ -87,8 +108,9 @@ class InterleavingEngine(ScriptedEngine):
 
 def test_pass_at_k_counts_by_group_id_whatever_the_row_order(tokenizer):
     ev, _ = _evaluator(tokenizer)
-    ev.sampled.engine = ev.greedy.engine = InterleavingEngine(tokenizer, ev.greedy.engine.greedy,
-                                                              ev.greedy.engine.sampled)
+    ev.sampled.engine = ev.greedy.engine = InterleavingEngine(
+        tokenizer, ev.greedy.engine.greedy, ev.greedy.engine.sampled
+    )
     metrics = ev.evaluate()
     assert metrics["eval/pass@2"] == pytest.approx((0.0 + 0.5 + 1.0) / 3)
     assert metrics["eval/sample_accuracy"] == pytest.approx(5 / 12)
@@ -99,8 +121,9 @@ def test_every_evaluation_sees_the_same_prompts(tokenizer):
     first = ev.evaluate()
     second = ev.evaluate()
     assert engine.calls[0][0] == engine.calls[2][0] == engine.calls[1][0]
-    assert {k: v for k, v in first.items() if k != "eval/seconds"} == \
-        {k: v for k, v in second.items() if k != "eval/seconds"}
+    assert {k: v for k, v in first.items() if k != "eval/seconds"} == {
+        k: v for k, v in second.items() if k != "eval/seconds"
+    }
 
 
 def test_schedule_every_n_steps_and_the_last(tokenizer):
@@ -114,8 +137,9 @@ def test_schedule_every_n_steps_and_the_last(tokenizer):
 def test_solved_without_a_component_uses_the_total_reward():
     from tensordict import TensorDict
 
-    batch = TensorDict({"reward": torch.tensor([1.0, 0.99, 1.5]), "reward_x": torch.tensor([0.0, 1.0, 0.0])},
-                       batch_size=[3])
+    batch = TensorDict(
+        {"reward": torch.tensor([1.0, 0.99, 1.5]), "reward_x": torch.tensor([0.0, 1.0, 0.0])}, batch_size=[3]
+    )
     assert solved(batch, None).tolist() == [True, False, True]
     assert solved(batch, "x").tolist() == [False, True, False]
     with pytest.raises(KeyError, match="reward_y"):
@@ -150,7 +174,7 @@ def test_make_evaluator_uses_the_first_test_prompts_in_file_order(tokenizer, tin
     ev = make_evaluator(run, engine=None, every=1)
     prompts = list(ev.env.reset()["prompt"])
     assert len(prompts) == 3
-    for prompt, record in zip(prompts, records[:3]):
+    for prompt, record in zip(prompts, records[:3], strict=True):
         assert record["question"] in prompt
 
 
@@ -158,8 +182,8 @@ def test_make_evaluator_uses_the_first_test_prompts_in_file_order(tokenizer, tin
 @pytest.mark.parametrize("lora", [False, True])
 def test_standalone_evaluation_of_a_checkpoint(tiny_model, tiny_model_dir, tokenizer, tmp_path, lora, capsys):
     """``python -m grpo_rl.cli.evaluate checkpoint=...`` on a full and on an adapter-only (LoRA) checkpoint."""
-    from grpo_rl.run.checkpoint import Checkpointer
     from grpo_rl.cli.evaluate import main
+    from grpo_rl.run.checkpoint import Checkpointer
 
     overrides = {"model.lora.enabled": lora, "model.lora.r": 4, "model.lora.target_modules": ["q_proj"]}
     cfg = _cfg(tiny_model_dir, **overrides)
@@ -168,8 +192,9 @@ def test_standalone_evaluation_of_a_checkpoint(tiny_model, tiny_model_dir, token
         from grpo_rl.model.lora import apply_lora
 
         model = apply_lora(tiny_model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])
-    path = Checkpointer(tmp_path).save(1, model, tokenizer, {}, export_model_dir=False,
-                                       config_yaml=OmegaConf.to_yaml(cfg))
+    path = Checkpointer(tmp_path).save(
+        1, model, tokenizer, {}, export_model_dir=False, config_yaml=OmegaConf.to_yaml(cfg)
+    )
     assert (path / "model").exists() != lora
 
     metrics = main([f"checkpoint={path}", "eval.num_prompts=2", "eval.pass_k=2", "eval.num_samples=3"])

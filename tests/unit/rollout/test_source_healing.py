@@ -1,5 +1,6 @@
 """The synchronous source's healing: a collection that fails because an engine server the run started is gone is
 made again, on a server started again with the newest weights, from the same stream position."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -109,8 +110,12 @@ class StandInFleet:
         import httpx
 
         try:
-            return httpx.get(f"{self.servers[index].url}/weight_info", headers={"Authorization": f"Bearer {self.key}"},
-                             timeout=5).status_code == 200
+            return (
+                httpx.get(
+                    f"{self.servers[index].url}/weight_info", headers={"Authorization": f"Bearer {self.key}"}, timeout=5
+                ).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 

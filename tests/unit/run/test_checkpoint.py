@@ -1,4 +1,5 @@
 """Tests for grpo_rl.run.checkpoint: atomic saves, listing and pruning, crash safety, safe loading, RNG round trip."""
+
 from __future__ import annotations
 
 import random
@@ -49,7 +50,7 @@ def test_saved_model_loads_with_the_same_weights(ckpt, tiny_model, tokenizer):
 
     path = _save(ckpt, 5, tiny_model, tokenizer)
     loaded = AutoModelForCausalLM.from_pretrained(path / "model")
-    for (name, a), b in zip(tiny_model.state_dict().items(), loaded.state_dict().values()):
+    for (name, a), b in zip(tiny_model.state_dict().items(), loaded.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, atol=0, rtol=0, msg=name)
     assert AutoTokenizer.from_pretrained(path / "model").encode("Hello there") == tokenizer.encode("Hello there")
 
@@ -122,8 +123,14 @@ def test_load_trainer_state_on_a_non_checkpoint(tmp_path):
 
 
 def _draws():
-    return (random.random(), random.randint(0, 10**9), np.random.rand(3).tolist(), float(np.random.randn()),
-            torch.rand(3).tolist(), torch.randint(0, 1000, (2,)).tolist())
+    return (
+        random.random(),
+        random.randint(0, 10**9),
+        np.random.rand(3).tolist(),
+        float(np.random.randn()),
+        torch.rand(3).tolist(),
+        torch.randint(0, 1000, (2,)).tolist(),
+    )
 
 
 def test_rng_state_round_trip():

@@ -4,6 +4,7 @@ A crash is simulated three ways: an exception raised in the middle of writing (t
 the debris a killed process would leave (a ``.tmp-*`` folder, a folder moved aside before its replacement
 landed, a half-written JSONL line), and a loop stopped mid-step (:meth:`CheckpointManager.finish`).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.run import atomic_fs
 from grpo_rl.run import checkpoint as ckpt
 from grpo_rl.run.checkpoint import Checkpointer, export_model_atomic, load_model_weights, load_trainer_state
-from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.run.checkpoint_manager import CheckpointManager
-from grpo_rl.run.step_log import StepLog
 from grpo_rl.run.metrics import RunLogger, read_jsonl
+from grpo_rl.run.step_log import StepLog
 
 
 class _Env:
@@ -167,8 +168,11 @@ def test_rewind_drops_steps_after_the_checkpoint_and_torn_lines(tmp_path):
     resumed.rewind(2)
     resumed.log(3, {"loss": 30.0})
     resumed.close()
-    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0},
-                                                      {"step": 3, "loss": 30.0}]
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "loss": 1.0},
+        {"step": 2, "loss": 2.0},
+        {"step": 3, "loss": 30.0},
+    ]
     assert [r["step"] for r in read_jsonl(tmp_path / "samples.jsonl")] == [1, 2]
     assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,loss", "1,1.0", "2,2.0", "3,30.0"]
 

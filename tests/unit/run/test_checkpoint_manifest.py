@@ -1,5 +1,6 @@
 """A damaged checkpoint is named, not loaded: the manifest written with every checkpoint, the checks before every
 load, ``resume=auto`` falling back to the newest intact checkpoint, and checkpoints written before manifests."""
+
 from __future__ import annotations
 
 import hashlib
@@ -76,10 +77,14 @@ def test_a_truncated_weights_file_is_named_with_both_sizes_before_anything_loads
             load()
         message = str(info.value)
         assert isinstance(info.value, RunFolderError) and "\n" not in message
-        assert message.startswith(f"{path / WEIGHTS} is 1000 bytes, but {size} were written (cut short or changed "
-                                  "after the save), so the checkpoint cannot be loaded")
-        assert message.endswith("Use another checkpoint (resume=auto, or the evaluation's checkpoint=<run dir>, takes "
-                                "the newest intact one of a run), or copy this one again from where it came from")
+        assert message.startswith(
+            f"{path / WEIGHTS} is 1000 bytes, but {size} were written (cut short or changed "
+            "after the save), so the checkpoint cannot be loaded"
+        )
+        assert message.endswith(
+            "Use another checkpoint (resume=auto, or the evaluation's checkpoint=<run dir>, takes "
+            "the newest intact one of a run), or copy this one again from where it came from"
+        )
 
 
 def test_changed_bytes_of_the_same_size_are_found_by_the_hash(tiny_model, tokenizer, tmp_path):
@@ -91,9 +96,11 @@ def test_changed_bytes_of_the_same_size_are_found_by_the_hash(tiny_model, tokeni
     file.write_bytes(bytes(data))
     damage = checkpoint_damage(path)
     assert damage.file == file
-    assert damage.problem == (f"has changed since it was written: its sha256 is "
-                              f"{hashlib.sha256(bytes(data)).hexdigest()[:16]}..., {expected[:16]}... when written "
-                              "(same size, other bytes)")
+    assert damage.problem == (
+        f"has changed since it was written: its sha256 is "
+        f"{hashlib.sha256(bytes(data)).hexdigest()[:16]}..., {expected[:16]}... when written "
+        "(same size, other bytes)"
+    )
 
 
 def test_a_missing_file_and_a_broken_manifest_are_damage(tiny_model, tokenizer, tmp_path):
@@ -120,8 +127,9 @@ def test_a_folder_is_hashed_again_only_when_a_file_changes(tiny_model, tokenizer
 # resume
 
 
-def test_resume_auto_falls_back_to_the_newest_intact_checkpoint_with_one_warning(tiny_model, tokenizer, tmp_path,
-                                                                                 caplog):
+def test_resume_auto_falls_back_to_the_newest_intact_checkpoint_with_one_warning(
+    tiny_model, tokenizer, tmp_path, caplog
+):
     ckp = Checkpointer(tmp_path, keep=0)
     first = _save(ckp, 1, tiny_model, tokenizer)
     second = _save(ckp, 2, tiny_model, tokenizer)
@@ -131,8 +139,10 @@ def test_resume_auto_falls_back_to_the_newest_intact_checkpoint_with_one_warning
         check_run_folder(cfg, tmp_path)  # at start
         assert find_resume_checkpoint(cfg, Checkpointer(tmp_path)) == first  # then the load
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [f"checkpoint {second} is damaged ({second / WEIGHTS} is 1000 bytes, but {size} were written "
-                        "(cut short or changed after the save)); using step_00000001, the newest intact one, instead"]
+    assert warnings == [
+        f"checkpoint {second} is damaged ({second / WEIGHTS} is 1000 bytes, but {size} were written "
+        "(cut short or changed after the save)); using step_00000001, the newest intact one, instead"
+    ]
     load_model_weights(first, tiny_model)
 
 
@@ -143,8 +153,9 @@ def test_resume_auto_with_no_intact_checkpoint_is_one_error(tiny_model, tokenize
         check_run_folder(_cfg("auto"), tmp_path)
     assert not caplog.records  # the error says it all
     message = str(info.value)
-    assert message.startswith(f"resume=auto: the only checkpoint in {tmp_path / 'checkpoints'} is damaged: "
-                              f"{(only / WEIGHTS)} is 1000 bytes")
+    assert message.startswith(
+        f"resume=auto: the only checkpoint in {tmp_path / 'checkpoints'} is damaged: {(only / WEIGHTS)} is 1000 bytes"
+    )
     assert message.endswith("Restore the checkpoints from a copy, or start a new run in another output_dir")
 
 
@@ -153,13 +164,17 @@ def test_an_explicit_damaged_checkpoint_is_an_error_not_a_fallback(tiny_model, t
     _save(ckp, 1, tiny_model, tokenizer)
     second = _save(ckp, 2, tiny_model, tokenizer)
     _truncate(second / WEIGHTS)
-    with pytest.raises(RunFolderError, match=rf"^resume={second}: {second / WEIGHTS} is 1000 bytes, but \d+ were "
-                                             "written"):
+    with pytest.raises(
+        RunFolderError,
+        match=rf"^resume={second}: {second / WEIGHTS} is 1000 bytes, but \d+ were "
+        "written",
+    ):
         check_run_folder(_cfg(str(second)), tmp_path)
 
 
-def test_a_resumed_run_removes_the_newer_checkpoints_of_the_history_it_replaces(tiny_model, tokenizer, tmp_path,
-                                                                                 caplog):
+def test_a_resumed_run_removes_the_newer_checkpoints_of_the_history_it_replaces(
+    tiny_model, tokenizer, tmp_path, caplog
+):
     old = Checkpointer(tmp_path, keep=0)
     for step in (1, 2, 3):
         _save(old, step, tiny_model, tokenizer)
@@ -187,8 +202,11 @@ def test_without_a_manifest_a_truncated_file_is_still_named(tiny_model, tokenize
     path = _save(Checkpointer(tmp_path), 1, tiny_model, tokenizer)
     (path / "manifest.json").unlink()
     _truncate(path / "trainer_state.pt")  # found by its missing zip directory, before any load
-    with pytest.raises(CheckpointDamagedError, match=rf"^{path / 'trainer_state.pt'} is not a whole torch file "
-                                                     r"\(1000 bytes without the zip directory"):
+    with pytest.raises(
+        CheckpointDamagedError,
+        match=rf"^{path / 'trainer_state.pt'} is not a whole torch file "
+        r"\(1000 bytes without the zip directory",
+    ):
         load_trainer_state(path)
     _truncate(path / WEIGHTS)  # found by its header
     assert "is truncated" in checkpoint_damage(path).problem
@@ -196,8 +214,9 @@ def test_without_a_manifest_a_truncated_file_is_still_named(tiny_model, tokenize
         load_model_weights(path, tiny_model)
 
 
-def test_without_a_manifest_a_state_that_fails_to_load_is_named_unless_the_file_is_whole(tiny_model, tokenizer,
-                                                                                       tmp_path, monkeypatch):
+def test_without_a_manifest_a_state_that_fails_to_load_is_named_unless_the_file_is_whole(
+    tiny_model, tokenizer, tmp_path, monkeypatch
+):
     path = _save(Checkpointer(tmp_path), 1, tiny_model, tokenizer)
     (path / "manifest.json").unlink()
     file = path / "trainer_state.pt"
@@ -213,8 +232,11 @@ def test_without_a_manifest_a_state_that_fails_to_load_is_named_unless_the_file_
         raise RuntimeError("PytorchStreamReader failed reading file data/0: invalid header. More words")
 
     monkeypatch.setattr(ckpt_module.torch, "load", fails)
-    with pytest.raises(CheckpointDamagedError, match=rf"^{file} is damaged \(RuntimeError: PytorchStreamReader failed "
-                                                     r"reading file data/0: invalid header\), so the checkpoint"):
+    with pytest.raises(
+        CheckpointDamagedError,
+        match=rf"^{file} is damaged \(RuntimeError: PytorchStreamReader failed "
+        r"reading file data/0: invalid header\), so the checkpoint",
+    ):
         load_trainer_state(path)
 
     def refuses(*args, **kwargs):
@@ -233,6 +255,9 @@ def test_without_a_manifest_a_weights_file_that_fails_to_load_is_named(tiny_mode
     assert b'"F32"' in data
     file.write_bytes(data.replace(b'"F32"', b'"Q32"', 1))  # a header that parses, with a dtype that does not
     assert checkpoint_damage(path) is None  # the header checks cannot tell
-    with pytest.raises(CheckpointDamagedError, match=rf"^{file} is damaged \(SafetensorError: .*\), so the "
-                                                     "checkpoint cannot be loaded"):
+    with pytest.raises(
+        CheckpointDamagedError,
+        match=rf"^{file} is damaged \(SafetensorError: .*\), so the "
+        "checkpoint cannot be loaded",
+    ):
         load_model_weights(path, tiny_model)

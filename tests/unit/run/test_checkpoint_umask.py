@@ -1,6 +1,7 @@
 """A checkpoint's temporary folder gets the permissions the user's umask gives, read without ever setting the
 umask: the umask is process-wide, and ``umask(0)`` even for an instant would make files that other threads create
 meanwhile writable by everyone."""
+
 from __future__ import annotations
 
 import os

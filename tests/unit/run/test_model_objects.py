@@ -1,5 +1,6 @@
 """Models given as objects (grpo_rl.run.model_objects): written into the run folder and named in the config, a
 peft model merged with its adapter shape taken, kept when resuming, and the trained weights copied back."""
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,12 @@ def test_a_lora_model_is_written_merged_with_its_adapter_shape(tiny_model, token
     write_model_objects(cfg, tmp_path, ModelObjects(model=model, tokenizer=tokenizer))
     lora = cfg.model.lora
     assert (lora.enabled, lora.r, lora.alpha, lora.dropout, list(lora.target_modules)) == (
-        True, 4, 8.0, 0.05, ["q_proj", "v_proj"])
+        True,
+        4,
+        8.0,
+        0.05,
+        ["q_proj", "v_proj"],
+    )
     saved = weights(tmp_path / "initial_model")
     merged = merged_state_dict(model)
     assert_same_tensors(saved, saved_form(merged))

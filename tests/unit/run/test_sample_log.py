@@ -1,4 +1,5 @@
 """The examined samples (several groups, file and console) and the wandb run name and tags."""
+
 from __future__ import annotations
 
 import json
@@ -12,24 +13,30 @@ from tensordict import NonTensorStack, TensorDict
 from grpo_rl.run.metrics import RunLogger, read_jsonl
 from grpo_rl.run.sample_log import examine_rows, last_turn, sample_line
 
-CHATML = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
-          "<|im_start|>assistant\n")
+CHATML = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 
 
 def _batch(groups: int = 4, group_size: int = 2) -> TensorDict:
     """``groups`` prompts with ``group_size`` answers each; answer ``j`` of group ``g`` is ``"g{g}a{j}"``."""
     n = groups * group_size
     group_id = torch.arange(groups).repeat_interleave(group_size)
-    return TensorDict({
-        "group_id": group_id,
-        "prompt": NonTensorStack(*[f"<|im_start|>user\nQuestion {g}?<|im_end|>\n<|im_start|>assistant\n"
-                                   for g in group_id.tolist()]),
-        "response_text": NonTensorStack(*[f"g{g}a{i % group_size}" for i, g in enumerate(group_id.tolist())]),
-        "reference": NonTensorStack(*[str(g) for g in group_id.tolist()]),
-        "reward": torch.arange(n, dtype=torch.float32),
-        "reward_correct": torch.ones(n),
-        "advantage": torch.linspace(-1, 1, n),
-    }, batch_size=[n])
+    return TensorDict(
+        {
+            "group_id": group_id,
+            "prompt": NonTensorStack(
+                *[f"<|im_start|>user\nQuestion {g}?<|im_end|>\n<|im_start|>assistant\n" for g in group_id.tolist()]
+            ),
+            "response_text": NonTensorStack(*[f"g{g}a{i % group_size}" for i, g in enumerate(group_id.tolist())]),
+            "reference": NonTensorStack(*[str(g) for g in group_id.tolist()]),
+            "reward": torch.arange(n, dtype=torch.float32),
+            "reward_correct": torch.ones(n),
+            "advantage": torch.linspace(-1, 1, n),
+        },
+        batch_size=[n],
+    )
 
 
 def test_examine_rows_spreads_over_groups():
@@ -45,15 +52,26 @@ def test_examine_rows_spreads_over_groups():
 
 def test_last_turn_drops_the_template():
     assert last_turn(CHATML) == "What is 2 + 2?"
-    llama3 = ("<|start_header_id|>user<|end_header_id|>\n\nName a planet.<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    llama3 = (
+        "<|start_header_id|>user<|end_header_id|>\n\nName a planet.<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert last_turn(llama3) == "Name a planet."
     assert last_turn("plain prompt") == "plain prompt"
 
 
 def test_sample_line_is_compact():
-    record = {"step": 1, "prompt": CHATML, "response": "The answer\nis " + "4 " * 200, "reward": 1.5,
-              "reward_correct": 1.0, "reward_format": 0.5, "group": 3, "reference": "4", "advantage": 0.71}
+    record = {
+        "step": 1,
+        "prompt": CHATML,
+        "response": "The answer\nis " + "4 " * 200,
+        "reward": 1.5,
+        "reward_correct": 1.0,
+        "reward_format": 0.5,
+        "group": 3,
+        "reference": "4",
+        "advantage": 0.71,
+    }
     line = sample_line(record)
     assert "\n" not in line and len(line) < 300
     assert line.startswith("group 3 | prompt: What is 2 + 2? | answer: The answer is 4 4")
@@ -68,8 +86,16 @@ def test_log_samples_writes_and_prints_one_answer_per_group(tmp_path, caplog):
     rows = read_jsonl(tmp_path / "samples.jsonl")
     assert [r["response"] for r in rows] == ["g0a0", "g3a0"]
     # the fields written before, then the new ones
-    assert list(rows[0]) == ["step", "prompt", "response", "reward", "reward_correct", "group", "reference",
-                             "advantage"]
+    assert list(rows[0]) == [
+        "step",
+        "prompt",
+        "response",
+        "reward",
+        "reward_correct",
+        "group",
+        "reference",
+        "advantage",
+    ]
     assert rows[1]["step"] == 5 and rows[1]["reward"] == 6.0 and rows[1]["group"] == 3
     assert rows[1]["reference"] == "3" and abs(rows[1]["advantage"] - (-1 + 2 * 6 / 7)) < 1e-6
     printed = caplog.text
@@ -80,13 +106,21 @@ def test_log_samples_writes_and_prints_one_answer_per_group(tmp_path, caplog):
 
 def test_log_samples_without_groups_or_advantages(tmp_path):
     """A batch with only the fields the file always had (a filtered or hand-made batch) still logs."""
-    batch = TensorDict({"prompt": NonTensorStack("p0", "p1", "p2"), "response_text": NonTensorStack("a", "b", "c"),
-                        "reward": torch.tensor([1.0, 0.0, 1.0])}, batch_size=[3])
+    batch = TensorDict(
+        {
+            "prompt": NonTensorStack("p0", "p1", "p2"),
+            "response_text": NonTensorStack("a", "b", "c"),
+            "reward": torch.tensor([1.0, 0.0, 1.0]),
+        },
+        batch_size=[3],
+    )
     logger = RunLogger(tmp_path, backend="none")
     logger.log_samples(1, batch, 2, [])
     logger.close()
-    assert read_jsonl(tmp_path / "samples.jsonl") == [{"step": 1, "prompt": "p0", "response": "a", "reward": 1.0},
-                                                      {"step": 1, "prompt": "p2", "response": "c", "reward": 1.0}]
+    assert read_jsonl(tmp_path / "samples.jsonl") == [
+        {"step": 1, "prompt": "p0", "response": "a", "reward": 1.0},
+        {"step": 1, "prompt": "p2", "response": "c", "reward": 1.0},
+    ]
 
 
 class _FakeRun:

@@ -1,6 +1,7 @@
 """grpo_rl.run.setup.make_run: the settings other settings decide are worked out there, before the checks (what
 TorchRL's keys map to) or once the training environment is built (``train.prompt_epochs``), and the config it
 returns is final: read-only, as is the run context."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,10 +20,20 @@ def _cfg(model_dir, tmp_path, *extra: str):
     """A run on six prompts of a file (3 a step), scored by the example reward, on the tiny model."""
     rows = [{"prompt": f"Say a{i}.", "ground_truth": f"a{i}"} for i in range(6)]
     data = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    return compose_config([f"model.name={model_dir}", "env.dataset=file", f"env.path={data}",
-                           f"reward.path={REWARD}", "reward.name=contains_answer", "env.prompts_per_step=3",
-                           "env.group_size=2", "inference_model.engine=transformers", "logger.backend=none",
-                           *extra])
+    return compose_config(
+        [
+            f"model.name={model_dir}",
+            "env.dataset=file",
+            f"env.path={data}",
+            f"reward.path={REWARD}",
+            "reward.name=contains_answer",
+            "env.prompts_per_step=3",
+            "env.group_size=2",
+            "inference_model.engine=transformers",
+            "logger.backend=none",
+            *extra,
+        ]
+    )
 
 
 def test_the_config_and_the_context_are_final_once_make_run_returns(tiny_model_dir, tmp_path):
@@ -84,9 +95,16 @@ def test_actors_get_the_config_read_only(tiny_model_dir, tmp_path):
     from grpo_rl.placement.context import ActorSpec
 
     cfg = _cfg(tiny_model_dir, tmp_path, "train.steps=7")
-    spec = ActorSpec(cfg=OmegaConf.to_container(cfg, resolve=True), run_dir=str(tmp_path),
-                     model_path=str(tiny_model_dir), role="collector", index=0, device=torch.device("cpu"), threads=1,
-                     mode="async")
+    spec = ActorSpec(
+        cfg=OmegaConf.to_container(cfg, resolve=True),
+        run_dir=str(tmp_path),
+        model_path=str(tiny_model_dir),
+        role="collector",
+        index=0,
+        device=torch.device("cpu"),
+        threads=1,
+        mode="async",
+    )
     threads = torch.get_num_threads()
     try:
         run = spec.enter()  # sets this process's threads, as in an actor

@@ -1,5 +1,6 @@
 """Stopping a run: the time limit and signals act between the phases of a step, a step's row and its checkpoint
 are never separated, and a run folder never mixes two runs."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,9 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_rl.run.checkpoint import load_trainer_state
 from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.errors import RunFolderError
+from grpo_rl.run.checkpoint import load_trainer_state
 from grpo_rl.run.checkpoint_manager import CheckpointManager
 from grpo_rl.run.lifecycle import check_run_folder
 from grpo_rl.run.metrics import RunLogger, read_jsonl
@@ -57,8 +58,12 @@ class _Run:
         self.record_step()
 
     def summary(self) -> str:
-        return self.steps.outcome(started=self.stopper.started, stopped_because=self.stopper.stopped_because,
-                                  resumed_from=None, last_checkpoint=self.checkpoints.last_checkpoint).summary
+        return self.steps.outcome(
+            started=self.stopper.started,
+            stopped_because=self.stopper.stopped_because,
+            resumed_from=None,
+            last_checkpoint=self.checkpoints.last_checkpoint,
+        ).summary
 
 
 def test_the_time_limit_abandons_a_step_before_the_update(tmp_path, logger, tiny_model, tokenizer):
@@ -105,8 +110,7 @@ def test_sigterm_and_sigint_stop_at_the_next_phase_and_a_second_one_at_once(tmp_
     assert signal.getsignal(signal.SIGTERM) is before  # the handlers in place before are back
 
 
-def test_a_failure_before_the_row_is_written_leaves_no_checkpoint_of_that_step(tmp_path, logger, tiny_model,
-                                                                                 tokenizer):
+def test_a_failure_before_the_row_is_written_leaves_no_checkpoint_of_that_step(tmp_path, logger, tiny_model, tokenizer):
     """The row comes first: a step whose logging failed is not checkpointed, and resuming redoes it."""
     run = _Run(_cfg(tmp_path, checkpoint_frequency=1), tmp_path, logger, tokenizer, tiny_model)
     run.checkpoints.resume(weight_sync=None)
@@ -176,7 +180,9 @@ def test_an_output_dir_that_is_a_file_is_a_user_error(tmp_path, resume):
     cfg.resume = resume
     with pytest.raises(RunFolderError) as info:
         check_run_folder(cfg, file)
-    assert str(info.value) == (f"output_dir={file} is a file, so the run cannot write there; set output_dir to a "
-                               "folder (it is made if it does not exist), or move that file away")
+    assert str(info.value) == (
+        f"output_dir={file} is a file, so the run cannot write there; set output_dir to a "
+        "folder (it is made if it does not exist), or move that file away"
+    )
     with pytest.raises(RunFolderError, match=rf"^output_dir={file / 'run'} is inside {file}, which is a file"):
         check_run_folder(cfg, file / "run")

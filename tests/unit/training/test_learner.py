@@ -1,4 +1,5 @@
 """Tests for grpo_rl.training.learner: micro-batching, gradient accumulation, skipped steps, LR warmup, state."""
+
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.training.learner import Learner, LossSettings
-from grpo_rl.model.packing import micro_batches
 from grpo_rl.model.logprobs import sequence_logprobs
+from grpo_rl.model.packing import micro_batches
+from grpo_rl.training.learner import Learner, LossSettings
 
 CPU = torch.device("cpu")
 
@@ -26,9 +27,9 @@ def make_batch(prompt_lens, response_lens, *, lp=None, lr=None, seed=0, vocab=10
     prompt_mask = torch.zeros(n, lp, dtype=torch.long)
     response_ids = torch.zeros(n, lr, dtype=torch.long)
     response_mask = torch.zeros(n, lr, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-        prompt_ids[i, lp - p:] = torch.randint(1, vocab, (p,), generator=g)
-        prompt_mask[i, lp - p:] = 1
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        prompt_ids[i, lp - p :] = torch.randint(1, vocab, (p,), generator=g)
+        prompt_mask[i, lp - p :] = 1
         response_ids[i, :r] = torch.randint(1, vocab, (r,), generator=g)
         response_mask[i, :r] = 1
     return TensorDict(
@@ -223,7 +224,7 @@ def test_state_dict_round_trip(tiny_model):
     # The same next step from the same state gives the same weights.
     a.train_step(batch)
     b.train_step(batch)
-    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         torch.testing.assert_close(pb, pa, atol=0, rtol=0, msg=name)
 
 
@@ -267,8 +268,12 @@ def test_entropy_bonus_trains_the_model(tiny_model, share_prompt):
     batch["group_id"] = torch.tensor([0, 0, 1, 1])
     grads = {}
     for coef in (0.0, 0.1):
-        learner = _learner(copy.deepcopy(tiny_model), loss=LossSettings(tis_cap=None, entropy_coef=coef),
-                           share_prompt=share_prompt, max_grad_norm=0.0)
+        learner = _learner(
+            copy.deepcopy(tiny_model),
+            loss=LossSettings(tis_cap=None, entropy_coef=coef),
+            share_prompt=share_prompt,
+            max_grad_norm=0.0,
+        )
         seen = _capture_grads(learner)
         metrics = learner.train_step(batch.clone())
         grads[coef] = sum(float(g.abs().sum()) for g in seen[0].values())
@@ -277,19 +282,30 @@ def test_entropy_bonus_trains_the_model(tiny_model, share_prompt):
     assert grads[0.1] > 0.0
 
 
-@pytest.mark.parametrize(("loss_type", "aggregation", "engine_correction"), [
-    ("gspo", "seq_mean_token_mean", "sequence_mask"),
-    ("gspo_token", "token_mean", "token_mask"),
-    ("cispo", "token_mean", "sequence_truncate"),
-    ("sapo", "seq_mean_token_mean", "token_band_mask"),
-    ("gmpo", "seq_mean_token_mean", "sequence_band_mask"),
-])
-def test_accumulated_gradient_equals_full_batch_for_new_objectives(tiny_model, loss_type, aggregation,
-                                                                   engine_correction):
+@pytest.mark.parametrize(
+    ("loss_type", "aggregation", "engine_correction"),
+    [
+        ("gspo", "seq_mean_token_mean", "sequence_mask"),
+        ("gspo_token", "token_mean", "token_mask"),
+        ("cispo", "token_mean", "sequence_truncate"),
+        ("sapo", "seq_mean_token_mean", "token_band_mask"),
+        ("gmpo", "seq_mean_token_mean", "sequence_band_mask"),
+    ],
+)
+def test_accumulated_gradient_equals_full_batch_for_new_objectives(
+    tiny_model, loss_type, aggregation, engine_correction
+):
     # Sequence ratios, sequence weights and the entropy bonus are all per row, so micro-batching stays exact.
-    settings = LossSettings(loss_type=loss_type, aggregation=aggregation, engine_correction=engine_correction,
-                            engine_correction_min=0.5, tis_cap=2.0, kl_coef=0.05, entropy_coef=0.01,
-                            engine_correction_max=2.0)  # the band modes' upper bound; the others use tis_cap
+    settings = LossSettings(
+        loss_type=loss_type,
+        aggregation=aggregation,
+        engine_correction=engine_correction,
+        engine_correction_min=0.5,
+        tis_cap=2.0,
+        kl_coef=0.05,
+        entropy_coef=0.01,
+        engine_correction_max=2.0,
+    )  # the band modes' upper bound; the others use tis_cap
     batch = _accum_batch(tiny_model)
     grads, metrics = [], []
     for budget in (10_000, 20):

@@ -1,4 +1,5 @@
 """The collective weight broadcast over gloo: layout, a push into a real engine in another process, timeouts."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -9,9 +10,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from grpo_rl.weights.collective import TransportTimeout, WeightBroadcast, WeightLayout, plan_layout
-from grpo_rl.model.lora import hf_named_weights
 from grpo_rl.model.loading import load_causal_lm
+from grpo_rl.model.lora import hf_named_weights
+from grpo_rl.weights.collective import TransportTimeout, WeightBroadcast, WeightLayout, plan_layout
 
 CPU = torch.device("cpu")
 HOST = "127.0.0.1"
@@ -55,13 +56,21 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 def test_plan_layout_sends_tied_weights_once():
     emb = torch.randn(8, 4)
-    named = [("model.embed_tokens.weight", emb), ("model.norm.weight", torch.ones(4)), ("lm_head.weight", emb),
-             ("half", torch.zeros(3, dtype=torch.bfloat16)), ("model.other.weight", emb.clone())]
+    named = [
+        ("model.embed_tokens.weight", emb),
+        ("model.norm.weight", torch.ones(4)),
+        ("lm_head.weight", emb),
+        ("half", torch.zeros(3, dtype=torch.bfloat16)),
+        ("model.other.weight", emb.clone()),
+    ]
     layout, tensors = plan_layout(named)
     assert layout.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
     assert [(s.name, s.buffer, s.offset, s.shape) for s in layout.slots] == [
-        ("model.embed_tokens.weight", 0, 0, (8, 4)), ("model.norm.weight", 0, 32, (4,)),
-        ("model.other.weight", 0, 36, (8, 4)), ("half", 1, 0, (3,))]
+        ("model.embed_tokens.weight", 0, 0, (8, 4)),
+        ("model.norm.weight", 0, 32, (4,)),
+        ("model.other.weight", 0, 36, (8, 4)),
+        ("half", 1, 0, (3,)),
+    ]
     assert layout.buffers == (("float32", 68), ("bfloat16", 3))  # 32 + 4 + 32 floats: the embedding once
     assert tensors[0] is emb and len(tensors) == 4
     assert WeightLayout.from_bytes(layout.to_bytes()) == layout
@@ -96,8 +105,13 @@ def test_threads_roundtrip_dtypes_aliases_and_layout_changes():
     thread = threading.Thread(target=receive_three, daemon=True)
     thread.start()
     emb = torch.randn(6, 4)
-    named = [("embed", emb), ("head", emb), ("half", torch.randn(5).to(torch.bfloat16)),
-             ("norm", torch.randn(4)), ("step", torch.tensor(7))]
+    named = [
+        ("embed", emb),
+        ("head", emb),
+        ("half", torch.randn(5).to(torch.bfloat16)),
+        ("norm", torch.randn(4)),
+        ("step", torch.tensor(7)),
+    ]
     sender = WeightBroadcast.connect(HOST, port, 0, 2, CPU, timeout_seconds=20, bucket_bytes=64)
     sent = []
     for version, pairs in [(1, named), (2, named), (3, named + [("extra", torch.arange(3.0))])]:
@@ -108,7 +122,7 @@ def test_threads_roundtrip_dtypes_aliases_and_layout_changes():
     sender.close()
     assert not errors and not thread.is_alive(), errors
     assert [version for version, _ in got] == [1, 2, 3]
-    for (_, pairs), expected in zip(got, sent):
+    for (_, pairs), expected in zip(got, sent, strict=True):
         out = dict(pairs)
         assert set(out) == set(expected)
         for name, t in expected.items():
@@ -125,8 +139,10 @@ def _engine_receiver(model_dir: str, port: int, default_port: int, results) -> N
         dist.init_process_group("gloo", init_method=f"tcp://{HOST}:{default_port}", rank=0, world_size=1)
         engine = TransformersEngine(model_dir, CPU)
         # Plain lists: torch would share tensors' memory through the queue, which dies with this process.
-        out = {"before": _sequence_logprobs(engine.model, SEQUENCES).tolist(),
-               "keys": sorted(engine.model.state_dict())}
+        out = {
+            "before": _sequence_logprobs(engine.model, SEQUENCES).tolist(),
+            "keys": sorted(engine.model.state_dict()),
+        }
         receiver = WeightBroadcast.connect(HOST, port, 1, 2, CPU, timeout_seconds=60)
         for _ in range(2):
             version, named = receiver.receive()

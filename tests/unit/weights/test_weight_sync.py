@@ -1,4 +1,5 @@
 """Weight transport through the Ray object store: aliases, dtypes, versions, and the push protocol."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,6 @@ import pytest
 import torch
 
 from grpo_rl.weights.sync import ObjectStoreWeightSync, pack_weights, split_aliases, unpack_weights
-
 
 # Tests taking ``ray_local`` start a one-CPU Ray instance (about 5 s, once per module).
 ray_tests = pytest.mark.slow
@@ -28,8 +28,12 @@ def ray_local():
 
 def tied_weights() -> list[tuple[str, torch.Tensor]]:
     emb = torch.randn(8, 4)
-    return [("model.embed_tokens.weight", emb), ("model.norm.weight", torch.ones(4)),
-            ("lm_head.weight", emb), ("model.other.weight", emb.clone())]
+    return [
+        ("model.embed_tokens.weight", emb),
+        ("model.norm.weight", torch.ones(4)),
+        ("lm_head.weight", emb),
+        ("model.other.weight", emb.clone()),
+    ]
 
 
 def test_split_aliases_finds_tied_tensors_only():

@@ -5,6 +5,7 @@ little. Problems such as ``What is 47 + 38?`` are generated from a seed instead 
 record layout, and served by GSM8K's environment with its templates, system prompts and reward (:mod:`.env`).
 Held-out evaluation reads the test split, and an answer is solved when its ``correct`` component is 1.
 """
+
 from __future__ import annotations
 
 from grpo_rl.envs.tasks.arithmetic.env import arithmetic_split, make_arithmetic_env

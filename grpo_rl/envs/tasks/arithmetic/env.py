@@ -1,5 +1,6 @@
 """The arithmetic environment: ``env.arithmetic``'s generated problems (:mod:`.problems`) in GSM8K's environment,
 with its templates (``env.template``) and its reward."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,17 @@ def arithmetic_split(env: EnvConfig, split: str) -> list[dict]:
     return arithmetic_records(split, seed=arithmetic.seed, size=size, spec=ArithmeticSpec.from_config(arithmetic))
 
 
-def make_arithmetic_env(env: EnvConfig, records: list[dict], tokenizer: Any, reward: CompositeReward, *, seed: int,
-                        system_prompt: str | None, tool_use: ToolUse | None = None) -> PromptEnv:
+def make_arithmetic_env(
+    env: EnvConfig,
+    records: list[dict],
+    tokenizer: Any,
+    reward: CompositeReward,
+    *,
+    seed: int,
+    system_prompt: str | None,
+    tool_use: ToolUse | None = None,
+) -> PromptEnv:
     """GSM8K's environment over the generated problems, named ``arithmetic``."""
-    return make_gsm8k_env(env, records, tokenizer, reward, seed=seed, system_prompt=system_prompt, tool_use=tool_use,
-                          name="arithmetic")
+    return make_gsm8k_env(
+        env, records, tokenizer, reward, seed=seed, system_prompt=system_prompt, tool_use=tool_use, name="arithmetic"
+    )

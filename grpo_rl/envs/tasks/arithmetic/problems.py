@@ -3,14 +3,15 @@
 A problem such as ``What is 47 + 38?`` is the record ``{"question": ..., "answer": "47 + 38 = 85\\n#### 85"}``,
 so GSM8K's prompt templates and reward (the final number's correctness plus the ``#### N`` format,
 :mod:`grpo_rl.envs.tasks.gsm8k.reward`) apply unchanged, with or without the calculator tool. The difficulty is set
-by the operations and the operands' digits (``env.arithmetic``; benchmarks/learning/arithmetic_probe.py measures the base
-model's accuracy per setting).
+by the operations and the operands' digits (``env.arithmetic``; benchmarks/learning/arithmetic_probe.py measures the
+base model's accuracy per setting).
 
 Each split is drawn from a seed of its own. Within a split the questions are distinct, and the train split
 never holds a question among the first ``held_out`` of the test stream, so every test split of up to
 ``held_out`` problems (``env.arithmetic.test_size``) is disjoint from the train split; the test split of ``n``
 problems is the first ``n`` of its stream, so held-out evaluation's first prompts are the same at every size.
 """
+
 from __future__ import annotations
 
 import random
@@ -43,14 +44,15 @@ class ArithmeticSpec:
     held_out: int = 500
 
     @classmethod
-    def from_config(cls, arithmetic: Any) -> "ArithmeticSpec":
+    def from_config(cls, arithmetic: Any) -> ArithmeticSpec:
         """From the ``env.arithmetic`` config group."""
-        return cls(tuple(arithmetic.operations), int(arithmetic.digits), int(arithmetic.mul_digits),
-                   int(arithmetic.test_size))
+        return cls(
+            tuple(arithmetic.operations), int(arithmetic.digits), int(arithmetic.mul_digits), int(arithmetic.test_size)
+        )
 
 
 def _span(digits: int) -> tuple[int, int]:
-    return (10 ** (digits - 1), 10 ** digits - 1)
+    return (10 ** (digits - 1), 10**digits - 1)
 
 
 def problem_count(spec: ArithmeticSpec) -> int:
@@ -79,10 +81,12 @@ def _stream(split: str, seed: int, size: int, spec: ArithmeticSpec, exclude: fro
     """``size`` distinct records of ``split``'s seeded stream, skipping questions in ``exclude``."""
     available = problem_count(spec) - len(exclude)
     if size > available:
-        raise ConfigError(f"env.arithmetic: {size} distinct {split} problems asked for, but {spec.operations} with "
-                          f"digits={spec.digits}, mul_digits={spec.mul_digits} give {available}"
-                          f"{' outside the test split' if exclude else ''}; lower env.arithmetic.{split}_size or "
-                          "allow more problems (env.arithmetic.digits, env.arithmetic.operations)")
+        raise ConfigError(
+            f"env.arithmetic: {size} distinct {split} problems asked for, but {spec.operations} with "
+            f"digits={spec.digits}, mul_digits={spec.mul_digits} give {available}"
+            f"{' outside the test split' if exclude else ''}; lower env.arithmetic.{split}_size or "
+            "allow more problems (env.arithmetic.digits, env.arithmetic.operations)"
+        )
     rng = random.Random(f"grpo_rl.arithmetic/{split}/{seed}")  # str seeds are hashed with SHA-512: stable
     seen: set[str] = set()
     records = []
@@ -110,8 +114,10 @@ def arithmetic_records(split: str, *, seed: int, size: int, spec: ArithmeticSpec
         raise ConfigError(f"env.split={split!r}: env.dataset=arithmetic has the splits {', '.join(SPLITS)}")
     if split == "test":
         if size > spec.held_out:
-            raise ConfigError(f"env.arithmetic.test_size={spec.held_out}: {size} test problems asked for; raise "
-                              "env.arithmetic.test_size (the train split avoids only that many test problems)")
+            raise ConfigError(
+                f"env.arithmetic.test_size={spec.held_out}: {size} test problems asked for; raise "
+                "env.arithmetic.test_size (the train split avoids only that many test problems)"
+            )
         return _stream("test", seed, size, spec)
     held_out = frozenset(r["question"] for r in _stream("test", seed, spec.held_out, spec))
     return _stream("train", seed, size, spec, held_out)

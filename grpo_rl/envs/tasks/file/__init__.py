@@ -6,6 +6,7 @@ references. It has no system prompt of its own and no held-out split of its own 
 unless ``eval.split`` names another), and an evaluation answer is solved when its total reward is at least 1.
 See docs/custom_tasks.md.
 """
+
 from __future__ import annotations
 
 from grpo_rl.envs.tasks.file.env import file_reward, file_system_prompt, load_file_records, make_file_env

@@ -11,10 +11,12 @@ a list of ``{"role", "content"}`` chat messages sent as is. ``env.ground_truth_c
 other column (or just ``env.extra_columns``) is passed to the reward as a keyword list aligned with the
 responses, the prompt column included. See docs/custom_tasks.md.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from grpo_rl.config.schema import EnvConfig, RewardConfig
 from grpo_rl.envs.base import PromptEnv
@@ -42,15 +44,20 @@ def _check_rows(records: Sequence[dict], prompt_column: str, ground_truth_column
         for i, row in enumerate(records):
             if column not in row:
                 fix = "" if key == "env.prompt_column" else f", or {key}=null if your reward needs no ground truth"
-                raise ConfigError(f"{where}: row {i} has no column {key}={column!r} (columns: {sorted(row)}); "
-                                  f"set {key} to the right column{fix}")
+                raise ConfigError(
+                    f"{where}: row {i} has no column {key}={column!r} (columns: {sorted(row)}); "
+                    f"set {key} to the right column{fix}"
+                )
     for i, row in enumerate(records):
         prompt = row[prompt_column]
-        is_messages = isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                       for m in prompt)
+        is_messages = isinstance(prompt, list) and all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in prompt
+        )
         if not (isinstance(prompt, str) and prompt.strip()) and not (is_messages and prompt):
-            raise DataError(f"{where}: row {i} column {prompt_column!r} is {prompt!r:.80}; expected a non-empty "
-                            "string or a list of {role, content} messages: fix that row or remove it")
+            raise DataError(
+                f"{where}: row {i} column {prompt_column!r} is {prompt!r:.80}; expected a non-empty "
+                "string or a list of {role, content} messages: fix that row or remove it"
+            )
 
 
 def file_paths(path: Any) -> list[str]:
@@ -74,8 +81,9 @@ def load_file_records(env: EnvConfig, split: str | None = None) -> list[dict]:
     return records
 
 
-def passed_columns(records: Sequence[dict], prompt_column: str, ground_truth_column: str | None,
-                   extra_columns: Sequence[str] | None) -> tuple[str, ...]:
+def passed_columns(
+    records: Sequence[dict], prompt_column: str, ground_truth_column: str | None, extra_columns: Sequence[str] | None
+) -> tuple[str, ...]:
     """The columns passed to the reward as keywords: every column but the ground truth, or the prompt column
     and ``extra_columns``. A column missing from some rows is passed as None for them."""
     present = list(dict.fromkeys(k for row in records for k in row))
@@ -98,12 +106,24 @@ def file_system_prompt(env: EnvConfig, reward: RewardConfig) -> None:
     return None
 
 
-def make_file_env(env: EnvConfig, records: list[dict], tokenizer: Any, reward: CompositeReward, *, seed: int,
-                  system_prompt: str | None, tool_use: ToolUse | None = None) -> PromptEnv:
+def make_file_env(
+    env: EnvConfig,
+    records: list[dict],
+    tokenizer: Any,
+    reward: CompositeReward,
+    *,
+    seed: int,
+    system_prompt: str | None,
+    tool_use: ToolUse | None = None,
+) -> PromptEnv:
     """The environment over a user's rows (checked by :func:`load_file_records`): each row's prompt column after
     ``system_prompt``, its ground-truth column as the reference, and :func:`passed_columns` passed to the reward."""
-    columns = passed_columns(records, env.prompt_column, env.ground_truth_column,
-                             None if env.extra_columns is None else list(env.extra_columns))
+    columns = passed_columns(
+        records,
+        env.prompt_column,
+        env.ground_truth_column,
+        None if env.extra_columns is None else list(env.extra_columns),
+    )
     gt = env.ground_truth_column
 
     def reference_of(row: dict) -> Any:

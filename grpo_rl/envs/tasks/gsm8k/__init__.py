@@ -4,10 +4,10 @@ The room holds the environment, the prompt templates and the system prompts (:mo
 extraction and rule-based rewards (:mod:`.reward`). Held-out evaluation reads the test split, and an answer is
 solved when its ``correct`` component is 1.
 """
+
 from __future__ import annotations
 
-from grpo_rl.envs.tasks.gsm8k.env import (PROMPT_COLUMN, gsm8k_records, gsm8k_reward, gsm8k_system_prompt,
-                                          make_gsm8k_env)
+from grpo_rl.envs.tasks.gsm8k.env import PROMPT_COLUMN, gsm8k_records, gsm8k_reward, gsm8k_system_prompt, make_gsm8k_env
 from grpo_rl.envs.tasks.task import Task
 
 TASK = Task(

@@ -13,6 +13,7 @@ section of at least ``reward.min_thinking_tokens`` tokens). A 135M model rarely 
 first. The arithmetic task (:mod:`grpo_rl.envs.tasks.arithmetic`) serves its generated problems through this
 environment.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -22,8 +23,13 @@ from grpo_rl.config.schema import EnvConfig, RewardConfig
 from grpo_rl.envs.base import PromptEnv
 from grpo_rl.envs.data import load_records
 from grpo_rl.envs.rewards.base import CompositeReward, RewardComponent
-from grpo_rl.envs.tasks.gsm8k.reward import (TokenCounter, correctness_reward, format_reward, reference_answer,
-                                             thinking_reward)
+from grpo_rl.envs.tasks.gsm8k.reward import (
+    TokenCounter,
+    correctness_reward,
+    format_reward,
+    reference_answer,
+    thinking_reward,
+)
 
 if TYPE_CHECKING:
     from grpo_rl.envs.multiturn import ToolUse
@@ -65,21 +71,31 @@ def gsm8k_messages(row: dict, *, template: str, system_prompt: str | None = None
     ]
 
 
-def gsm8k_components(template: str, correctness_weight: float, format_weight: float, last_number_fallback: bool, *,
-                     thinking_weight: float = 0.0, min_thinking_tokens: int = 0,
-                     tokenizer=None) -> list[RewardComponent]:
+def gsm8k_components(
+    template: str,
+    correctness_weight: float,
+    format_weight: float,
+    last_number_fallback: bool,
+    *,
+    thinking_weight: float = 0.0,
+    min_thinking_tokens: int = 0,
+    tokenizer=None,
+) -> list[RewardComponent]:
     """GSM8K's reward components: ``correct``, ``format`` (when ``format_weight``) and, with the ``tags`` template,
     ``thinking`` (when ``thinking_weight``; its tokens are counted with ``tokenizer``)."""
     components = [
-        RewardComponent("correct", partial(correctness_reward, last_number_fallback=last_number_fallback),
-                        correctness_weight)
+        RewardComponent(
+            "correct", partial(correctness_reward, last_number_fallback=last_number_fallback), correctness_weight
+        )
     ]
     if format_weight:
         components.append(RewardComponent("format", partial(format_reward, template=template), format_weight))
     if thinking_weight:
         if template != "tags" or tokenizer is None:
-            raise ValueError("the thinking reward scores the <think> section of the tags template; it needs "
-                             "template='tags' and the policy's tokenizer")
+            raise ValueError(
+                "the thinking reward scores the <think> section of the tags template; it needs "
+                "template='tags' and the policy's tokenizer"
+            )
         scorer = partial(thinking_reward, count_tokens=TokenCounter(tokenizer), min_tokens=min_thinking_tokens)
         components.append(RewardComponent("thinking", scorer, thinking_weight))
     return components
@@ -87,9 +103,15 @@ def gsm8k_components(template: str, correctness_weight: float, format_weight: fl
 
 def gsm8k_reward(env: EnvConfig, reward: RewardConfig, tokenizer) -> list[RewardComponent]:
     """GSM8K's components as the ``reward`` group weighs them, for ``env.template``."""
-    return gsm8k_components(env.template, reward.correctness_weight, reward.format_weight,
-                            reward.last_number_fallback, thinking_weight=reward.thinking_weight,
-                            min_thinking_tokens=reward.min_thinking_tokens, tokenizer=tokenizer)
+    return gsm8k_components(
+        env.template,
+        reward.correctness_weight,
+        reward.format_weight,
+        reward.last_number_fallback,
+        thinking_weight=reward.thinking_weight,
+        min_thinking_tokens=reward.min_thinking_tokens,
+        tokenizer=tokenizer,
+    )
 
 
 def gsm8k_records(env: EnvConfig, split: str) -> list[dict]:
@@ -97,8 +119,17 @@ def gsm8k_records(env: EnvConfig, split: str) -> list[dict]:
     return load_records("gsm8k", split=split, path=env.path)
 
 
-def make_gsm8k_env(env: EnvConfig, records: list[dict], tokenizer: Any, reward: CompositeReward, *, seed: int,
-                   system_prompt: str | None, tool_use: ToolUse | None = None, name: str = "gsm8k") -> PromptEnv:
+def make_gsm8k_env(
+    env: EnvConfig,
+    records: list[dict],
+    tokenizer: Any,
+    reward: CompositeReward,
+    *,
+    seed: int,
+    system_prompt: str | None,
+    tool_use: ToolUse | None = None,
+    name: str = "gsm8k",
+) -> PromptEnv:
     """The GSM8K environment over ``records`` (GSM8K's layout: ``question``, ``answer``): each question after
     ``system_prompt`` (None: ``env.template``'s), scored by ``reward`` against the answer's final number."""
     return PromptEnv(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fractions
 import re
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = [
     "correctness_reward",
@@ -208,9 +208,7 @@ def reference_answer(gsm8k_answer_field: str) -> str:
     _, marker, tail = gsm8k_answer_field.rpartition("####")
     answer = tail.strip()
     if not marker or not answer:
-        raise ValueError(
-            f"GSM8K answer field has no final answer after '####': {gsm8k_answer_field[-200:]!r}"
-        )
+        raise ValueError(f"GSM8K answer field has no final answer after '####': {gsm8k_answer_field[-200:]!r}")
     return answer
 
 
@@ -321,9 +319,7 @@ def format_reward(
     try:
         score = _FORMAT_SCORERS[template]
     except KeyError:
-        raise ValueError(
-            f"unknown format template {template!r}; expected one of {sorted(_FORMAT_SCORERS)}"
-        ) from None
+        raise ValueError(f"unknown format template {template!r}; expected one of {sorted(_FORMAT_SCORERS)}") from None
     return [score(response) for response in responses]
 
 
@@ -356,8 +352,12 @@ def thinking_reward(
     rewards = []
     for response in responses:
         sections = _THINK_RE.findall(response)
-        ok = (len(sections) == 1 and response.count("<think>") == 1 and sections[0].strip() != ""
-              and count_tokens(sections[0].strip()) >= min_tokens)
+        ok = (
+            len(sections) == 1
+            and response.count("<think>") == 1
+            and sections[0].strip() != ""
+            and count_tokens(sections[0].strip()) >= min_tokens
+        )
         rewards.append(1.0 if ok else 0.0)
     return rewards
 

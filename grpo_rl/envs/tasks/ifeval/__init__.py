@@ -14,10 +14,16 @@ benchmark:
 Held-out evaluation reads the same 541 prompts (``train``, the only split), and an answer is solved when its
 ``prompt_strict`` component, the benchmark's headline metric, is 1.
 """
+
 from __future__ import annotations
 
-from grpo_rl.envs.tasks.ifeval.env import (PROMPT_COLUMN, ifeval_records, ifeval_reward, ifeval_system_prompt,
-                                           make_ifeval_env)
+from grpo_rl.envs.tasks.ifeval.env import (
+    PROMPT_COLUMN,
+    ifeval_records,
+    ifeval_reward,
+    ifeval_system_prompt,
+    make_ifeval_env,
+)
 from grpo_rl.envs.tasks.task import Task
 
 TASK = Task(

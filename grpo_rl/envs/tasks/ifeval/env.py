@@ -4,6 +4,7 @@ weighted mix of the benchmark's strict/loose, prompt-/instruction-level scores (
 GSM8K's ``env.template`` (hash | tags) means nothing here and is ignored; ``env.system_prompt`` still applies.
 The row's ``prompt`` is also passed to every reward as a keyword column (a reward model reads it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,11 @@ def ifeval_messages(row: dict, *, system_prompt: str | None = None) -> list[dict
 
 def ifeval_reference(row: dict) -> dict:
     """What the IFEval reward needs about a row: its instructions, their arguments and the prompt."""
-    return {"instruction_id_list": list(row["instruction_id_list"]), "kwargs": list(row["kwargs"]),
-            "prompt": row["prompt"]}
+    return {
+        "instruction_id_list": list(row["instruction_id_list"]),
+        "kwargs": list(row["kwargs"]),
+        "prompt": row["prompt"],
+    }
 
 
 def ifeval_system_prompt(env: EnvConfig, reward: RewardConfig) -> str | None:
@@ -54,8 +58,10 @@ def ifeval_reward(env: EnvConfig, reward: RewardConfig, tokenizer) -> list[Rewar
 
     answer_tags = reward.ifeval_answer_tags
     if env.template == "tags" and not answer_tags:
-        log.warning("env.template=tags is a GSM8K setting and is ignored by IFEval; "
-                    "set reward.ifeval_answer_tags=true to ask for <answer> tags")
+        log.warning(
+            "env.template=tags is a GSM8K setting and is ignored by IFEval; "
+            "set reward.ifeval_answer_tags=true to ask for <answer> tags"
+        )
     return ifeval_components(dict(reward.ifeval_weights), answer_tags=answer_tags, format_weight=reward.format_weight)
 
 
@@ -64,8 +70,16 @@ def ifeval_records(env: EnvConfig, split: str) -> list[dict]:
     return load_records("ifeval", split=split, path=env.path)
 
 
-def make_ifeval_env(env: EnvConfig, records: list[dict], tokenizer: Any, reward: CompositeReward, *, seed: int,
-                    system_prompt: str | None, tool_use: ToolUse | None = None) -> PromptEnv:
+def make_ifeval_env(
+    env: EnvConfig,
+    records: list[dict],
+    tokenizer: Any,
+    reward: CompositeReward,
+    *,
+    seed: int,
+    system_prompt: str | None,
+    tool_use: ToolUse | None = None,
+) -> PromptEnv:
     """The IFEval environment over ``records`` (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``), each
     prompt after ``system_prompt`` when there is one."""
     return PromptEnv(

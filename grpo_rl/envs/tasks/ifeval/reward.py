@@ -17,10 +17,12 @@ benchmark, both optional:
 The four components share one evaluation per response (:class:`IFEvalScorer` caches the last batch), so
 logging all of them costs no more than computing one.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from grpo_rl.envs.rewards.base import RewardComponent
 from grpo_rl.envs.tasks.ifeval.instructions import IFEvalResult, evaluate_response
@@ -85,9 +87,11 @@ class IFEvalScorer:
     def evaluate(self, responses: Sequence[str], references: Sequence[Mapping[str, Any]]) -> list[IFEvalResult]:
         if len(responses) != len(references):
             raise ValueError(f"got {len(responses)} responses but {len(references)} references")
-        key = tuple((r, ref["prompt"], tuple(ref["instruction_id_list"])) for r, ref in zip(responses, references))
+        key = tuple(
+            (r, ref["prompt"], tuple(ref["instruction_id_list"])) for r, ref in zip(responses, references, strict=True)
+        )
         if key != self._key:
-            self._results = [self._evaluate_one(r, ref) for r, ref in zip(responses, references)]
+            self._results = [self._evaluate_one(r, ref) for r, ref in zip(responses, references, strict=True)]
             self._key = key
         return self._results
 
@@ -97,14 +101,16 @@ class IFEvalScorer:
             text = answer_tag_text(response) or ""  # no answer: nothing to check, every instruction fails
         return evaluate_response(text, reference["instruction_id_list"], reference["kwargs"], reference["prompt"])
 
-    def score(self, responses: Sequence[str], references: Sequence[Mapping[str, Any]], *, name: str,
-              **_columns) -> list[float]:
+    def score(
+        self, responses: Sequence[str], references: Sequence[Mapping[str, Any]], *, name: str, **_columns
+    ) -> list[float]:
         """One of :data:`IFEVAL_SCORES` for every response."""
         return [IFEVAL_SCORES[name](r) for r in self.evaluate(responses, references)]
 
 
-def ifeval_components(weights: Mapping[str, float], *, answer_tags: bool = False,
-                      format_weight: float = 0.0) -> list[RewardComponent]:
+def ifeval_components(
+    weights: Mapping[str, float], *, answer_tags: bool = False, format_weight: float = 0.0
+) -> list[RewardComponent]:
     """The IFEval reward components: all four scores (weight 0 ones are still logged) and, with
     ``answer_tags`` and a non-zero ``format_weight``, the answer-tag ``format`` component.
 
@@ -117,8 +123,9 @@ def ifeval_components(weights: Mapping[str, float], *, answer_tags: bool = False
     if unknown:
         raise ValueError(f"unknown IFEval reward component(s) {sorted(unknown)}; valid: {sorted(IFEVAL_SCORES)}")
     scorer = IFEvalScorer(answer_tags=answer_tags)
-    components = [RewardComponent(name, partial(scorer.score, name=name), float(weights.get(name, 0.0)))
-                  for name in IFEVAL_SCORES]
+    components = [
+        RewardComponent(name, partial(scorer.score, name=name), float(weights.get(name, 0.0))) for name in IFEVAL_SCORES
+    ]
     if answer_tags and format_weight:
         components.append(RewardComponent("format", answer_tag_format_reward, format_weight))
     return components

@@ -83,9 +83,7 @@ class CapitalWordFrequency:
     capital_relation: Relation
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "capital_frequency", validate_count("capital_frequency", self.capital_frequency)
-        )
+        object.__setattr__(self, "capital_frequency", validate_count("capital_frequency", self.capital_frequency))
         object.__setattr__(self, "capital_relation", validate_relation(self.capital_relation))
 
     def __call__(self, response: str) -> bool:

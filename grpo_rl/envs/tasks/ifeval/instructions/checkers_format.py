@@ -66,9 +66,7 @@ class NumberPlaceholders:
     num_placeholders: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "num_placeholders", validate_count("num_placeholders", self.num_placeholders)
-        )
+        object.__setattr__(self, "num_placeholders", validate_count("num_placeholders", self.num_placeholders))
 
     def __call__(self, response: str) -> bool:
         return len(re.findall(r"\[.*?\]", response)) >= self.num_placeholders
@@ -131,9 +129,7 @@ class NumberHighlightedSections:
     num_highlights: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "num_highlights", validate_count("num_highlights", self.num_highlights)
-        )
+        object.__setattr__(self, "num_highlights", validate_count("num_highlights", self.num_highlights))
 
     def __call__(self, response: str) -> bool:
         single = re.findall(r"\*[^\n\*]*\*", response)

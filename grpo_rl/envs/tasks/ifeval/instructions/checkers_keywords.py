@@ -62,10 +62,7 @@ class KeywordExistence:
         object.__setattr__(self, "keywords", _validate_words("keywords", self.keywords))
 
     def __call__(self, response: str) -> bool:
-        return all(
-            re.search(as_regex_fragment(keyword), response, flags=re.IGNORECASE)
-            for keyword in self.keywords
-        )
+        return all(re.search(as_regex_fragment(keyword), response, flags=re.IGNORECASE) for keyword in self.keywords)
 
 
 @dataclass(frozen=True)
@@ -120,9 +117,7 @@ class LetterFrequency:
         if not isinstance(self.letter, str) or len(self.letter) != 1:
             raise ValueError(f"letter must be a single character, got {self.letter!r}")
         object.__setattr__(self, "letter", self.letter.strip().lower())
-        object.__setattr__(
-            self, "let_frequency", validate_count("let_frequency", self.let_frequency)
-        )
+        object.__setattr__(self, "let_frequency", validate_count("let_frequency", self.let_frequency))
         object.__setattr__(self, "let_relation", validate_relation(self.let_relation))
 
     def __call__(self, response: str) -> bool:

@@ -48,9 +48,7 @@ class NumberOfSentences:
     relation: Relation
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "num_sentences", validate_count("num_sentences", self.num_sentences)
-        )
+        object.__setattr__(self, "num_sentences", validate_count("num_sentences", self.num_sentences))
         object.__setattr__(self, "relation", validate_relation(self.relation))
 
     def __call__(self, response: str) -> bool:
@@ -81,9 +79,7 @@ class NumberOfParagraphs:
     num_paragraphs: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "num_paragraphs", validate_count("num_paragraphs", self.num_paragraphs)
-        )
+        object.__setattr__(self, "num_paragraphs", validate_count("num_paragraphs", self.num_paragraphs))
 
     def __call__(self, response: str) -> bool:
         pieces = re.split(r"\s?\*\*\*\s?", response)
@@ -122,9 +118,7 @@ class NthParagraphFirstWord:
         num_paragraphs = validate_count("num_paragraphs", self.num_paragraphs)
         nth_paragraph = validate_count("nth_paragraph", self.nth_paragraph, minimum=1)
         if nth_paragraph > num_paragraphs:
-            raise ValueError(
-                f"nth_paragraph ({nth_paragraph}) must be <= num_paragraphs ({num_paragraphs})"
-            )
+            raise ValueError(f"nth_paragraph ({nth_paragraph}) must be <= num_paragraphs ({num_paragraphs})")
         if not isinstance(self.first_word, str):
             raise ValueError(f"first_word must be a string, got {self.first_word!r}")
         object.__setattr__(self, "num_paragraphs", num_paragraphs)

@@ -89,9 +89,7 @@ class RepeatPrompt:
     prompt_to_repeat: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "prompt_to_repeat", _validate_text("prompt_to_repeat", self.prompt_to_repeat)
-        )
+        object.__setattr__(self, "prompt_to_repeat", _validate_text("prompt_to_repeat", self.prompt_to_repeat))
 
     def __call__(self, response: str) -> bool:
         return response.strip().lower().startswith(self.prompt_to_repeat.strip().lower())

@@ -126,9 +126,7 @@ def evaluate_response(
     """
     del prompt  # No supported instruction takes it; see the module docstring.
     if len(instruction_id_list) != len(kwargs_list):
-        raise ValueError(
-            f"{len(instruction_id_list)} instruction ids but {len(kwargs_list)} kwargs"
-        )
+        raise ValueError(f"{len(instruction_id_list)} instruction ids but {len(kwargs_list)} kwargs")
     if not instruction_id_list:
         raise ValueError("an IFEval prompt needs at least one instruction")
     # Build every checker before running any, so bad ids or kwargs always raise.

@@ -95,18 +95,14 @@ def build_checker(instruction_id: str, kwargs: Mapping[str, object] | None) -> C
     checker_type = _CHECKER_BY_ID.get(instruction_id)
     if checker_type is None:
         raise ValueError(
-            f"Unknown IFEval instruction id {instruction_id!r}; supported ids: "
-            f"{', '.join(INSTRUCTION_IDS)}"
+            f"Unknown IFEval instruction id {instruction_id!r}; supported ids: {', '.join(INSTRUCTION_IDS)}"
         )
     given = {name: value for name, value in (kwargs or {}).items() if value is not None}
     expected = {field.name for field in dataclasses.fields(checker_type)}  # type: ignore[arg-type]
     unknown = sorted(set(given) - expected)
     missing = sorted(expected - set(given))
     if unknown or missing:
-        raise ValueError(
-            f"{instruction_id} takes kwargs {sorted(expected)}; "
-            f"unknown: {unknown}, missing: {missing}"
-        )
+        raise ValueError(f"{instruction_id} takes kwargs {sorted(expected)}; unknown: {unknown}, missing: {missing}")
     try:
         return checker_type(**given)
     except ValueError as error:

@@ -89,8 +89,4 @@ def word_tokenize(text: str) -> list[str]:
         Treebank-style tokens of each Punkt sentence, concatenated: "Don't
         stop." gives `["Do", "n't", "stop", "."]`.
     """
-    return [
-        token
-        for sentence in split_sentences(text)
-        for token in _TREEBANK_WORD_TOKENIZER.tokenize(sentence)
-    ]
+    return [token for sentence in split_sentences(text) for token in _TREEBANK_WORD_TOKENIZER.tokenize(sentence)]

@@ -30,10 +30,7 @@ def validate_relation(relation: object) -> Relation:
         ValueError: `relation` is not "less than" or "at least".
     """
     if relation not in RELATIONS:
-        raise ValueError(
-            f"The supported relation for comparison must be in {RELATIONS}, "
-            f"but {relation!r} is given."
-        )
+        raise ValueError(f"The supported relation for comparison must be in {RELATIONS}, but {relation!r} is given.")
     return relation  # type: ignore[return-value]
 
 
