@@ -33,6 +33,7 @@ function. A user error (a bad override, a reward whose signature matches no conv
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -220,12 +221,11 @@ class Trainer:
             ``reward.model_path``.
         reward_tokenizer: the reward model's tokenizer; None: the one in its folder.
 
-    The config is composed and checked here (:attr:`cfg`, editable before :meth:`train`, read-only once the run
-    has started); the reward functions'
-    signatures and the data are checked when :meth:`train` starts, before any engine. Model objects are written once
-    into the run folder, where they stay as the run's models (:mod:`grpo_rl.run.model_objects`), and after training
-    the final weights are loaded back into a plain ``model`` object, in place (a ``peft`` model is left as it was:
-    the trained model is ``result.final_model``).
+    The config is composed and checked here (:attr:`cfg`; each :meth:`train` runs on a copy, which the run makes
+    read-only); the reward functions' signatures and the data are checked when :meth:`train` starts, before any
+    engine. Model objects are written once into the run folder, where they stay as the run's models
+    (:mod:`grpo_rl.run.model_objects`), and after training the final weights are loaded back into a plain ``model``
+    object, in place (a ``peft`` model is left as it was: the trained model is ``result.final_model``).
     """
 
     def __init__(
@@ -271,7 +271,7 @@ class Trainer:
         from grpo_rl.run.model_objects import copy_trained_weights, write_model_objects
 
         quiet_start()  # before the models are written (transformers' progress bars)
-        cfg = self.cfg
+        cfg = copy.deepcopy(self.cfg)  # a run makes its config read-only: self.cfg stays editable for another run
         check_output_dir(self.run_dir)  # before the folder is made for the prompts or the models
         write_model_objects(cfg, self.run_dir, self.models)
         if self.prompts is not None:

@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="grpo-eval-") as tmp:
         cfg.model.name = str(materialize_model(path, cfg, Path(tmp) / "merged"))
         cfg.resume = None
+        cfg.train.prompt_epochs = None  # the saved train.steps is final: the training prompts need not be counted
         run = make_run(cfg, Path(tmp) / "run")  # sets this process's threads
         engine = make_engine(run)
         try:
