@@ -48,12 +48,8 @@ class DiskFullError(UserError, OSError):
 
 @contextlib.contextmanager
 def atomic_folder(final: Path, what: str, kept: str) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of ``final`` to fill; on success it is published as ``final``.
-
-    Args:
-        final: where the finished folder lands (an existing one is replaced).
-        what: the thing being written, for the message ("checkpoint /run/checkpoints/step_00000010").
-        kept: what is still intact if the write fails, for the message ("earlier checkpoints are intact").
+    """Yield a fresh temporary sibling of ``final`` to fill; on success it is published as ``final`` (an existing
+    one is replaced). ``what`` and ``kept`` name the write and what is still intact, for the message.
 
     Raises:
         DiskFullError: the disk or quota is full; nothing of this write is left behind.
@@ -92,23 +88,24 @@ def _host() -> str:
 
 
 def make_tmp(parent: Path, name: str) -> Path:
-    """A fresh hidden folder in ``parent`` (same file system, so the final rename is atomic), named after its
-    writer (pid and host) so that :func:`remove_stale_tmp` can tell a live save from debris."""
+    """A fresh hidden folder in ``parent``, named after its writer (pid and host)."""
+    # In parent: the same file system, so the final rename is atomic; the writer in the name lets
+    # remove_stale_tmp tell a live save from debris.
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".tmp-{name}-{os.getpid()}@{_host()}-"))
     os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would make checkpoints private to this user
     return tmp
 
 
 def _process_umask() -> int:
-    """This process's umask, read without changing it (the ``Umask:`` line of ``/proc/self/status``, Linux 4.7+).
-    Without that line it is set and put back, once, at import; to 0o077 meanwhile, so that a file another thread
-    creates in that instant is only more private, never writable by others as under ``umask(0)``."""
+    """This process's umask, read without changing it where Linux (4.7+) shows it."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
     except OSError:
         pass
+    # No Umask: line in /proc/self/status: set and put back, once, at import; 0o077 meanwhile, so that a file
+    # another thread creates in that instant is only more private, never writable by others as under umask(0).
     umask = os.umask(0o077)
     os.umask(umask)
     return umask
@@ -118,22 +115,17 @@ _UMASK = _process_umask()  # once: the umask is process-wide, and the run's thre
 
 
 def publish(tmp: Path, final: Path) -> None:
-    """Move the finished folder ``tmp`` to ``final``.
-
-    An existing ``final`` is first renamed to ``.old-<name>-<pid>`` and deleted only once ``tmp`` is in place;
-    if the second rename fails it is put back, and if the process dies between the two renames
-    :func:`recover_moved_aside` puts it back on the next look.
-    """
+    """Move the finished folder ``tmp`` to ``final``, replacing an existing one only once ``tmp`` is in place."""
     fsync_tree(tmp)
     old = None
     if final.exists():
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.replace(final, old)
+        os.replace(final, old)  # moved aside; a death before the next rename is undone by recover_moved_aside
     try:
         os.replace(tmp, final)
     except BaseException:
         if old is not None and not final.exists():
-            os.replace(old, final)
+            os.replace(old, final)  # put the old folder back
         raise
     fd = os.open(final.parent, os.O_RDONLY)
     try:
@@ -181,10 +173,8 @@ def _is_stale_tmp(folder: Path) -> bool:
 
 
 def remove_stale_tmp(root: str | Path) -> int:
-    """Remove the temporary folders (``.tmp-*``) that interrupted saves left in ``root``; returns how many.
-
-    A folder whose writer is another live process (a run saving while this one only looks) is kept.
-    """
+    """Remove the ``.tmp-*`` folders that interrupted saves left in ``root`` (not a live process's); returns how
+    many."""
     root = Path(root)
     if not root.is_dir():
         return 0
@@ -217,15 +207,8 @@ def free_bytes(path: Path) -> int | None:
 
 
 def disk_full_error(error: BaseException, what: str, target: Path, free: int | None, kept: str) -> DiskFullError | None:
-    """A :class:`DiskFullError` for ``error`` if a full disk caused it, else None.
-
-    Args:
-        error: what the write raised.
-        what: the thing that was being written, for the message ("checkpoint /run/checkpoints/step_00000010").
-        target: a path on the disk written to.
-        free: free bytes on that disk when the write failed (before its partial output was removed).
-        kept: what is still intact, for the message ("earlier checkpoints are intact").
-    """
+    """A :class:`DiskFullError` for ``error`` if a full disk caused it, else None; ``free`` is the free bytes on
+    ``target``'s disk when the write failed, ``what`` and ``kept`` as for :func:`atomic_folder`."""
     code = None
     for e in _errors_of(error):
         if isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:

@@ -104,12 +104,8 @@ def _tuplify(x):
 
 
 class Checkpointer:
-    """Saves and finds checkpoints of one run.
-
-    Args:
-        run_dir: the run's output folder; checkpoints live in ``run_dir/checkpoints``.
-        keep: how many of the newest checkpoints to keep (0 keeps all).
-    """
+    """Saves and finds the checkpoints of one run, in ``run_dir/checkpoints``, keeping the newest ``keep`` (0:
+    all)."""
 
     def __init__(self, run_dir: str | Path, keep: int = 2):
         self.root = Path(run_dir) / "checkpoints"
@@ -132,12 +128,9 @@ class Checkpointer:
         export_model_dir: bool = True,
         config_yaml: str | None = None,
     ) -> Path:
-        """Write checkpoint ``step`` atomically and prune old ones; returns its folder.
+        """Write checkpoint ``step`` (completed training steps) atomically and prune old ones; returns its folder.
 
         Args:
-            step: the number of completed training steps.
-            model: the policy (a peft model for LoRA runs).
-            tokenizer: saved beside the weights.
             state: trainer state (tensors, numbers, strings, containers of them).
             export_model_dir: for a LoRA model, also write the merged HF folder ``model/`` (full models always
                 write it: it holds their weights).
@@ -164,17 +157,13 @@ class Checkpointer:
         return final
 
     def _prune(self, saved_step: int) -> None:
-        """Remove debris, the checkpoints past ``keep``, and those newer than ``saved_step``.
-
-        A checkpoint newer than the one just saved belongs to the history this run replaced: it resumed from an
-        earlier checkpoint (an explicit ``resume``, or ``resume=auto`` passing over a damaged newer one) and cut the
-        logs back to that step. Kept, it would make ``keep`` prune this run's own checkpoints first, and a later
-        ``resume=auto`` continue the old history.
-        """
+        """Remove debris, the checkpoints past ``keep``, and those newer than ``saved_step``."""
         recover_moved_aside(self.root)
         remove_stale_tmp(self.root)
         for stale in self.root.glob(".old-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        # A newer checkpoint belongs to the history this run replaced (it resumed from an earlier one and cut the
+        # logs back); kept, it would make keep prune this run's own checkpoints first, and resume=auto continue it.
         for newer in [c for c in self.list() if checkpoint_step(c) > saved_step]:
             log.warning(
                 "removed %s, a checkpoint of the history this run replaced (it resumed from an earlier one "
@@ -376,10 +365,7 @@ def load_model_weights(checkpoint: str | Path, model: torch.nn.Module) -> None:
 
 
 def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> Path:
-    """Write ``model`` and ``tokenizer`` as an HF folder (config, safetensors, tokenizer, chat template).
-
-    A LoRA model is written merged (``W + (alpha / r) B A`` under the base names), without changing it.
-    """
+    """Write ``model`` and ``tokenizer`` as an HF folder; a LoRA model is written merged, without changing it."""
     from grpo_rl.model.lora import is_lora, save_merged_pretrained
 
     out_dir = Path(out_dir)

@@ -57,12 +57,7 @@ class CheckpointManager:
     """Saves and restores one run's learner, rollout source position, RNG states, step and reward curve.
 
     Args:
-        cfg: the run config (``resume``, ``train.checkpoint_frequency``, ``train.keep_checkpoints``,
-            ``train.export_checkpoints``; saved whole with each checkpoint).
-        run_dir: the run folder.
-        learner: the learner (replaced by :meth:`restart`).
         source: the rollout source (``state_dict``, ``load_state_dict``, ``rewind``).
-        tokenizer: saved beside the weights.
         steps: the step log, whose step and reward curve a checkpoint holds.
     """
 
@@ -77,9 +72,8 @@ class CheckpointManager:
         self._start: tuple | None = None  # (source state, RNG states) of a run that started without a checkpoint
 
     def resume(self, weight_sync) -> Path | None:
-        """Continue from the checkpoint ``cfg.resume`` names, if any: weights, trainer state, the rollout
-        source's stream position (what was consumed) and RNG; push the weights through ``weight_sync``; cut the
-        logs back to the checkpoint's step. Call once, before the loop.
+        """Continue from the checkpoint ``cfg.resume`` names, if any (weights, trainer state, stream position,
+        RNG), push the weights through ``weight_sync`` and cut the logs back to its step. Call once, before the loop.
         """
         checkpoint = find_resume_checkpoint(self.cfg, self.store)
         if checkpoint is None and self.cfg.resume:
@@ -98,10 +92,8 @@ class CheckpointManager:
         return checkpoint
 
     def restart(self, learner: LearnerProtocol, weight_sync) -> Path | None:
-        """Take the run back to its newest checkpoint (or its start, without one), for ``learner``, a learner
-        group started again after it lost a rank: weights, optimizer, stream position (the source drops what it
-        collected ahead) and RNG; the engines get the weights; the logs are cut back to that step, so every step
-        is logged once. Returns the checkpoint."""
+        """Take the run back to its newest checkpoint (or its start) for ``learner``, a learner group started again
+        after it lost a rank, give the engines its weights and cut the logs back to it; returns the checkpoint."""
         self.learner = learner
         checkpoint = self.last_checkpoint or self.resumed_from
         self.source.rewind()
@@ -174,13 +166,8 @@ class CheckpointManager:
         return self.last_checkpoint
 
     def finish(self, stopped_because: str | None = None) -> None:
-        """The final checkpoint and export; register it as a cleanup callback of the loop.
-
-        The checkpoint is always that of the last step boundary (its data position and RNG states), so a run
-        that stopped mid-step (a crash, a signal, the time limit: ``stopped_because``) still resumes exactly. If
-        the learner was updated in the unfinished step, the weights no longer match that boundary: the last
-        periodic checkpoint then stands, and nothing is exported.
-        """
+        """The final checkpoint and export, at the last step boundary; register it as a cleanup callback of the
+        loop (``stopped_because``: why a run stopped early)."""
         step = self.steps.step
         if step == 0 or self._boundary is None:
             return
@@ -193,6 +180,8 @@ class CheckpointManager:
                 else "starts over (no checkpoint was written: see train.checkpoint_frequency)",
             )
             return
+        # The boundary's data position and RNG states, so a run stopped mid-step still resumes exactly; but a learner
+        # updated in the unfinished step no longer matches it: the last periodic checkpoint stands, nothing exported.
         fingerprint, env_state, rng = self._boundary
         if _learner_fingerprint(self.learner) != fingerprint:
             since = (

@@ -34,11 +34,8 @@ _RESUMABLE_CHANGES = (
 
 
 def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
-    """The checkpoint ``cfg.resume`` names, checked against its manifest before anything of it is loaded; None
-    without ``resume`` or, with ``resume=auto``, when the run has no checkpoint yet.
-
-    ``resume=auto`` takes the newest intact checkpoint, warning once about each newer damaged one it passes over.
-    ``resume=<folder>`` takes that folder or nothing: the user asked for that one.
+    """The checkpoint ``cfg.resume`` names (``auto``: the newest intact one, warning about each newer damaged one),
+    verified before anything of it is loaded; None without ``resume`` or when ``auto`` finds no checkpoint yet.
 
     Raises:
         RunFolderError: ``resume=<folder>`` is not a checkpoint or is damaged (the message names the file), or
@@ -66,8 +63,7 @@ def find_resume_checkpoint(cfg, checkpointer: Checkpointer) -> Path | None:
 
 def check_output_dir(run_dir: Path) -> None:
     """Raise :class:`RunFolderError` if the run folder cannot be made because it, or a folder above it, is a
-    file. Hydra makes the folder before the run starts, so the entry scripts call this first (with the
-    command line's ``output_dir``) and :func:`check_run_folder` again."""
+    file; the entry scripts call it first, before Hydra makes the folder, and :func:`check_run_folder` again."""
     run_dir = Path(run_dir).expanduser()
     for path in (run_dir, *run_dir.parents):
         if path.exists() or path.is_symlink():
@@ -82,18 +78,14 @@ def check_output_dir(run_dir: Path) -> None:
 
 
 def check_run_folder(cfg, run_dir: Path) -> None:
-    """Refuse a run folder that would mix two runs or cannot be one, before anything starts.
-
-    The folder, or one above it, must not be a file. A fresh run (no ``resume``) in a folder that holds another
-    run's checkpoints or metrics would overwrite its logs, and a later ``resume=auto`` would continue the other run.
-    A resumed run's checkpoint must be intact (:func:`find_resume_checkpoint`) and must use the model it was
-    trained with.
-    """
+    """Refuse a run folder that would mix two runs or cannot be one, before anything starts: a file in its path,
+    a fresh run over another run's logs, a damaged checkpoint to resume, or one of another model."""
     check_output_dir(run_dir)
     checkpointer_root = run_dir / "checkpoints"
     checkpoints = sorted(checkpointer_root.glob("step_*")) if checkpointer_root.is_dir() else []
     metrics = run_dir / "metrics.jsonl"
     if not cfg.resume:
+        # it would overwrite the other run's logs, and a later resume=auto would continue the other run
         if checkpoints or (metrics.is_file() and metrics.stat().st_size > 0):
             held = f"checkpoints up to {checkpoints[-1].name}" if checkpoints else "the metrics of an earlier run"
             raise RunFolderError(

@@ -50,13 +50,8 @@ class CheckpointDamagedError(RunFolderError, OSError):
 
 @dataclass(frozen=True)
 class Damage:
-    """One file of a folder that does not match the folder's manifest.
-
-    Attributes:
-        file: the file (under the folder as it was given).
-        problem: what is wrong, with what was expected and what was found: ``is 1000 bytes, but 538090408 were
-            written``.
-    """
+    """One file of a folder that does not match the folder's manifest, and what is wrong with it (what was
+    expected and what was found: ``is 1000 bytes, but 538090408 were written``)."""
 
     file: Path
     problem: str
@@ -134,17 +129,13 @@ def _signature(folder: Path, names) -> tuple:
 
 def find_damage(folder: Path) -> Damage | None:
     """The first file of ``folder`` that does not match its manifest, or None when every listed file matches (or
-    the folder has no manifest: see :func:`has_manifest`).
-
-    Missing files and sizes are checked before any hash; a folder is hashed again only when one of its files
-    changed since the last check in this process.
-    """
+    the folder has no manifest: see :func:`has_manifest`)."""
     folder = Path(folder)
     entries = _read_entries(folder)
     if isinstance(entries, Damage):
         return entries
     key, signature = str(folder.resolve()), _signature(folder, entries)
-    cached = _CHECKED.get(key)
+    cached = _CHECKED.get(key)  # hashed again only when a file changed since this process last checked
     if cached is not None and cached[0] == signature:
         return cached[1] if cached[1] is None else Damage(folder / cached[1].file, cached[1].problem)
     damage = _compare(folder, entries)
@@ -153,7 +144,7 @@ def find_damage(folder: Path) -> Damage | None:
 
 
 def _compare(folder: Path, entries: dict[str, dict]) -> Damage | None:
-    for name, entry in entries.items():
+    for name, entry in entries.items():  # missing files and sizes before any hash
         file = folder / name
         if not file.is_file():
             return Damage(file, f"is missing (it was written with the checkpoint, {entry['size']} bytes)")
@@ -178,19 +169,14 @@ def _compare(folder: Path, entries: dict[str, dict]) -> Damage | None:
 
 
 def checkpoint_damage(checkpoint: str | Path) -> Damage | None:
-    """What is wrong with a checkpoint's files, or None when nothing is found.
-
-    With a manifest: every file it lists must have its size and SHA-256 (:func:`find_damage`). Without one (written
-    before manifests existed): the JSON files and safetensors headers of ``model/`` and ``adapter/`` and the zip
-    directory of ``trainer_state.pt`` (:func:`torch_file_problem`) must be whole, which finds a truncated file but
-    not changed bytes.
-    """
+    """What is wrong with a checkpoint's files, or None when nothing is found."""
     from grpo_rl.model.loading import broken_model_file
     from grpo_rl.model.lora import ADAPTER_DIR
 
     checkpoint = Path(checkpoint)
     if has_manifest(checkpoint):
         return find_damage(checkpoint)
+    # No manifest (written before manifests existed): whole files only, which finds a truncation, not changed bytes.
     for folder in (checkpoint / "model", checkpoint / ADAPTER_DIR):
         broken = broken_model_file(folder)
         if broken is not None:

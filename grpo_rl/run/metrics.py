@@ -44,19 +44,14 @@ CONSOLE_KEYS = (
 
 
 class RunLogger:
-    """Writes metrics and samples for one run.
+    """Writes metrics and samples for one run (JSONL always; wandb, CSV and TensorBoard when asked).
 
     Args:
-        run_dir: the run's output folder.
-        backend: ``"wandb"`` or ``"none"`` (JSONL is always written).
-        project: wandb project.
-        config: the resolved config, stored with the wandb run.
+        backend: ``"wandb"`` or ``"none"``.
         resume: append to existing files instead of starting new ones (call :meth:`rewind` once the step to
             continue from is known).
         csv: also write ``metrics.csv`` (one row per logged step, one column per metric ever logged).
         tensorboard: also write TensorBoard event files under ``<run_dir>/tensorboard``.
-        run_name: the wandb run's name (None: the run folder's name).
-        tags: the wandb run's tags (None: none).
     """
 
     def __init__(
@@ -139,15 +134,11 @@ class RunLogger:
             self._wandb.log(record, step=step)
 
     def rewind(self, step: int) -> None:
-        """Forget everything logged after ``step``: a resumed run continues from its checkpoint's step.
-
-        A run killed after logging step ``k + 1`` but before its checkpoint was written resumes from ``k``;
-        without this its ``metrics.jsonl`` would hold step ``k + 1`` twice (and maybe a half-written line).
-        Lines that do not parse are dropped too. wandb keeps what it has (it cannot take steps back).
-        """
+        """Forget everything logged after ``step`` (and lines that do not parse); wandb keeps what it has."""
         self._metrics.close()
         self._samples.close()
         self._trained.close()
+        # A run killed after logging step k + 1 but before its checkpoint resumes from k: without this, k + 1 twice.
         for name in ("metrics.jsonl", "samples.jsonl", "reward_failures.jsonl", "trained.jsonl"):
             truncate_jsonl(self.run_dir / name, step)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
@@ -196,10 +187,8 @@ class RunLogger:
                 self._tb.add_scalar(key, value, step)
 
     def log_trained(self, step: int, batch: TensorDict) -> None:
-        """What step ``step`` trained on, to ``trained.jsonl``: when (unix time), the stream's batch indices and, per
-        group, the data
-        set's prompt index and the policy version that generated it (a run's provenance: which prompts it saw, how
-        often, and how stale)."""
+        """Record in ``trained.jsonl`` what step ``step`` trained on (the run's provenance): when, the stream's batch
+        indices and, per group, the prompt index and the policy version that generated it."""
         if batch is None:
             return
         keys = batch.keys()

@@ -45,12 +45,10 @@ class ModelObjects:
     """What the caller passed; each may be None (the config's), a folder path, or an object.
 
     Attributes:
-        model: the policy, a ``transformers.PreTrainedModel`` (causal LM) or a ``peft`` LoRA model.
-        tokenizer: the policy's tokenizer; None: the one saved with ``model`` (its ``name_or_path`` folder).
-        ref_model: the reference model, a causal LM with the policy's vocabulary; the policy object itself or None
-            means the policy's initial weights.
+        tokenizer: None: the one saved with ``model`` (its ``name_or_path`` folder); ``reward_tokenizer`` likewise.
+        ref_model: a causal LM with the policy's vocabulary; the policy object itself or None means the policy's
+            initial weights.
         reward_model: a sequence-classification reward model (``num_labels=1``).
-        reward_tokenizer: its tokenizer; None: the one saved with it.
     """
 
     model: Any = None
@@ -123,11 +121,8 @@ def write_model_objects(cfg, run_dir: Path, objects: ModelObjects) -> None:
 
 
 def copy_trained_weights(final_model: Path, model) -> bool:
-    """Load the exported weights in ``final_model`` into ``model`` (a plain ``PreTrainedModel``) in place.
-
-    Returns:
-        True when copied; False for a ``peft`` model (left as it was; see the module docstring) or when the run
-        exported no final model (it stopped before its first step).
+    """Load the exported weights in ``final_model`` into the plain ``PreTrainedModel`` ``model`` in place; returns
+    False, leaving it as it was, for a ``peft`` model (module docstring) or when no final model was exported.
 
     Raises:
         RuntimeError: the folder's weights do not fit ``model``.

@@ -28,9 +28,8 @@ from grpo_rl.training.build import check_learner_dtype
 
 
 def validate(cfg, rewards: Sequence[RewardFunction] = (), *, mode: str = "sync") -> None:
-    """Everything about the config that can be checked before a device is allocated: its values
-    (:func:`~grpo_rl.config.checks.check_values`), what only one loop accepts, and the files and user code it names
-    (arithmetic problem counts, tool files, reward files, the reward model folder). Raises :class:`ConfigError`."""
+    """Check everything about the config that can be checked before a device is allocated (its values, what only
+    one loop accepts, the files and user code it names). Raises :class:`ConfigError`."""
     check_values(cfg, rewards)
     if mode == "async":
         validate_async(cfg)
@@ -51,9 +50,8 @@ def validate(cfg, rewards: Sequence[RewardFunction] = (), *, mode: str = "sync")
 
 
 def check_given_servers(cfg, model_path: str) -> None:
-    """``inference_model.urls``: each server answers, proves it holds the run's key (the key is not sent before
-    that) and holds the run's model (architecture and sizes), before anything is sent to it. Raises
-    :class:`ConfigError` naming the URL."""
+    """Check that each ``inference_model.urls`` server answers, proves it holds the run's key and holds the run's
+    model, before anything is sent to it. Raises :class:`ConfigError` naming the URL."""
     from grpo_rl.engines.server_client import ServerClient, model_identity
     from grpo_rl.errors import RoleFailed
 
@@ -113,9 +111,8 @@ def _check_arithmetic_problems(cfg) -> None:
 
 
 def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode: str) -> None:
-    """What the config asks of the allocated devices and the resolved precisions: how many devices a role may
-    have in this loop, which devices two roles must share, the optimizer and the learner's dtype, the engine's
-    build. Raises :class:`ConfigError` before any engine or Ray starts."""
+    """Check what the config asks of the allocated devices and the resolved precisions, before any engine or Ray
+    starts. Raises :class:`ConfigError`."""
     # train_model.num_devices > 1 is a data-parallel learner (grpo_rl/distributed/learner_group.py);
     # inference_model.num_devices > 1 are engine replicas, one collector actor each (sota/grpo-async.py).
     if cfg.train_model.sharding == "fsdp" and len(devices.train) < 2:
@@ -154,9 +151,8 @@ def check_roles(cfg, devices: DeviceAllocation, precision: RolePrecisions, mode:
 
 
 def check_engine(cfg, devices, mode: str = "sync") -> None:
-    """Before anything starts: ``inference_model.compile`` needs the engine on a GPU, and ``engine=vllm`` the vLLM
-    build for the engine's device (a joined Ray cluster's engines run in its workers' environments, which only
-    they can check)."""
+    """Check before anything starts that ``inference_model.compile`` has the engine on a GPU and ``engine=vllm``
+    the vLLM build for the engine's device."""
     if cfg.inference_model.compile and devices.inference[0].type != "cuda":
         raise ConfigError(
             "inference_model.compile=true: the compiled static-cache decoding is for a GPU (measured "

@@ -60,9 +60,8 @@ def make_learner(run: RunContext):
 
 def make_reference(run: RunContext, learner=None, restarts: Restarts | None = None, *, wait: bool = True):
     """The reference scorer (``score(batch)`` adds ``ref_logprobs``), or None without a KL penalty: in the driver
-    (for LoRA, ``learner``'s model with its adapters off), or :class:`ReferenceActors` when it is a stage of its
-    own (``ref_model.placement``), whose lost replicas are replaced within ``restarts`` (``wait=False``: started,
-    not yet waited for)."""
+    (for LoRA, ``learner``'s model with its adapters off), or :class:`ReferenceActors` (``ref_model.placement``)
+    replaced within ``restarts`` (``wait=False``: not waited for)."""
     placement = run.placement.reference
     if placement is not None and placement.actors:
         return ReferenceActors(run, timeout=run.cfg.pipeline.timeout_seconds, restarts=restarts, wait=wait)
@@ -79,15 +78,9 @@ def make_rollout_source(
     fleet=None,
     restarts: Restarts | None = None,
 ) -> tuple[RolloutSource, ReferenceScorer | None]:
-    """The rollout source, and the reference scorer the learner still applies (None when the source scores).
-
-    With ``engine``: the synchronous loop's :class:`InProcessRollouts` over ``engine`` and ``env`` (evaluating with
-    ``evaluator``); the learner scores with ``reference`` wherever it runs. Without: the asynchronous loop's
-    :class:`AsyncRollouts`, whose collector actors build their own engines and whose driver-side ``env`` tracks the
-    stream position; a reference of its own actors becomes its stage between the buffer and the learner, so the
-    three roles overlap; lost collectors (and their engine servers, from ``fleet``) are replaced within
-    ``restarts``. DAPO's dynamic sampling wraps either.
-    """
+    """The rollout source (:class:`InProcessRollouts` over ``engine``, or without one :class:`AsyncRollouts`'
+    collector actors; under DAPO's dynamic sampling when on), and the reference scorer the learner still applies
+    (None when the source scores)."""
     source, reference = _collecting_source(
         run, env, engine=engine, reference=reference, evaluator=evaluator, fleet=fleet, restarts=restarts
     )
@@ -123,9 +116,8 @@ def _collecting_source(
 
 
 def served_healer(fleet: ServerFleet, engine, weight_sync: WeightSync, restarts: Restarts):
-    """The synchronous loop's answer to a failed collection with engine servers the run started: every server
-    that no longer answers is started again by ``fleet`` (within ``pipeline.max_restarts``), given the newest
-    weights, and the batch is collected again. A failure with every server healthy is not healed."""
+    """The synchronous loop's healer for a failed collection with engine servers the run started: servers that no
+    longer answer are restarted by ``fleet`` and given the newest weights, and the batch is collected again."""
     restarts.register("engine")
 
     def heal(error: RoleFailed) -> bool:
@@ -160,9 +152,8 @@ def with_dynamic_sampling(run: RunContext, source: RolloutSource) -> RolloutSour
 
 
 def make_weight_sync(run: RunContext, collectors: list | None = None, *, engine=None) -> WeightSync:
-    """In-place reload of ``engine`` (synchronous loop), or a push to the asynchronous loop's ``collectors`` (the
-    :class:`AsyncRollouts`' own list, which builds its sync with it) by ``pipeline.weight_transport`` (auto: a
-    collective broadcast between GPUs, the object store on the CPU)."""
+    """In-place reload of ``engine`` (synchronous loop), or a push to the asynchronous loop's ``collectors``, by
+    ``pipeline.weight_transport``."""
     if engine is not None:
         return InPlaceWeightSync(engine)
     transport = run.cfg.pipeline.weight_transport
@@ -191,9 +182,8 @@ class PushPolicy:
     Attributes:
         every: push once the learner is this many optimizer steps past the engines' weights (and before an
             evaluation); None: never, the engine generates with the learner's own model.
-        stop_between_phases: a stop (a signal, the time limit) abandons the step at its next phase, before the
-            update: the synchronous loop's batch was collected for this step alone and is collected again on
-            resume. Off in the asynchronous loop, whose batch was already taken from the buffer: the step finishes.
+        stop_between_phases: a stop abandons the step at its next phase, before the update (the synchronous loop
+            collects its batch again on resume); off, the step finishes (the asynchronous loop's batch was taken).
     """
 
     every: int | None = 1
@@ -221,15 +211,8 @@ class Roles:
 
 
 def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) -> Roles:
-    """The roles of ``run.mode``'s loop; each is shut down when ``cleanup`` closes.
-
-    Served engines (``inference_model.engine=vllm_server``, or a vLLM engine on a device of its own in the
-    synchronous loop) have their servers started first, and stopped last.
-    ``sync`` (sota/grpo.py): the engine in this process, built before the seeding (in-process vLLM seeds the global
-    RNGs), or after the learner when it generates with the learner's model (``inference_model.share_weights``);
-    weights reloaded in place after every update. ``async`` (sota/grpo-async.py): collector actors with their
-    own engines, started before the learner; a push every ``pipeline.push_every`` optimizer steps.
-    """
+    """The roles of ``run.mode``'s loop (``sync``: an engine in this process; ``async``: collector actors); each is
+    shut down when ``cleanup`` closes."""
     cfg = run.cfg
     fleet = start_servers(run)  # the vLLM servers of a served engine, before anything that talks to them
     if fleet is not None:
@@ -237,7 +220,7 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
     restarts = Restarts(cfg.pipeline.max_restarts, run.run_dir)
     if run.mode == "sync":
         shared = cfg.inference_model.share_weights
-        engine = None if shared else make_engine(run, fleet=fleet)
+        engine = None if shared else make_engine(run, fleet=fleet)  # before the seeding (in-process vLLM seeds)
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)

@@ -28,13 +28,8 @@ _ROLE = re.compile(r"^\s*(?:system|user|assistant)\s*(?:\n|$)")
 
 
 def examine_rows(group_id: torch.Tensor | None, n_rows: int, num: int) -> list[int]:
-    """Row indices of the samples to show: the first answer of up to ``num`` groups, spread over the batch.
-
-    Args:
-        group_id: ``[N]`` group of each row (None: every row is its own group).
-        n_rows: ``N``.
-        num: how many samples (``logger.num_examine``).
-    """
+    """Row indices of the samples to show: the first answer of up to ``num`` groups, spread over the ``n_rows``
+    rows (``group_id`` ``[N]`` None: every row is its own group)."""
     if num <= 0 or n_rows == 0:
         return []
     if group_id is None:

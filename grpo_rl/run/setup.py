@@ -32,15 +32,13 @@ log = logging.getLogger(__name__)
 
 def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[RewardFunction] = ()) -> RunContext:
     """Derive the settings other settings decide, validate the config and the run folder, allocate devices, resolve
-    the model and the precisions, and log what the run is; everything here fails fast, before any engine or Ray
-    starts. On return ``cfg`` is final and read-only (``OmegaConf.set_readonly``): what TorchRL's keys map to
-    (:func:`~grpo_rl.config.torchrl_keys.resolve_torchrl_keys`) is set before the checks, and ``train.steps`` from
-    ``train.prompt_epochs`` once the training environment is built (:func:`build_train_env`, which then travels in
-    :attr:`RunContext.train_env`). A part of the run that needs other settings makes a copy of its own.
+    the model and the precisions, and log what the run is, failing fast before any engine or Ray starts.
+
+    On return ``cfg`` is final and read-only (``train.steps`` included, from ``train.prompt_epochs`` once the
+    training environment, :attr:`RunContext.train_env`, is built); a part of the run that needs other settings
+    makes a copy of its own.
 
     Args:
-        cfg: the run config.
-        run_dir: the run folder.
         mode: ``sync`` (sota/grpo.py) or ``async`` (sota/grpo-async.py); some settings suit one loop only.
         rewards: reward functions given as Python objects, checked now and added wherever an environment is built.
     """
@@ -120,18 +118,16 @@ def describe_run(run: RunContext, mode: str) -> str:
 
 
 def make_train_env(run: RunContext):
-    """The training environment: ``cfg.env``'s task with the run's reward functions, on the run's devices, built
-    once by the driver before any engine starts: the one :func:`make_run` built (with ``train.prompt_epochs``),
-    else built now."""
+    """The training environment, built once by the driver before any engine starts: the one :func:`make_run`
+    built, else built now."""
     if run.train_env is not None:
         return run.train_env
     return make_env(run.cfg, run.tokenizer, devices=run.devices, rewards=run.rewards)
 
 
 def build_train_env(cfg, tokenizer, *, devices=None, rewards: Sequence[RewardFunction] = ()):
-    """The training environment of :func:`make_train_env`, built before the config is final: with
-    ``train.prompt_epochs`` set it then fixes ``cfg.train.steps`` from its prompts (:func:`resolve_prompt_epochs`),
-    which everything after it reads (stopping, evaluation, actors' copies)."""
+    """The training environment of :func:`make_train_env`, built before the config is final; with
+    ``train.prompt_epochs`` it sets ``cfg.train.steps`` (:func:`resolve_prompt_epochs`)."""
     env = make_env(cfg, tokenizer, devices=devices, rewards=rewards)
     resolve_prompt_epochs(cfg, len(env))
     return env
@@ -139,16 +135,12 @@ def build_train_env(cfg, tokenizer, *, devices=None, rewards: Sequence[RewardFun
 
 def resolve_prompt_epochs(cfg, num_prompts: int) -> int:
     """Set ``cfg.train.steps`` to ``ceil(train.prompt_epochs * num_prompts / env.prompts_per_step)`` when
-    ``train.prompt_epochs`` is set (it wins over ``train.steps``), log the count and return the run's steps.
-
-    ``num_prompts``: the training prompts after loading and skipping over-long ones (``len(env)``). The product is
-    taken on the decimal value of ``prompt_epochs`` (0.1 is 1/10, not the float just above it), so a whole number
-    of steps is not rounded up to the next one.
-    """
+    ``train.prompt_epochs`` is set (it wins over ``train.steps``) and log it; returns the run's steps."""
     epochs = cfg.train.prompt_epochs
     if epochs is None:
         return cfg.train.steps
     per_step = cfg.env.prompts_per_step
+    # On the decimal value (0.1 is 1/10, not the float above it), so a whole number of steps is not rounded up.
     steps = max(1, math.ceil(Fraction(repr(float(epochs))) * num_prompts / per_step))
     cfg.train.steps = steps
     log.info(

@@ -31,13 +31,7 @@ class RunOutcome:
 
 
 class StepLog:
-    """The steps' rows and the reward curve of one run.
-
-    Args:
-        cfg: the run config (``train.steps``, ``logger.num_examine``, ``logger.examine_every``).
-        run_dir: the run folder.
-        logger: the run's logger.
-    """
+    """The steps' rows and the reward curve of one run."""
 
     def __init__(self, cfg, run_dir: Path, logger: RunLogger):
         self.cfg = cfg
@@ -47,10 +41,7 @@ class StepLog:
         self.rewards: list[float] = []
 
     def record(self, metrics: dict, batch, failure_examples: list[dict] = (), console_suffix: str = "") -> None:
-        """Log the step after :attr:`step` (metrics, reward failures, console line, sample table), then count it.
-
-        The step is counted only once its row is written, so a checkpoint of a step never lacks its row.
-        """
+        """Log the step after :attr:`step` (metrics, reward failures, console line, sample table), then count it."""
         step = self.step + 1
         self.logger.log(step, metrics)
         self.logger.log_trained(step, batch)
@@ -60,7 +51,7 @@ class StepLog:
         if self.cfg.logger.num_examine and (step == 1 or step % every == 0):
             reward_keys = [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")]
             self.logger.log_samples(step, batch, self.cfg.logger.num_examine, reward_keys)
-        self.step = step
+        self.step = step  # counted once its row is written, so a checkpoint of a step never lacks its row
         self.rewards.append(float(metrics["reward_mean"]))
 
     def rewind(self, step: int, rewards: list[float]) -> None:
