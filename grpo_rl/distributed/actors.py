@@ -50,16 +50,11 @@ COLLECTOR_COUNTERS = (
 
 
 class CollectorWorker:
-    """Generates and scores batches with its engine as fast as the buffer accepts them.
-
-    Replica ``r`` of ``R`` collects the batches ``b`` of the prompt stream with ``b % R == r`` that were not
-    consumed yet (:class:`~grpo_rl.rollout.source.StreamPosition`), each seeded as step ``b``: the replicas share
-    the synchronous loop's stream out between them, and a resumed run regenerates exactly what was not consumed.
+    """Generates and scores batches with its engine as fast as the buffer accepts them: replica ``r`` of
+    ``num_replicas`` collects the stream's batches ``b`` with ``b % num_replicas == r`` not consumed yet.
 
     Args:
-        spec: this actor's slice of the run context.
         buffer: the buffer actor handle (anything with ``put(batch, timeout) -> bool``).
-        num_replicas: how many collectors feed the buffer.
         poll_seconds: how often a blocked put wakes up to check for :meth:`stop`.
         timeout: seconds a call to the buffer may take (``pipeline.timeout_seconds``).
     """
@@ -85,7 +80,8 @@ class CollectorWorker:
         self._push_error: BaseException | None = None  # an in-flight push that failed, raised by the loop
         self._receiver = None  # the collective transport's receiving end (connect_collective)
         self._stop = threading.Event()
-        self._engine_call_started: float | None = None  # time.monotonic() of the engine call under way
+        # time.monotonic() of the engine call under way: past pipeline.timeout_seconds the driver replaces this one
+        self._engine_call_started: float | None = None
         self._stats = dict.fromkeys(COLLECTOR_COUNTERS, 0)
         self.evaluator = make_evaluator(self.run_ctx, self.engine) if self.replica == 0 else None
 
@@ -100,16 +96,14 @@ class CollectorWorker:
         return ray.get_runtime_context().get_node_id()
 
     def engine_call_seconds(self) -> float:
-        """How long the engine call under way has run (0 when none is): past ``pipeline.timeout_seconds`` the
-        driver takes this collector for hung and replaces it."""
+        """How long the engine call under way has run (0 when none is)."""
         started = self._engine_call_started
         return 0.0 if started is None else time.monotonic() - started
 
     def set_weights(self, packet) -> None:
-        """Queue new weights; they are loaded before the next generation call (the newest packet wins). With
-        in-flight updates (``pipeline.inflight_updates``, a served engine) they are pushed to the server at once,
-        under the answers it is generating."""
-        if self.inflight:
+        """Queue new weights, loaded before the next generation call (the newest packet wins), or with in-flight
+        updates push them to the server at once."""
+        if self.inflight:  # a served engine takes them under the answers it is generating
             with self._push_lock:
                 if packet.version > self.version:
                     try:
@@ -160,9 +154,8 @@ class CollectorWorker:
         self._stats["weight_load_seconds"] += time.perf_counter() - t0
 
     def run(self, position: dict | None = None) -> dict:
-        """Collect until :meth:`stop`, from the stream ``position`` (a
-        :meth:`~grpo_rl.rollout.source.StreamPosition.state_dict`; None: the start); each batch goes to the buffer
-        (blocking while it is full)."""
+        """Collect until :meth:`stop` from the stream ``position`` (a :class:`~grpo_rl.rollout.source.StreamPosition`
+        state dict; None: the start), putting each batch in the buffer."""
         import ray
 
         env = self.collector.env
@@ -183,7 +176,7 @@ class CollectorWorker:
             with self._engine_lock:
                 self._load_pending_weights()
                 self._engine_call_started = time.monotonic()
-                try:
+                try:  # seeded as step index: a resumed run regenerates exactly what was not consumed
                     batch, cs = self.collector.collect(index, self.version)
                 finally:
                     self._engine_call_started = None
@@ -231,8 +224,8 @@ class CollectorWorker:
         self._stop.set()
 
     def rearm(self) -> None:
-        """After :meth:`stop`, when the stream is taken back to a checkpoint: :meth:`run` may be called again, and
-        the checkpoint's weights (an older version) are taken when pushed."""
+        """After :meth:`stop`, when the stream is taken back to a checkpoint: let :meth:`run` be called again and
+        take the checkpoint's (older) weights when pushed."""
         self._stop.clear()
         self._push_error = None
         self.version = -1
@@ -247,20 +240,17 @@ class CollectorWorker:
 
 def replica_indices(position: dict | None, replica: int, num_replicas: int) -> Iterator[tuple[int, bool]]:
     """The stream's batch indices from ``position`` on, each with whether replica ``replica`` of ``num_replicas``
-    collects it: its own share (``index % num_replicas == replica``) minus what was consumed before a resume."""
+    collects it."""
     index = int(position.get("next_index", 0)) if position else 0
     consumed = set(position.get("consumed", ())) if position else set()
     while True:
+        # its own share of the synchronous loop's stream, minus what was consumed before a resume
         yield index, index % num_replicas == replica and index not in consumed
         index += 1
 
 
 class RefWorker:
-    """One replica of the reference stage: the frozen reference model on this actor's device.
-
-    Args:
-        spec: this actor's slice of the run context.
-    """
+    """One replica of the reference stage: the frozen reference model on this actor's device."""
 
     def __init__(self, spec: ActorSpec):
         quiet_start()

@@ -101,7 +101,6 @@ class TakeResult:
         batch: the fresh groups of one entry (``None`` when the buffer was closed or the wait timed out).
         staleness: ``[n]`` ``current_version - policy_version`` of each returned sample.
         dropped: samples (rows of whole groups) dropped as too stale during this call.
-        wait_seconds: time spent waiting for an entry.
         consumed: the ``batch_index`` of every entry this call popped, returned or dropped (entries that carry one).
         reports: with a batch, the newest counters of every producer (``{producer: {counter: value}}``) and this
             buffer's own :meth:`RolloutBuffer.stats` under its ``name``; empty otherwise.
@@ -181,10 +180,9 @@ class RolloutBuffer:
         reports: dict[str, dict] | None = None,
         failure_examples: list[dict] | None = None,
     ) -> bool:
-        """Append ``batch``, waiting while the buffer is full. Returns False if closed or timed out first.
-
-        ``reports`` (``{producer: counters}``) and ``failure_examples`` are kept only when the batch is: a retried
-        put carries them again."""
+        """Append ``batch`` with its ``reports`` (``{producer: counters}``) and ``failure_examples``, waiting while the
+        buffer is full; False if closed or timed out first (then nothing is kept: a retried put carries them again).
+        """
         if self.max_staleness is not None and "group_id" not in batch.keys():
             raise ValueError("the staleness gate keeps or drops whole groups: the batch needs a 'group_id' [N]")
         t0 = time.perf_counter()
@@ -211,8 +209,8 @@ class RolloutBuffer:
 
     def admit(self, index: int, engine_version: int, timeout: float | None = None) -> bool:
         """Wait until batch ``index``, started now with the weights of ``engine_version``, can be admitted without
-        any pending batch going stale (see the module docstring); True once admitted, False if closed or timed out
-        first (the caller loads newer weights, if any arrived, and asks again)."""
+        any pending batch going stale (module docstring); False if closed or timed out first (the caller loads
+        newer weights, if any arrived, and asks again)."""
         with self._cond:
             # A batch admitted again was owed by a producer that was lost before it delivered: its replacement.
             if self._pending.pop(int(index), None) is not None:
@@ -295,8 +293,7 @@ class RolloutBuffer:
             self._cond.notify_all()
 
     def delivered(self, above: int = 0) -> list[int]:
-        """The batch indices put so far that are ``>= above`` (a lost producer's replacement skips them: they were
-        handed over, or are waiting in this buffer)."""
+        """The batch indices put so far that are ``>= above`` (handed over, or waiting in this buffer)."""
         with self._cond:
             self._delivered_floor = max(self._delivered_floor, above)
             self._delivered = {b for b in self._delivered if b >= self._delivered_floor}

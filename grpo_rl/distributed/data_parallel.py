@@ -24,11 +24,8 @@ from grpo_rl.model.packing import group_spans
 
 
 class GradientAllReduce:
-    """Collectives the learner calls once per optimizer step (all ranks must call them in the same order).
-
-    Args:
-        group: the process group (default: the world).
-    """
+    """Collectives the learner calls once per optimizer step over ``group`` (default: the world); all ranks must
+    call them in the same order."""
 
     def __init__(self, group=None):
         self.group = group
@@ -78,17 +75,13 @@ class GradientAllReduce:
 
 
 def shard_batch(batch: TensorDict, num_shards: int) -> list[TensorDict]:
-    """Cut ``batch`` into ``num_shards`` consecutive pieces of whole groups with about equal rows.
-
-    Groups (runs of rows with the same ``group_id``) stay on one rank, so shared-prompt packing keeps working. With
-    fewer groups than shards, rows are split evenly instead (a partial group is still a group); a shard is
-    empty only when there are fewer rows than shards.
-    """
+    """Cut ``batch`` into ``num_shards`` consecutive pieces of whole groups with about equal rows; a shard is empty
+    only when there are fewer rows than shards."""
     n = batch.batch_size[0]
     spans = group_spans(batch["group_id"]) if n else []
-    if len(spans) < num_shards:
+    if len(spans) < num_shards:  # rows split evenly instead (a partial group is still a group)
         bounds = [round(i * n / num_shards) for i in range(num_shards + 1)]
-    else:
+    else:  # a group stays on one rank, so shared-prompt packing keeps working
         ends = [end for _, end in spans]  # the row after each group
         bounds = [0]
         for k in range(1, num_shards):

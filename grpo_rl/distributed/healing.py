@@ -22,21 +22,15 @@ log = logging.getLogger(__name__)
 
 
 class Restarts:
-    """Each role's replacements in one run, against a budget of ``max_restarts`` per role.
-
-    Args:
-        max_restarts: replacements allowed per role (``pipeline.max_restarts``); 0 ends the run at the first loss.
-        run_dir: where ``restarts.jsonl`` is appended (None: nowhere).
-
-    Thread-safe: the reference stage replaces its replicas from a thread of its own.
-    """
+    """Each role's replacements in one run, against a budget of ``max_restarts`` per role (0 ends the run at the
+    first loss), appended to ``run_dir/restarts.jsonl`` when given."""
 
     def __init__(self, max_restarts: int, run_dir: Path | str | None = None):
         self.max_restarts = max_restarts
         self.path = Path(run_dir) / "restarts.jsonl" if run_dir is not None else None
         self.counts: dict[str, int] = {}
         self._seconds_since_report = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the reference stage replaces its replicas from a thread of its own
 
     def register(self, role: str) -> None:
         """``role`` can be replaced: its count (0 so far) is in :meth:`metrics` from the first step."""
@@ -99,7 +93,7 @@ def died_how(error: BaseException) -> str:
 
 def record_pids(run_dir: Path | str, role: str, pids: list[int]) -> None:
     """Write ``role``'s worker process ids into ``<run_dir>/processes.json`` (one list per role, replaced as
-    workers are): what a person or a test signals to stop one."""
+    workers are), for a person or a test to signal."""
     path = Path(run_dir) / "processes.json"
     try:
         table = json.loads(path.read_text())

@@ -155,11 +155,8 @@ def dist_rank() -> int:
 
 
 class LearnerGroup:
-    """``len(run.devices.train)`` learner ranks behind the ``Learner`` interface (see the module docstring).
-
-    Args:
-        run: the run context (Ray must be running; each rank gets its slice, threads included).
-    """
+    """``len(run.devices.train)`` learner ranks behind the ``Learner`` interface (module docstring); Ray must be
+    running."""
 
     def __init__(self, run: RunContext):
         import ray

@@ -43,10 +43,9 @@ log = logging.getLogger(__name__)
 
 
 class AsyncRollouts:
-    """Collector, buffer and (optionally) reference actors of one run.
+    """Collector, buffer and (optionally) reference actors of one run; Ray must be running.
 
     Args:
-        run: the run context (Ray must be running).
         env: an environment of the run at the start of the stream (the driver's copy; it tracks the stream
             position, see :class:`~grpo_rl.rollout.source.StreamPosition`).
         reference: the reference stage, when the reference runs as actors (scored batches come out of this source
@@ -55,8 +54,8 @@ class AsyncRollouts:
             collector; a lost one is started again with its collector.
         restarts: the run's replacement budget and record (default: one of ``pipeline.max_restarts``).
         weight_sync: builds the run's weight sync over the collector actors once they have started
-            (:func:`~grpo_rl.run.roles.make_weight_sync`); the source keeps it as :attr:`weight_sync`, and a
-            replacement collector gets the newest push from it.
+            (:func:`~grpo_rl.run.roles.make_weight_sync`); kept as :attr:`weight_sync`, it gives a replacement
+            collector the newest push.
     """
 
     def __init__(
@@ -117,8 +116,7 @@ class AsyncRollouts:
             self.wait_started()
 
     def wait_started(self) -> None:
-        """Wait until the collectors, the buffers and the reference stage have started (once; with ``wait=False``
-        the caller loads the learner meanwhile, and every actor starts at the same time). Raises
+        """Wait (once) until the collectors, the buffers and the reference stage have started. Raises
         :class:`RoleFailed` naming the role if one fails or takes past ``pipeline.timeout_seconds``."""
         if self.pids:
             return
@@ -507,8 +505,9 @@ def step_rates(prev: dict[str, float], now: dict[str, float], seconds: float) ->
 
 
 def collector_options(run: RunContext) -> dict:
-    """Ray options of a collector actor. Where its engine is a server, it alone of the run's actors gets the engine
-    key: a runtime_env is stored in Ray's GCS, and learners and reference replicas never talk to a server."""
+    """Ray options of a collector actor; where its engine is a server, it alone of the run's actors gets the engine
+    key."""
+    # only here: a runtime_env is stored in Ray's GCS, and learners and reference replicas never talk to a server
     key = os.environ.get(KEY_ENV) if run.placement.served else None
     # SPREAD: across the nodes of a cluster, so that a lost node takes as few collectors as it can
     return run.placement.collector.ray_options(

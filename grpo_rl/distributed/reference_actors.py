@@ -25,16 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class ReferenceActors:
-    """``len(run.placement.reference.devices)`` reference replicas as Ray actors.
-
-    A replica that dies, or does not answer within ``timeout``, is replaced on its devices and the batch is scored
-    again, up to ``pipeline.max_restarts`` times in the run (:class:`~grpo_rl.distributed.healing.Restarts`).
-
-    Args:
-        run: the run context (Ray must be running).
-        timeout: seconds one scoring call may take (``pipeline.timeout_seconds``).
-        restarts: the run's replacement budget and record (default: one of ``pipeline.max_restarts``).
-    """
+    """``len(run.placement.reference.devices)`` reference replicas as Ray actors; one that dies or does not answer
+    within ``timeout`` seconds is replaced and the batch scored again, within ``restarts``."""
 
     def __init__(self, run: RunContext, timeout: float, restarts: Restarts | None = None, *, wait: bool = True):
         self.run, self.timeout = run, timeout
@@ -46,8 +38,8 @@ class ReferenceActors:
             self.wait_started()
 
     def wait_started(self) -> None:
-        """Wait until every replica has started (once; ``wait=False`` lets the caller start other roles
-        meanwhile). Raises :class:`RoleFailed` naming the role if one fails or takes past the timeout."""
+        """Wait (once) until every replica has started. Raises :class:`RoleFailed` naming the role if one fails or
+        takes past the timeout."""
         if self.pids is None:
             self.pids = wait_ready(self.actors, "reference replica", self.timeout)
             record_pids(self.run.run_dir, "reference", self.pids)

@@ -79,20 +79,17 @@ def _default_mesh(model: torch.nn.Module) -> DeviceMesh:
 def shard_model(
     model: torch.nn.Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True
 ) -> torch.nn.Module:
-    """Shard an HF causal LM in place over ``mesh``: one FSDP unit per decoder layer, then the root.
+    """Shard the HF causal LM ``model`` (not a LoRA model), already on its device, in place over ``mesh``: one FSDP
+    unit per decoder layer, then the root; returns it, now an :class:`~torch.distributed.fsdp.FSDPModule`.
 
-    Call it after ``init_process_group`` and before building the :class:`~grpo_rl.training.learner.Learner` (whose
-    optimizer must see the sharded parameters), with the model already on its device.
+    Call it after ``init_process_group`` and before building the :class:`~grpo_rl.training.learner.Learner`, whose
+    optimizer must see the sharded parameters.
 
     Args:
-        model: the policy (a plain HF causal LM with ``get_decoder().layers``; not a LoRA model).
         mesh: a 1-D data-parallel mesh (default: the whole default process group, on the model's device type).
         reshard_after_forward: free each layer's gathered weights after its forward and gather them again in
             backward (less memory); False keeps them until backward (less communication). The root always
             keeps its weights until backward.
-
-    Returns:
-        ``model``, now an :class:`~torch.distributed.fsdp.FSDPModule`.
     """
     if is_lora(model):
         raise ValueError("shard_model does not shard LoRA models; use GradientAllReduce data parallelism")
@@ -113,25 +110,16 @@ def shard_model(
 
 
 class ShardedDataParallel(GradientAllReduce):
-    """The learner's collectives for a model sharded by :func:`shard_model`.
-
-    Shares, the finite check and diagnostics are summed over ranks as by ``GradientAllReduce``; the gradients
-    are already summed, by FSDP's reduce-scatter in backward, so :meth:`sum_gradients` does nothing.
-
-    Args:
-        group: the process group (default: the world); the one the model was sharded over.
-    """
+    """The learner's collectives for a model sharded by :func:`shard_model` over ``group`` (default: the world);
+    as ``GradientAllReduce``, except that FSDP's reduce-scatter already summed the gradients."""
 
     def sum_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Nothing to do: each rank's ``.grad`` is already its shard of the sum over ranks."""
 
 
 def full_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The full weights in HF naming, on rank 0's CPU (an empty list on the other ranks); every rank must call.
-
-    Tied weights appear under every name (``lm_head.weight`` and ``model.embed_tokens.weight``), as in
-    ``model.state_dict()``, so a receiver loading by name finds both.
-    """
+    """The full weights in HF naming, on rank 0's CPU (an empty list on the other ranks); every rank must call."""
+    # tied weights under every name, as in model.state_dict(), so a receiver loading by name finds both
     return list(get_model_state_dict(model, options=GATHER_TO_RANK0).items())
 
 
@@ -141,10 +129,8 @@ def load_full_model_state(model: torch.nn.Module, state_dict: dict[str, torch.Te
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's full state keyed by parameter name, on rank 0's CPU (``{}`` elsewhere); every rank must call.
-
-    The result shares no tensor with the optimizer, so it stays as it is while training goes on.
-    """
+    """The optimizer's full state keyed by parameter name, on rank 0's CPU (``{}`` elsewhere), sharing no tensor
+    with the optimizer; every rank must call."""
     state = get_optimizer_state_dict(model, optimizer, options=GATHER_TO_RANK0)
     # DCP gathers DTensors into new tensors but hands back plain CPU tensors (AdamW's ``step``) as they are: a
     # learner loaded from this state would otherwise share its step counters with this one.
