@@ -48,15 +48,9 @@ class Collector:
     """Draws prompts from ``env``, samples ``group_size`` answers each with ``engine``, and scores them.
 
     Args:
-        env: the environment.
-        engine: the rollout engine.
-        tokenizer: decodes sampled tokens.
-        group_size: ``G``.
-        max_new_tokens, temperature, top_p, top_k: sampling.
         seed: base seed; the request for prompt ``i`` of step ``s`` is seeded from ``(seed, s, i)``.
         tools: with tools and ``max_turns > 1``, each answer is a multi-turn episode in which the model may call them
             (:mod:`grpo_rl.envs.multiturn`); the reward scores its last turn.
-        max_turns: model turns per episode, at most.
         max_total_tokens: the engine's context length (prompt and every turn), for multi-turn episodes.
     """
 

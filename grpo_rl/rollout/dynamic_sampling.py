@@ -105,14 +105,9 @@ def combine_round_metrics(rounds: list[tuple[dict, int]]) -> dict[str, float]:
 
 
 class DynamicSampling:
-    """A rollout source that draws from ``source`` until a step has ``groups`` groups with varied rewards.
-
-    Args:
-        source: the loop's rollout source (evaluation, checkpoints and closing go to it).
-        groups: groups per step, ``env.prompts_per_step``.
-        max_extra_rounds: batches drawn beyond the first, at most.
-        pad_id: the tokenizer's padding id (batches of different rounds are padded to a common width).
-    """
+    """A rollout source that draws from ``source`` until a step has ``groups`` (``env.prompts_per_step``) groups
+    with varied rewards, in at most ``max_extra_rounds`` batches beyond the first; evaluation, checkpoints and
+    closing go to ``source``, and ``pad_id`` pads the rounds' batches to a common width."""
 
     def __init__(self, source, *, groups: int, max_extra_rounds: int, pad_id: int):
         self.source = source

@@ -68,8 +68,8 @@ def success_component(cfg) -> str | None:
 
 
 def eval_config(cfg):
-    """A copy of ``cfg`` whose ``env`` serves the held-out prompts in file order, ``eval.num_prompts`` at a time
-    (read-only as ``cfg`` is: the run's config is)."""
+    """A copy of ``cfg`` whose ``env`` serves the held-out prompts in file order, ``eval.num_prompts`` at a time,
+    read-only as ``cfg`` is."""
     ev = copy.deepcopy(cfg)
     OmegaConf.set_readonly(ev, False)  # a copy of its own to change; the run's config stays as it is
     ev.env.shuffle = False
@@ -85,14 +85,8 @@ class Evaluator:
 
     Args:
         env: the held-out environment (unshuffled, ``prompts_per_step`` = prompts per evaluation).
-        engine: the rollout engine to evaluate.
-        tokenizer: the policy's tokenizer.
-        pass_k: k (0: no sampled pass).
-        num_samples: answers sampled per prompt for pass@k (>= ``pass_k``).
-        temperature: temperature of the sampled answers.
-        max_new_tokens: answer length limit.
+        pass_k: k (0: no sampled pass); ``num_samples`` (>= ``pass_k``) answers are sampled per prompt.
         success_component: reward component marking a solved answer; None: total reward >= 1.
-        seed: base seed of the sampled answers.
         every: evaluate in :meth:`maybe_evaluate` every this many steps (0: never).
     """
 
@@ -205,7 +199,7 @@ def due_for_evaluation(every: int, step: int, last_step: int) -> bool:
 
 
 def make_eval_env(run, *, every: int | None = None):
-    """The held-out environment ``cfg.eval`` asks for (read and checked now, before any engine starts); None when
+    """The held-out environment ``cfg.eval`` asks for, read and checked before any engine starts; None when
     ``eval.every`` is 0 (and ``every`` not given)."""
     cfg = run.cfg
     if not (cfg.eval.every if every is None else every):
@@ -223,8 +217,8 @@ def make_eval_env(run, *, every: int | None = None):
 
 
 def make_evaluator(run, engine, *, every: int | None = None, env=None) -> Evaluator | None:
-    """The evaluator ``cfg.eval`` asks for, on ``engine``; None when ``eval.every`` is 0 (and ``every`` not given).
-    ``env``: the held-out environment from :func:`make_eval_env` (default: built here)."""
+    """The evaluator ``cfg.eval`` asks for, on ``engine`` and ``env`` (default: :func:`make_eval_env`); None when
+    ``eval.every`` is 0 (and ``every`` not given)."""
     cfg = run.cfg
     in_training = every is None
     every = cfg.eval.every if in_training else every

@@ -38,9 +38,7 @@ class Rollout:
 
     Attributes:
         batch: the scored batch, ``[N]`` (see :mod:`grpo_rl.rollout.collector` for the keys, plus ``batch_index``).
-        metrics: rollout-side metrics of this step, under the names both loops log (``generation_seconds``,
-            ``reward_seconds``, ``reward_failures``, ``generation_tokens_per_second``, and the asynchronous
-            loop's staleness and buffer metrics).
+        metrics: rollout-side metrics of this step, under the names both loops log.
         failure_examples: failing reward calls (component, error, answer), for ``reward_failures.jsonl``.
     """
 
@@ -54,7 +52,7 @@ class RolloutSource(Protocol):
 
     def next_batch(self, version: int, should_stop: Callable[[], bool] = lambda: False) -> Rollout | None:
         """The next batch to train on at learner ``version``; None when ``should_stop()`` turned true while the
-        source waited (a source that collects the batch itself, in this process, does not wait)."""
+        source waited."""
         ...
 
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
@@ -69,19 +67,15 @@ class RolloutSource(Protocol):
 
     def rewind(self) -> None:
         """Drop whatever was collected ahead, so that :meth:`load_state_dict` can take the stream back to a
-        checkpoint's position (the run starts a lost learner again from there)."""
+        checkpoint's position."""
         ...
 
     def close(self) -> None: ...
 
 
 class StreamPosition:
-    """Which batches of the prompt stream were consumed, and the environment's state at the first one that was not.
-
-    Args:
-        env: an environment of the run, at the start of the stream; it is advanced with the watermark (a reset per
-            batch: a few list lookups, no tokenisation) and only its ``state_dict`` is used.
-    """
+    """Which batches of the prompt stream were consumed, and the state of ``env`` (an environment of the run at the
+    start of the stream) at the first one that was not."""
 
     def __init__(self, env):
         self.env = env
@@ -97,7 +91,7 @@ class StreamPosition:
             self.consumed.add(b)
         while self.next_index in self.consumed:
             self.consumed.remove(self.next_index)
-            self.env.reset()
+            self.env.reset()  # a few list lookups, no tokenisation; only the env's state_dict is used
             self.next_index += 1
 
     def state_dict(self) -> dict:
@@ -118,11 +112,9 @@ class InProcessRollouts:
     """The synchronous loop's source: collect batch ``b`` with ``collector`` when asked, with the current weights.
 
     Args:
-        collector: the collector (engine + environment) of this process.
         evaluator: the held-out evaluation on the same engine, or None (``eval.every=0``).
         heal: called with the :class:`~grpo_rl.errors.RoleFailed` of a collection that failed; True when it put
-            the engine right (an engine server started again), and the batch is then collected again. None: the
-            failure ends the run.
+            the engine right, and the batch is then collected again. None: the failure ends the run.
     """
 
     def __init__(
@@ -150,8 +142,7 @@ class InProcessRollouts:
         return Rollout(batch=batch, metrics=metrics, failure_examples=list(cs.failure_examples))
 
     def _collect(self, index: int, version: int):
-        """Batch ``index``; the environment is past it after (its reset draws the prompts), also when a failed
-        attempt is healed and made again."""
+        """Batch ``index``, leaving the environment past it (also when a failed attempt is healed and made again)."""
         env_state = copy.deepcopy(self.collector.env.state_dict())
         while True:
             try:
