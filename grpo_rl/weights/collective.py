@@ -49,10 +49,8 @@ DEFAULT_BUCKET_BYTES = 1 << 30
 
 
 class TransportTimeout(RoleFailed):
-    """A step of the weight broadcast did not complete within ``timeout_seconds``, or its peer went away.
-
-    The transport is closed when this is raised; connect a new one to go on.
-    """
+    """A step of the weight broadcast did not complete within ``timeout_seconds``, or its peer went away; the
+    transport is closed, connect a new one to go on."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +88,8 @@ class WeightLayout:
 def plan_layout(
     named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
 ) -> tuple[WeightLayout, list[torch.Tensor]]:
-    """The layout of ``named`` and its unique tensors, one per slot in slot order.
-
-    Tensors are grouped by dtype in order of first appearance. A new buffer starts where the next tensor would
-    take the current one past ``bucket_bytes``, which bounds the extra memory a push takes on either side.
-    """
+    """The layout of ``named`` (grouped by dtype, split at ``bucket_bytes``) and its unique tensors, one per slot in
+    slot order."""
     unique, aliases = split_aliases(named)
     by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
     for name, t in unique.items():
@@ -105,6 +100,7 @@ def plan_layout(
     for dtype, group in by_dtype.items():
         dtype_name, numel = str(dtype).removeprefix("torch."), 0
         for name, t in group:
+            # a new buffer before one would pass bucket_bytes: it bounds the extra memory a push takes on either side
             if numel and (numel + t.numel()) * t.element_size() > bucket_bytes:
                 buffers.append((dtype_name, numel))
                 numel = 0
@@ -136,10 +132,8 @@ def _make_group(
 
 
 class WeightBroadcast:
-    """One member of the weight-broadcast group: the sender (rank 0, the learner) or a receiver (an engine).
-
-    Build it with :meth:`connect`; see the module docstring for the wire format.
-    """
+    """One member of the weight-broadcast group: the sender (rank 0, the learner) or a receiver (an engine); build
+    it with :meth:`connect` (wire format: module docstring)."""
 
     def __init__(
         self,
@@ -172,12 +166,11 @@ class WeightBroadcast:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         store: dist.TCPStore | None = None,
     ) -> WeightBroadcast:
-        """Join the group; returns once all ``world_size`` members have joined.
+        """Join the group as ``rank`` (0: the learner, 1..world_size-1: the engine processes); returns once all
+        ``world_size`` members have joined.
 
         Args:
             address, port: the rendezvous, which rank 0 hosts (a ``TCPStore`` listening on ``address:port`` only).
-            rank: 0 for the learner, 1..world_size-1 for the engine processes.
-            world_size: 1 + the number of engine processes.
             device: where the buffers live; ``cuda`` uses NCCL, ``cpu`` gloo.
             timeout_seconds: the limit of each blocking step (``pipeline.timeout_seconds``).
             bucket_bytes: the size at which a dtype's flat buffer is split (sender side).
@@ -270,9 +263,8 @@ class WeightBroadcast:
             self._broadcast(flat.view(torch.uint8), f"buffer {index} ({dtype}) of version {version}")
 
     def receive(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        """The next push: its version and ``(name, tensor)`` pairs, aliases included, on the transport's device.
-
-        The tensors are views into the received buffers (an alias is the very tensor of its target).
+        """The next push: its version and ``(name, tensor)`` pairs, aliases included, on the transport's device, as
+        views into the received buffers.
 
         Raises:
             TransportTimeout: the learner did not send a part within ``timeout_seconds``.
@@ -301,11 +293,8 @@ class WeightBroadcast:
         return version, list(tensors.items()) + [(alias, tensors[name]) for alias, name in self._layout.aliases.items()]
 
     def close(self) -> None:
-        """Leave the group (idempotent).
-
-        It aborts rather than shuts down, since a peer may be gone or mid-broadcast; data still in flight is lost,
-        so the sender closes after the receivers have reported the last push.
-        """
+        """Leave the group (idempotent); data still in flight is lost, so the sender closes after the receivers
+        have reported the last push."""
         if self._group is not None:
-            self._group.abort()
+            self._group.abort()  # not a shutdown: a peer may be gone or mid-broadcast
         self._group, self._store = None, None

@@ -23,13 +23,8 @@ from grpo_rl.weights.sync import WeightPacket, unpack_weights, wait_for_collecto
 
 
 class CollectiveWeightSync:
-    """Broadcast pushes from this process to ``collectors``.
-
-    Args:
-        collectors: collector actor handles.
-        device: the learner's device (``cuda``: NCCL; ``cpu``: gloo).
-        timeout: seconds any step may take (``pipeline.timeout_seconds``).
-    """
+    """Broadcast pushes from this process, the learner's (``cuda``: NCCL; ``cpu``: gloo), to ``collectors``, each
+    step within ``timeout`` seconds."""
 
     def __init__(self, collectors: Sequence[Any], *, device: torch.device, timeout: float):
         self.collectors, self.timeout = list(collectors), timeout

@@ -49,13 +49,10 @@ def unique_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[
 
 @dataclass(frozen=True)
 class WeightPacket:
-    """A state dict in the object store, stamped with the learner version it holds.
-
-    ``refs`` is a one-element list so that Ray passes the ``ObjectRef`` through calls instead of resolving it.
-    """
+    """A state dict in the object store, stamped with the learner version it holds."""
 
     version: int
-    refs: list
+    refs: list  # one ObjectRef in a list, so that Ray passes it through calls instead of resolving it
     aliases: dict
 
 
@@ -104,9 +101,9 @@ class WeightSync(Protocol):
     (:meth:`send_newest`)."""
 
     def send_newest(self, replica: int, actor) -> None:
-        """Give ``actor``, the replacement of collector ``replica``, the newest push (nothing before the first: it
-        starts from the model's own weights, version 0). Raises :class:`~grpo_rl.errors.RoleFailed` where
-        ``can_replace`` is False."""
+        """Give ``actor``, the replacement of collector ``replica``, the newest push (none before the first: it
+        starts from the model's own weights). Raises :class:`~grpo_rl.errors.RoleFailed` where ``can_replace`` is
+        False."""
         ...
 
     def push_again(self) -> None:
@@ -117,11 +114,7 @@ class WeightSync(Protocol):
 
 
 class InPlaceWeightSync:
-    """The engine is in this process: reload its weights in place (``engine.update_weights``).
-
-    Args:
-        engine: the rollout engine.
-    """
+    """The engine is in this process: reload its weights in place (``engine.update_weights``)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -159,12 +152,8 @@ class InPlaceWeightSync:
 
 
 class ObjectStoreWeightSync:
-    """CPU transport through Ray's object store; see the module docstring.
-
-    Args:
-        collectors: collector actor handles (:class:`grpo_rl.distributed.actors.CollectorWorker`).
-        timeout: seconds to wait for the previous push's delivery (``pipeline.timeout_seconds``).
-    """
+    """CPU transport through Ray's object store (module docstring) to the ``collectors``, waiting up to ``timeout``
+    seconds for the previous push's delivery."""
 
     def __init__(self, collectors: list[Any], timeout: float | None = None, *, lost_ok: bool = False):
         self.collectors = collectors  # the rollout source's own list: a replaced collector gets the next push
@@ -210,10 +199,8 @@ class ObjectStoreWeightSync:
 
 
 def wait_for_collectors(calls: list, what: str, timeout: float | None, *, lost_ok: bool = False) -> list:
-    """``ray.get`` of one call per collector replica (call ``i`` to replica ``i``) within ``timeout`` seconds.
-
-    With ``lost_ok`` (lost collectors are replaced, and the replacement is given the newest push), a call to an
-    actor that died returns None instead.
+    """``ray.get`` of one call per collector replica (call ``i`` to replica ``i``) within ``timeout`` seconds; with
+    ``lost_ok`` (the replacement gets the newest push) a call to an actor that died returns None.
 
     Raises:
         RoleFailed: on one line, naming the replica that died or failed while doing ``what`` (its own log, above,
