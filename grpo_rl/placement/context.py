@@ -98,14 +98,8 @@ def resolve_run_precision(cfg, devices: DeviceAllocation) -> RolePrecisions:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Where one role's workers run.
-
-    Attributes:
-        role: ``collector``, ``learner``, ``reference`` or ``reward_model``.
-        devices: one device per worker (CPU workers repeat ``cpu``), as allocated on the driver's machine.
-        threads: torch threads of each worker process.
-        actors: True when each worker is a Ray actor, False when the role runs in the driver process.
-    """
+    """Where one role's workers run: one device per worker (CPU workers repeat ``cpu``) and its torch threads, in
+    Ray actors or (``actors=False``) in the driver process."""
 
     role: str
     devices: tuple[torch.device, ...]
@@ -120,9 +114,8 @@ class RolePlacement:
 
     def ray_options(self, *, env: Mapping[str, str] | None = None, **extra: Any) -> dict[str, Any]:
         """``ray.remote(cls).options(...)`` for one of this role's actors: its share of one GPU on a GPU machine
-        (Ray then exposes it as ``cuda:0``), else ``threads`` CPUs; ``OMP_NUM_THREADS`` is set before torch is imported.
-        ``env``: variables for this actor only, on top of :data:`FORWARDED_ENV` (the engine key of a collector that
-        drives a server)."""
+        (Ray then exposes it as ``cuda:0``), else ``threads`` CPUs; ``env``: variables for this actor only, on top of
+        :data:`FORWARDED_ENV`."""
         env = {**{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}, **(env or {})}
         env.update(
             OMP_NUM_THREADS=str(self.threads),
@@ -192,12 +185,13 @@ def cpu_cores() -> int:
 
 def engine_is_served(cfg, devices: DeviceAllocation, mode: str) -> bool:
     """Whether the rollout engines are vLLM servers: ``engine=vllm_server``, or in the synchronous loop a vLLM
-    engine that does not share the learner's device (in-process it would set up CUDA for the whole process)."""
+    engine that does not share the learner's device."""
     engine = cfg.inference_model.engine
     if engine == "vllm_server":
         return True
     if engine != "vllm" or mode != "sync" or cfg.simulate.enabled:
         return False
+    # in-process, vLLM would set up CUDA for the whole process
     return devices.inference[0] != devices.train[0] or devices.inference[0] not in (
         torch.device("cpu"),
         torch.device("cuda", 0),
@@ -205,14 +199,8 @@ def engine_is_served(cfg, devices: DeviceAllocation, mode: str) -> bool:
 
 
 def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | None = None) -> Placement:
-    """Decide where every role runs and with how many threads (see the module docstring).
-
-    Args:
-        cfg: the validated run config.
-        devices: the allocation of :func:`grpo_rl.placement.devices.allocate_devices`.
-        mode: ``sync`` or ``async``.
-        cores: CPU cores to share (default :func:`cpu_cores`).
-    """
+    """Decide where every role runs and with how many threads (module docstring), for the allocation ``devices``
+    of :func:`~grpo_rl.placement.devices.allocate_devices`, sharing ``cores`` (default :func:`cpu_cores`)."""
     cores = cores or cpu_cores()
     uses_ref = needs_reference_model(cfg)
     ref_actors = uses_ref and reference_as_actors(cfg, devices, mode)
@@ -249,26 +237,24 @@ def plan_placement(cfg, devices: DeviceAllocation, mode: str, *, cores: int | No
 
 
 def _share_gpus(*roles: RolePlacement | None) -> list[RolePlacement | None]:
-    """Give each actor role its share of a GPU that actors of several roles hold (one GPU for every role): Ray
-    places an actor only where the GPU share it asks for is free."""
+    """Give each actor role its share of a GPU that actors of several roles hold (one GPU for every role)."""
     holders = Counter(d for p in roles if p is not None and p.actors for d in set(p.devices) if d.type == "cuda")
     shared = []
     for p in roles:
         most = max((holders.get(d, 1) for d in p.devices), default=1) if p is not None and p.actors else 1
+        # Ray places an actor only where the GPU share it asks for is free
         shared.append(p if most == 1 else replace(p, gpu_fraction=1.0 / most))
     return shared
 
 
 def reference_as_actors(cfg, devices: DeviceAllocation, mode: str) -> bool:
-    """``ref_model.placement``: ``actor`` runs the reference as a pipeline stage of its own (one actor per device);
-    ``learner`` scores in the driver, between taking a batch and training on it. ``auto`` picks the stage where it
-    overlaps with the other roles (the asynchronous loop), has GPUs of its own, or shards over several devices, and
-    the driver in the synchronous loop on shared devices, where the roles take turns anyway and a stage would only
-    add a transfer. In the asynchronous loop the stage pays even when its processes share the cores, since it takes
-    the reference pass out of the learner's step (measured; benchmarks/README.md, "The reference as a stage of its
-    own")."""
+    """Whether the reference runs as a pipeline stage of its own (one actor per device), by ``ref_model.placement``
+    (``actor``, ``learner``: in the driver, or ``auto``)."""
     placement = cfg.ref_model.placement
     if placement == "auto":
+        # The stage where it overlaps with the other roles (the asynchronous loop: it pays even on shared cores,
+        # measured in benchmarks/README.md), has GPUs of its own or shards; in the synchronous loop on shared
+        # devices the roles take turns anyway and a stage would only add a transfer.
         own_gpus = devices.on_gpu and not set(devices.ref) & set(devices.train)
         return mode == "async" or own_gpus or len(devices.ref) > 1
     return placement == "actor"
@@ -277,8 +263,7 @@ def reference_as_actors(cfg, devices: DeviceAllocation, mode: str) -> bool:
 @dataclass(frozen=True)
 class RunContext:
     """What every component of a run shares: the config, the devices and where each role runs, the precisions,
-    the model and tokenizer. Fixed once built, as its config is (read-only): a part of the run that needs other
-    settings makes a copy of its own (``dataclasses.replace``, a writable copy of the config)."""
+    the model and tokenizer; read-only, as its config is (a part that needs other settings copies it)."""
 
     cfg: Any
     run_dir: Path
@@ -352,11 +337,7 @@ class ActorSpec:
 
     def enter(self) -> RunContext:
         """Set this process's threads and return its :class:`RunContext`, with every role on the actor's device and
-        the driver's config, read-only.
-
-        The devices were allocated by the driver; inside an actor Ray exposes just the actor's own GPU, so the
-        allocation is not redone (a reward model shares its collector's device).
-        """
+        the driver's config, read-only."""
         from omegaconf import OmegaConf
 
         from grpo_rl.config.schema import GRPOConfig
@@ -365,7 +346,7 @@ class ActorSpec:
         torch.set_num_threads(self.threads)
         cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), self.cfg)
         OmegaConf.set_readonly(cfg, True)  # the driver's config, final: read-only here too
-        d = (self.device,)
+        d = (self.device,)  # allocated by the driver; Ray exposes just this GPU here (a reward model shares it)
         devices = DeviceAllocation(train=d, ref=d, inference=d, reward_model=d if cfg.reward.model_path else ())
         own = RolePlacement(self.role, d, self.threads, actors=False)
         placement = Placement(

@@ -62,14 +62,12 @@ def available_gpus() -> int:
 
 
 def available_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """The cores this process may run on: its CPU affinity (a container's or ``taskset``'s cpuset, where
-    ``os.cpu_count()`` counts every core of the host), capped by a cgroup CPU quota (``docker --cpus=2``: cgroup v2
-    ``cpu.max``, or v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), rounded up; at least 1."""
+    """The cores this process may run on: its CPU affinity capped by a cgroup CPU quota, rounded up; at least 1."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))  # a container's or taskset's cpuset; os.cpu_count() counts the host's
     except (AttributeError, OSError):  # not Linux
         cores = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota(cgroup_root)
+    quota = _cgroup_cpu_quota(cgroup_root)  # docker --cpus=2: cgroup v2 cpu.max, or v1 cpu.cfs_quota_us / period
     if quota is not None:
         cores = min(cores, max(1, math.ceil(quota)))
     return max(1, cores)
@@ -104,8 +102,6 @@ def allocate_devices(
     """Turn the ``train_model``, ``ref_model`` and ``inference_model`` groups into devices.
 
     Args:
-        cfg: the run config (uses ``cfg.<role>.num_devices``, ``cfg.<role>.devices``,
-            ``cfg.ref_model.share_with_train``).
         need_ref: whether a reference model is used (KL on); if not, the ref role takes no device.
         need_reward_model: whether a reward model is used (default: ``cfg.reward.model_path`` is set).
         num_gpus: GPUs on this machine (default: detected).

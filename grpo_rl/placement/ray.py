@@ -38,13 +38,11 @@ def start_ray(
     """Start or join Ray as ``ray_cfg`` says; return True if this call started a local instance.
 
     Args:
-        ray_cfg: the ``ray`` config group.
         min_cpus: logical CPUs the run's actors ask for in total; a local instance gets at least that many
             (oversubscription is then visible in the thread counts, not as an actor that never starts).
-        actor_gpus: the GPUs allocated to roles that run as actors. A local instance is given exactly these
-            (``CUDA_VISIBLE_DEVICES`` while it starts), so Ray never places an actor on a GPU of a role that runs
-            in the driver, such as the learner. A joined cluster places actors on GPUs itself: start its node on
-            the driver's machine without the learner's GPUs (``ray start --num-gpus``).
+        actor_gpus: the GPUs allocated to roles that run as actors, the only ones a local instance is given. A
+            joined cluster places actors on GPUs itself: start its node on the driver's machine without the
+            learner's GPUs (``ray start --num-gpus``).
         withhold: environment variables a local instance's processes must not inherit (a secret only some
             actors are given, in their own ``runtime_env``).
     """
@@ -58,6 +56,7 @@ def start_ray(
         log.info("joined Ray cluster at %s: %s", ray_cfg.address, ray.cluster_resources())
         return False
     num_cpus = max(ray_cfg.num_cpus or available_cpus(), min_cpus)
+    # only these, so Ray never places an actor on a GPU of a role that runs in the driver, such as the learner
     gpu_ids = sorted({d.index for d in actor_gpus if d.type == "cuda"})
     # The Ray processes started now inherit this process's environment: only the actors' GPUs, none of the secrets.
     inherited = {
@@ -98,18 +97,15 @@ _RAY_LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 def _init_on_loopback(**init_kwargs) -> None:
     """``ray.init`` of a local instance whose every server listens on loopback only.
 
-    Ray binds loopback only when its node address is 127.0.0.1, but on Linux ``ray.init`` replaces a loopback
-    ``_node_ip_address`` by the machine's routable address unless Ray's multi-node support is off
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, what Ray does on macOS and Windows). Ray reads that variable into
-    ``ray_constants`` when it is imported, which torchrl's import of Ray has already done here: hence the constant
-    too, while Ray starts. Its processes started now inherit the variable; this process gets both back as they were.
-
     Raises:
         RuntimeError: Ray took another address anyway (a Ray version that decides it differently).
     """
     import ray
     from ray._private import ray_constants
 
+    # Ray binds loopback only at node address 127.0.0.1, which on Linux ray.init replaces by the routable address
+    # unless multi-node support is off (as on macOS and Windows). Ray read the variable into ray_constants when
+    # torchrl imported it: hence the constant too. Ray's processes inherit the variable; this one gets both back.
     before_env, before_flag = os.environ.get(_RAY_LOCAL_ONLY), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[_RAY_LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
     try:
@@ -139,7 +135,7 @@ def stop_ray(started: bool) -> None:
 
 def node_address() -> str:
     """The address Ray gave this node (Ray must be running): 127.0.0.1 for a local instance, else the interface
-    Ray uses between machines. The run's rendezvous listen there and nowhere else."""
+    Ray uses between machines; the run's rendezvous listen there and nowhere else."""
     import ray
 
     return ray.util.get_node_ip_address()
@@ -162,14 +158,11 @@ def on_loopback():
 
 def host_store(address: str, timeout: float, *, port: int = 0):
     """A ``torch.distributed.TCPStore`` server listening on ``address`` only; ``port`` 0 takes a free one (read
-    the store's ``port``).
-
-    torch's store binds every interface whatever host it is given, unless handed a socket already bound
-    (``master_listen_fd``, which it then owns and closes). Binding port 0 here also leaves no moment between
-    choosing a free port and listening on it in which another process could take it.
-    """
+    the store's ``port``)."""
     import torch.distributed as dist
 
+    # Handed a bound socket (which it then owns), the store does not bind every interface; binding port 0 here
+    # also leaves no moment between choosing a free port and listening on it for another process to take it.
     listener = socket.socket(_family(address), socket.SOCK_STREAM)
     try:
         listener.bind((address, port))
@@ -197,8 +190,8 @@ def address_towards(host: str) -> str:
 
 
 def interface_with_address(address: str) -> str:
-    """The name of the network interface holding ``address`` (Linux): what ``GLOO_SOCKET_IFNAME`` and
-    ``NCCL_SOCKET_IFNAME`` take, since gloo's default group and NCCL choose their interface by name only."""
+    """The name of the network interface holding ``address`` (Linux), for ``GLOO_SOCKET_IFNAME`` and
+    ``NCCL_SOCKET_IFNAME``: gloo's default group and NCCL choose their interface by name only."""
     import fcntl
     import struct
 
