@@ -33,16 +33,11 @@ def make_env(
     rewards: Sequence[RewardFunction] = (),
     records: Sequence[dict] | None = None,
 ) -> PromptEnv:
-    """Build the environment of the task ``cfg.env.dataset`` names (:func:`~grpo_rl.envs.tasks.task_of`).
-
-    The task's own reward components come first, then the shared ones (:func:`shared_reward_components`), summed
-    with ``reward.fallback``, ``reward.scale`` and ``reward.bias``; the prompts get
-    :func:`~grpo_rl.envs.tasks.system_prompt`. With ``env.tools``, the environment's ``tool_use``
-    (:class:`~grpo_rl.envs.multiturn.ToolUse`, else None) answers the calls of multi-turn episodes.
+    """Build the environment of the task ``cfg.env.dataset`` names (:func:`~grpo_rl.envs.tasks.task_of`): its
+    prompts with :func:`~grpo_rl.envs.tasks.system_prompt`, its own reward components then the shared ones
+    (:func:`shared_reward_components`), and with ``env.tools`` a ``tool_use`` for multi-turn episodes.
 
     Args:
-        cfg: the run config.
-        tokenizer: the policy's tokenizer (its chat template formats prompts).
         split: data split (default ``cfg.env.split``).
         devices: the run's :class:`~grpo_rl.placement.devices.DeviceAllocation`; a reward model runs on its
             ``reward_model`` device. Default: the CPU.
@@ -105,11 +100,8 @@ def make_env(
 
 
 def _tool_use(env, tokenizer, model_name: str):
-    """The tools of ``env.tools``, answering calls with replies of at most ``env.tool_reply_chars`` characters.
-
-    Raises:
-        ConfigError: the tokenizer's chat template cannot render a tool message (checked here, before any engine).
-    """
+    """The tools of ``env.tools``, answering calls with replies of at most ``env.tool_reply_chars`` characters;
+    raises :class:`ConfigError` (before any engine) when the chat template cannot render a tool message."""
     from grpo_rl.envs.multiturn import ToolMessages, ToolUse
     from grpo_rl.envs.tools.configured import configured_tools
 

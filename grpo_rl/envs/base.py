@@ -83,14 +83,8 @@ def _group_order(group_id: torch.Tensor, group_size: int) -> torch.Tensor | None
 def group_answers(
     answers: Sequence[str] | NonTensorStack, group_size: int, group_id: torch.Tensor | None = None
 ) -> NonTensorStack:
-    """``P * G`` answers as the ``[P, G]`` ``response_text`` action.
-
-    Args:
-        answers: one per row; a flat ``NonTensorStack`` is reshaped, its entries shared, not copied.
-        group_size: ``G``.
-        group_id: each row's prompt (a rollout engine's ``group_id``); None: the answers of one prompt are
-            consecutive, prompt-major.
-    """
+    """``P * G`` ``answers`` (one per row; a flat ``NonTensorStack`` is reshaped, its entries shared) as the
+    ``[P, G]`` ``response_text`` action; ``group_id`` gives each row's prompt (None: consecutive, prompt-major)."""
     stack = answers if isinstance(answers, NonTensorStack) else NonTensorStack(*answers)
     n = stack.batch_size[0] if stack.batch_dims else 0
     if group_size < 1 or n == 0 or n % group_size:
@@ -126,20 +120,12 @@ class PromptEnv(EnvBase):
     """Prompts from records, formatted with a chat template, whose answers a :class:`CompositeReward` scores.
 
     Args:
-        records: data rows.
-        tokenizer: the policy's tokenizer (its chat template formats prompts).
-        reward: the reward to apply in ``step``.
         format_messages: row -> chat messages.
         reference_of: row -> what the reward compares against.
         prompts_per_step: ``P``, the batch size; setting ``env.prompts_per_step`` later rebuilds the specs.
-        max_prompt_tokens: longer prompts are skipped (``too_long="skip"``) or rejected.
-        seed: shuffling seed.
-        shuffle: shuffle the data set each epoch.
-        too_long: ``"skip"`` or ``"error"``.
+        max_prompt_tokens: longer prompts are skipped (``too_long="skip"``) or rejected (``"error"``).
         extra_columns: names of row fields passed through to the reward as keyword lists.
-        tool_use: the tools the model may call in multi-turn episodes (the collector's and the evaluator's, with
-            ``env.max_turns > 1``); None: none.
-        name: the data set's name, for messages.
+        tool_use: the tools the model may call in multi-turn episodes (with ``env.max_turns > 1``); None: none.
     """
 
     def __init__(
@@ -221,19 +207,15 @@ class PromptEnv(EnvBase):
             self.update_specs()
 
     def update_specs(self) -> None:
-        """Build the specs for ``P = prompts_per_step`` and the reward's current components.
-
-        Setting ``prompts_per_step`` calls it, and so does ``reset`` when ``reward.components`` changed; call it
-        after changing them in place, before :func:`~torchrl.envs.utils.check_env_specs` or wrapping the
-        environment in a :class:`~torchrl.envs.TransformedEnv` (which caches the specs it transforms). The specs are
-        rebuilt whole, the way :class:`~torchrl.envs.EnvBase` builds its empty ones, since the batch size changes
-        with them.
-        """
+        """Build the specs for ``P = prompts_per_step`` and the reward's current components; call it after changing
+        the components in place, before ``check_env_specs`` or wrapping the environment in a ``TransformedEnv``
+        (which caches the specs it transforms)."""
         p = self._prompts_per_step
         first = self._rows[0]
         self._spec_components = self._reward_keys()
         locked = self.is_spec_locked
         self.set_spec_lock_(False)
+        # rebuilt whole, as EnvBase builds its empty specs, since the batch size changes with them
         self.__dict__["_batch_size"] = torch.Size([p])
 
         def per_answer() -> Unbounded:  # [P, G, 1], G set by each step's action

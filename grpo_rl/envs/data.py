@@ -80,14 +80,10 @@ _NAMED = {
 
 
 def data_dir() -> pathlib.Path | None:
-    """Returns the local data directory, or None when there is none.
-
-    ``$GRPO_DATA_DIR`` if set (returned even if it does not exist, so a typo shows up
-    as a missing-file error naming it), else ``<repo root>/../shared/data`` if that
-    exists, else None.
-    """
+    """The local data directory: ``$GRPO_DATA_DIR`` if set, else ``<repo root>/../shared/data`` if it exists, else
+    None."""
     env = os.environ.get("GRPO_DATA_DIR")
-    if env:
+    if env:  # even if it does not exist, so that a typo shows up as a missing file naming it
         return pathlib.Path(env).expanduser()
     shared = _REPO_ROOT.parent / "shared" / "data"
     return shared if shared.is_dir() else None
@@ -98,14 +94,10 @@ def _hub_offline() -> bool:
 
 
 def _hub_unreachable(timeout: float = 3.0) -> str | None:
-    """The hub's host when a connection to it fails within ``timeout`` seconds, else None.
-
-    ``datasets`` retries an unreachable hub for about 25 s before it falls back to its cache; this probe lets a run
-    without network go straight to the cache. Behind a proxy (``HTTPS_PROXY`` and the like) a direct connection
-    says nothing, so the probe is skipped and ``datasets`` decides.
-    """
+    """The hub's host when a connection to it fails within ``timeout`` seconds, else None (also behind a proxy)."""
+    # datasets retries an unreachable hub for about 25 s before its cache; this lets a run go straight to the cache.
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None
+        return None  # behind a proxy a direct connection says nothing: datasets decides
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host = url.hostname or "huggingface.co"
     try:
@@ -139,11 +131,8 @@ def _first_line(error: BaseException, limit: int = 200) -> str:
 
 
 def load_hub_records(name: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
-    """The rows of a Hugging Face data set (``env.hub_dataset``), read with
-    ``datasets.load_dataset(name, config, split=split)``.
-
-    Offline (``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` set) or with the hub unreachable, only the local datasets
-    cache is read, without waiting on the network: a data set loaded once before still loads.
+    """The rows of the Hugging Face data set ``name`` (``env.hub_dataset``), by ``datasets.load_dataset``; offline
+    or with the hub unreachable, from the local datasets cache without waiting on the network.
 
     Raises:
         DataFileNotFoundError: the data set cannot be loaded; one line naming it, why, and the fixes (go online, or
@@ -356,32 +345,22 @@ def load_records(
     path: str | Sequence[str] | None = None,
     required_fields: Sequence[str] = (),
 ) -> list[dict]:
-    """Loads a data set as a list of plain dict records.
+    """Loads a data set as a list of plain dict records, in file (and list) order.
 
     Args:
         source: ``"gsm8k"``, ``"ifeval"`` or ``"file"``.
-        split: ``"train"`` or ``"test"`` for gsm8k; ``"train"`` (the only split) for
-            ifeval; ignored for ``"file"``.
-        path: For gsm8k/ifeval, an optional local override: a file, or a directory
-            holding the split file (``train.jsonl``/``test.jsonl`` for gsm8k,
-            ``input_data.jsonl`` for ifeval). For ``"file"``, the ``.jsonl``,
-            ``.json`` or ``.parquet`` file to read (required). Either may be a list:
-            the records of each are concatenated in order, each checked on its own.
-        required_fields: Fields every record must have, in addition to the ones
-            the named data sets always need (gsm8k: ``question``, ``answer``;
-            ifeval: ``key``, ``prompt``, ``instruction_id_list``, ``kwargs``).
-
-    Returns:
-        The records, in file order (and list order).
+        split: ``"train"`` or ``"test"`` for gsm8k; ``"train"`` (the only split) for ifeval; ignored for ``"file"``.
+        path: For gsm8k/ifeval, an optional local override: a file, or a directory holding the split file
+            (``train.jsonl``/``test.jsonl`` for gsm8k, ``input_data.jsonl`` for ifeval). For ``"file"``, the
+            ``.jsonl``, ``.json`` or ``.parquet`` file to read (required). Either may be a list: the records of
+            each are concatenated in order, each checked on its own.
+        required_fields: Fields every record must have, beyond the ones the named data sets always need.
 
     Raises:
-        DataFileNotFoundError: If a file is missing, or the hub is unreachable and no
-            local copy exists; the message says how to point at one. It is a
-            :class:`~grpo_rl.errors.DataError` and a ``FileNotFoundError``.
-        DataError: For an unknown source or split, a file that is not UTF-8 or has a
-            malformed line (file and line number), a record missing a required field
-            (file, row, field, fields present), or an empty data set or file. It is a
-            ``ValueError`` too.
+        DataFileNotFoundError: a file is missing, or the hub is unreachable and no local copy exists; the message
+            says how to point at one (also a ``FileNotFoundError``).
+        DataError: an unknown source or split, a file that is not UTF-8 or has a malformed line, a record missing a
+            required field, or an empty data set or file (also a ``ValueError``).
     """
     paths = _as_paths(path)
     if source == "file":

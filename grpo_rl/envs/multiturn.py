@@ -42,11 +42,8 @@ ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", *CALCULATOR_KINDS, 
 
 
 class ToolMessages:
-    """A tool's reply as token ids, rendered once by ``tokenizer``'s chat template.
-
-    The ids close the assistant turn that made the call (its end-of-turn marker, which the model did not sample
-    because sampling stopped at the end of the call), hold the ``tool`` message, and open the next assistant turn:
-    what the template would put between the call and the model's next words.
+    """A tool's reply as token ids, rendered once by ``tokenizer``'s chat template: what the template puts between
+    the call and the model's next words (the end of the calling turn, the ``tool`` message, the next turn's start).
 
     Raises:
         ValueError: the chat template cannot render a ``tool`` message after an assistant turn as a continuation of
@@ -78,19 +75,12 @@ class ToolMessages:
 
 @dataclass
 class ToolUse:
-    """The tools of an environment, and what a turn's text asks of them.
-
-    Args:
-        tools: the tools by name.
-        max_chars: longest tool reply passed to the model (longer ones are cut, and say so).
-
-    Each call runs under its tool's ``timeout_seconds`` (:func:`~grpo_rl.envs.tools.registry.call_tool`); the calls
-    that ran past it and still run are kept per tool, so that a tool that hangs is not called again while too many
-    of them do.
-    """
+    """The tools of an environment by name, and what a turn's text asks of them; replies past ``max_chars`` are cut
+    (and say so), and each call runs under its tool's ``timeout_seconds``."""
 
     tools: dict[str, Tool]
     max_chars: int = 500
+    # calls past their limit still running, per tool: a tool that hangs is not called while too many of them run
     _abandoned: dict[str, list[threading.Thread]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
@@ -121,27 +111,16 @@ class ToolUse:
 
 @dataclass
 class Episode:
-    """One multi-turn answer.
+    """One multi-turn answer."""
 
-    Attributes:
-        ids: every token after the prompt: the model's and the tool messages'.
-        model: per token of ``ids``, True where the model sampled it.
-        logprobs: per token of ``ids``, the engine's log-prob (0 on tool tokens).
-        turns: model turns sampled.
-        tool_calls: tool calls made (well-formed or not).
-        tool_errors: tool errors by kind (malformed call, unknown tool, bad arguments, the tool's own).
-        answer_ids: the last turn's ids (what the reward's text is decoded from).
-        truncated: the episode ended at a length limit (a turn hit ``max_new_tokens``, or the context would
-            outgrow ``max_total_tokens``) or on a tool call at ``max_turns``.
-    """
-
-    ids: list[int] = field(default_factory=list)
-    model: list[bool] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: Counter = field(default_factory=Counter)
-    answer_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # every token after the prompt: the model's and the tool messages'
+    model: list[bool] = field(default_factory=list)  # per token of ids: True where the model sampled it
+    logprobs: list[float] = field(default_factory=list)  # per token of ids: the engine's (0 on tool tokens)
+    turns: int = 0  # model turns sampled
+    tool_calls: int = 0  # well-formed or not
+    tool_errors: Counter = field(default_factory=Counter)  # by kind: malformed call, unknown tool, bad arguments, ...
+    answer_ids: list[int] = field(default_factory=list)  # the last turn's: the reward's text is decoded from them
+    # ended at a length limit (max_new_tokens, or max_total_tokens outgrown) or on a tool call at max_turns
     truncated: bool = False
     done: bool = False
 
@@ -181,13 +160,9 @@ def run_episodes(
     max_turns: int,
     max_total_tokens: int,
 ) -> list[Episode]:
-    """Sample ``n`` multi-turn episodes per prompt (see the module docstring); episodes of prompt ``i`` at
-    ``i*n .. i*n+n-1``.
-
-    Turn ``t`` of every episode still going is one ``engine.generate`` call (``n=1`` per context after the first
-    turn), seeded from ``sampling.seed`` and ``t``. ``max_total_tokens``: the engine's context length; an episode
-    whose next turn could not fit ends, truncated.
-    """
+    """Sample ``n`` multi-turn episodes per prompt (module docstring), those of prompt ``i`` at ``i*n .. i*n+n-1``;
+    turn ``t`` is seeded from ``sampling.seed`` and ``t``, and an episode whose next turn could not fit in
+    ``max_total_tokens`` ends, truncated."""
     stop = tuple(sampling.stop) + ((TOOL_CALL_CLOSE,) if TOOL_CALL_CLOSE not in sampling.stop else ())
     first = engine.generate(list(prompts), n, replace(sampling, stop=stop))
     episodes = [Episode() for _ in range(len(prompts) * n)]

@@ -18,15 +18,8 @@ from grpo_rl.envs.base import group_answers
 
 class EnginePolicy(TensorDictModuleBase):
     """Reads ``prompt_tokens`` ``[P]``, samples ``group_size`` answers per prompt with ``engine`` and writes them
-    as the ``response_text`` action ``[P, G]``, with the engine's batch (token ids, masks, log-probs; see
-    :mod:`grpo_rl.engines.base`) reshaped to ``[P, G]`` as ``generation``.
-
-    Args:
-        engine: the rollout engine.
-        tokenizer: decodes the sampled tokens (special tokens dropped, as the collector does).
-        group_size: ``G``, answers per prompt.
-        sampling: what to sample; every call uses it as given, seed included.
-    """
+    as the ``response_text`` action ``[P, G]``, with the engine's batch reshaped to ``[P, G]`` as ``generation``;
+    ``sampling`` is used as given, seed included."""
 
     in_keys = ["prompt_tokens"]
     out_keys = ["response_text", "generation"]

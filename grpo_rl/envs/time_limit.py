@@ -23,10 +23,8 @@ MAX_ABANDONED_CALLS = 4
 
 
 class CallTimeout(Exception):
-    """A call ran past its time limit and was abandoned (or was not made).
-
-    ``thread``: the abandoned call's thread, still running; None when no call was made.
-    """
+    """A call ran past its time limit and was abandoned (or was not made); ``thread`` is its still running thread,
+    None when no call was made."""
 
     def __init__(self, message: str, thread: threading.Thread | None = None):
         super().__init__(message)
@@ -36,17 +34,8 @@ class CallTimeout(Exception):
 def call_with_time_limit(
     fn: Callable[[], T], timeout: float, *, name: str, message: str, error: type[CallTimeout] = CallTimeout
 ) -> T:
-    """``fn()``, or ``error(message, thread)`` raised after ``timeout`` seconds while ``fn`` still runs.
-
-    Args:
-        fn: the call, without arguments.
-        timeout: seconds to wait.
-        name: the worker thread's name (it shows in stack dumps of a hung process).
-        message: the error's message.
-        error: the :class:`CallTimeout` subclass to raise.
-
-    Whatever ``fn`` raises (``SystemExit`` included) is raised here, in the caller's thread.
-    """
+    """``fn()``, or ``error(message, thread)`` raised after ``timeout`` seconds while ``fn`` still runs in a thread
+    called ``name`` (for stack dumps of a hung process); whatever ``fn`` raises is raised here."""
     box: dict[str, Any] = {}
 
     def run() -> None:

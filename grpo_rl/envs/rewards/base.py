@@ -65,30 +65,22 @@ def _no_reward() -> NoReward:
 
 
 class RewardTimeout(CallTimeout):
-    """A reward call ran past its component's ``timeout_seconds`` and was abandoned (or was not made).
-
-    ``thread``: the abandoned call's thread, still running; None when no call was made.
-    """
+    """A reward call ran past its component's ``timeout_seconds`` and was abandoned (or was not made); ``thread`` is
+    its still running thread, None when no call was made."""
 
 
 @dataclass
 class RewardComponent:
-    """One named, weighted reward function.
-
-    ``timeout_seconds``: how long one call may run before its samples count as failed (None: no limit; set
-    from ``reward.timeout_seconds`` for users' functions).
-    ``none_is_no_reward``: a None in the returned list means "no reward for this answer" (TRL's convention): the
-    answer gets the fallback and counts as a failure, without a retry, and a step of all None does not raise.
-    ``origin``: where the function comes from, ``file.py:function``, for messages; None: found from ``fn``
-    (:func:`function_origin`). A function loaded from a user's file gives the file as configured.
-    """
+    """One named, weighted reward function."""
 
     name: str
     fn: RewardFn
     weight: float = 1.0
-    timeout_seconds: float | None = None
+    timeout_seconds: float | None = None  # per call, then its samples fail (None: none; reward.timeout_seconds)
+    # TRL's convention: a None in the returned list gets the fallback and counts as a failure, without a retry
+    # (a step of all None does not raise)
     none_is_no_reward: bool = False
-    origin: str | None = None
+    origin: str | None = None  # file.py:function, for messages (a user's file as configured); None: from fn
 
     def where(self) -> str:
         """``file.py:function`` of the component's code (:attr:`origin`, else :func:`function_origin`)."""
@@ -134,14 +126,7 @@ class RewardResult:
 
 class CompositeReward:
     """A weighted sum of named reward components with per-sample failure isolation, then shifted and scaled:
-    ``reward = (sum_c weight_c * value_c + bias) * scale``, AReaL's ``(reward + reward_bias) * reward_scaling``. With
-    advantages scaled by the group's std the scale cancels out; without (Dr. GRPO) it sets the gradient's size.
-
-    Args:
-        components: the reward functions with their names and weights.
-        fallback: reward given to a sample whose component failed.
-        scale, bias: applied to the weighted sum.
-    """
+    ``reward = (sum_c weight_c * value_c + bias) * scale``; a sample whose component failed gets ``fallback``."""
 
     def __init__(
         self, components: Sequence[RewardComponent], *, fallback: float = 0.0, scale: float = 1.0, bias: float = 0.0
@@ -186,6 +171,8 @@ class CompositeReward:
         if not self.rescales:
             return RewardResult(total=total, components=values, failures=failures, failure_examples=examples)
         return RewardResult(
+            # AReaL's (reward + reward_bias) * reward_scaling; with advantages scaled by the group's std the scale
+            # cancels out, without (Dr. GRPO) it sets the gradient's size
             total=(total + self.bias) * self.scale,
             components=values,
             failures=failures,
@@ -199,16 +186,12 @@ class CompositeReward:
         return self.scale != 1.0 or self.bias != 0.0
 
     def _evaluate(self, comp: RewardComponent, responses, references, extra) -> tuple[torch.Tensor, int, list[dict]]:
-        """Call the component on the batch; on failure, retry sample by sample to isolate the bad ones.
-
-        With a time limit, a step stops retrying a component after :data:`MAX_RETRY_TIMEOUTS` retries timed out,
-        and a component with :data:`MAX_ABANDONED_CALLS` abandoned calls still running is not called at all (its
-        samples count as timed out): a function that hangs costs a few limits per step and a few threads in
-        all, not one of each per sample.
-        """
+        """Call the component on the batch; on failure, retry sample by sample to isolate the bad ones."""
         n = len(responses)
         limit = comp.timeout_seconds
         abandoned = self._abandoned.setdefault(comp.name, [])
+        # A function that hangs costs a few limits per step and a few threads in all, not one of each per sample:
+        # not called with MAX_ABANDONED_CALLS still running, retries stopped after MAX_RETRY_TIMEOUTS timed out.
         if still_running(abandoned) >= MAX_ABANDONED_CALLS:
             skipped = RewardTimeout(
                 f"not called: {len(abandoned)} earlier calls are still running past "

@@ -165,13 +165,8 @@ class VerlReward:
 
 
 class TrlReward:
-    """TRL's ``reward_func(prompts, completions, **kwargs)``, once per batch.
-
-    Args:
-        fn: the function.
-        prompt_column: the column holding each answer's raw prompt (None: the task passes none).
-        reference_column: the data column the references come from, passed under that name too.
-    """
+    """TRL's ``reward_func(prompts, completions, **kwargs)``, once per batch; ``prompt_column`` holds each answer's
+    raw prompt (None: the task passes none), and ``reference_column`` is passed under its own name too."""
 
     convention = "trl"
     takes_all_columns = True

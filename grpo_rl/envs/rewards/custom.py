@@ -44,15 +44,8 @@ class RewardLoadError(ConfigError):
 
 class UserReward:
     """A user's reward function in any accepted convention (:mod:`grpo_rl.envs.rewards.conventions`), called as ours:
-    ``(responses, references, **columns) -> list``, with the data columns its signature accepts.
-
-    Args:
-        fn: the function.
-        key: the config key it came from, for error messages (``reward.name``).
-        path: the file it came from, for error messages.
-        prompt_column: the column holding each answer's raw prompt (TRL's ``prompts``).
-        reference_column: the data column the references come from (also passed to TRL functions by that name).
-    """
+    ``(responses, references, **columns) -> list``, with the data columns its signature accepts; ``key`` and
+    ``path`` name it in errors."""
 
     def __init__(
         self,
@@ -104,11 +97,9 @@ class UserReward:
 def load_reward_function(
     path: str, name: str, *, key: str = "reward", prompt_column: str | None = None, reference_column: str | None = None
 ) -> UserReward:
-    """Import ``path`` and return its function ``name``, signature-checked and adapted to our convention.
+    """Import ``path`` and return its top-level function ``name``, signature-checked and adapted to our convention.
 
     Args:
-        path: a Python file.
-        name: a callable defined (or imported) at the file's top level.
         key: config prefix for error messages: ``"reward"`` or ``"reward.functions[2]"``.
         prompt_column: the column holding each answer's raw prompt (TRL's ``prompts``).
         reference_column: the data column the references come from (TRL functions get it by that name too).
@@ -146,12 +137,8 @@ def user_reward_components(
     functions: Sequence[RewardFunction] = (),
 ) -> list[RewardComponent]:
     """The reward components named by ``reward.path``/``reward.name`` (weight 1) and ``reward.functions``, then
-    ``functions`` (Python objects, named ``rewards[i]`` in errors).
-
-    Each is logged as ``reward_<label or function name>``; two components with the same name are an error.
-    Every component gets ``reward.timeout_seconds`` as its time limit per call. ``prompt_column`` and
-    ``reference_column``: see :func:`load_reward_function`.
-    """
+    ``functions`` (Python objects, named ``rewards[i]`` in errors), each with ``reward.timeout_seconds`` per call and
+    logged as ``reward_<label or function name>`` (a name used twice is an error)."""
     timeout = getattr(reward_cfg, "timeout_seconds", None)
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise RewardLoadError(

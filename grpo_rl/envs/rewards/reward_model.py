@@ -32,11 +32,8 @@ class RewardModelScorer:
 
     Args:
         path: local HF folder with a sequence-classification model (``num_labels=1``) and its tokenizer.
-        device: where the model runs.
         prompt_column: the keyword column holding each response's prompt (a string or chat messages).
-        batch_size: responses per forward pass.
         max_length: token limit of one (prompt, response) input; longer ones lose their start.
-        dtype: ``"float32"`` or ``"bfloat16"``.
     """
 
     def __init__(

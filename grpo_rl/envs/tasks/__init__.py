@@ -27,11 +27,7 @@ TASKS: dict[str, Task] = {task.name: task for task in (gsm8k.TASK, ifeval.TASK, 
 
 
 def task_of(dataset: str) -> Task:
-    """The task ``env.dataset`` names.
-
-    Raises:
-        ValueError: no task of that name.
-    """
+    """The task ``env.dataset`` names; raises ValueError for no task of that name."""
     if dataset not in TASKS:
         *others, last = TASKS
         raise ValueError(f"env.dataset={dataset!r} is not supported; choose {', '.join(others)} or {last}")
@@ -39,8 +35,8 @@ def task_of(dataset: str) -> Task:
 
 
 def system_prompt(env: EnvConfig, reward: RewardConfig) -> str | None:
-    """The system prompt of the run's prompts: ``env.system_prompt``, else the task's own, then, with ``env.tools``,
-    the tools' descriptions and call format. A function of the config alone, the same wherever it is called.
+    """The system prompt of the run's prompts, a function of the config alone: ``env.system_prompt``, else the
+    task's own, then, with ``env.tools``, the tools' descriptions and call format.
 
     Raises:
         ConfigError: a tool of ``env.tools`` cannot be loaded.

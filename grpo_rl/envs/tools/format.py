@@ -56,18 +56,11 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolCallError:
-    """A call the model opened but did not write correctly (returned, not raised).
+    """A call the model opened but did not write correctly (returned, not raised)."""
 
-    Attributes:
-        kind: ``"malformed"`` (not JSON, not an object, no string ``name``, ``arguments`` not an object) or
-            ``"unclosed"`` (an opening tag without a closing one).
-        message: one line for the model's ``tool`` message, starting with ``error:``.
-        end: where to cut the turn: just past the closing tag, or the end of the text when there is none.
-    """
-
-    kind: str
-    message: str
-    end: int
+    kind: str  # "malformed" (not JSON, not an object, no string name, arguments not an object) or "unclosed"
+    message: str  # one line for the model's tool message, starting with "error:"
+    end: int  # where to cut the turn: just past the closing tag, or the end of the text when there is none
 
 
 def _malformed(detail: str, end: int) -> ToolCallError:
@@ -127,11 +120,8 @@ class ToolSpec(Protocol):
 
 
 def tool_system_prompt(tools: Sequence[ToolSpec]) -> str:
-    """A short system-prompt paragraph: the tools, one line each, and the call format with one example.
-
-    The example calls the first tool, with its ``example`` arguments when it has them (the built-in calculator
-    does) and ``"..."`` for each parameter otherwise. Kept short for small models.
-    """
+    """A short system-prompt paragraph for small models: the tools, one line each, and the call format with one
+    example call of the first tool (its ``example`` arguments, else ``"..."`` for each parameter)."""
     if not tools:
         raise ValueError("tool_system_prompt needs at least one tool")
     lines = ["You can use these tools:"]

@@ -192,12 +192,8 @@ def tool_from_function(fn: Callable[..., Any], *, name: str | None = None, key: 
 
 
 def load_tool(path: str, name: str, *, key: str = "env.tools") -> Tool:
-    """Import ``path`` (once per process, shared with reward files) and make a :class:`Tool` of its ``name``.
-
-    Args:
-        path: a Python file.
-        name: a function defined (or imported) at the file's top level; also the tool's name.
-        key: config key for error messages: the caller passes ``f"env.tools[{i}]"``.
+    """Import ``path`` (once per process, shared with reward files) and make a :class:`Tool` of its top-level
+    function ``name``; ``key`` (``env.tools[i]``) names it in errors.
 
     Raises:
         ConfigError: the file is missing, not ``.py`` or fails to import; ``name`` is missing or not callable;

@@ -30,13 +30,8 @@ MAX_DIGITS = 9
 
 @dataclass(frozen=True)
 class ArithmeticSpec:
-    """Which problems are generated.
-
-    ``add`` and ``sub`` take two ``digits``-digit operands (``sub`` puts the larger first: no negative results);
-    ``mul`` multiplies a ``digits``-digit number by a ``mul_digits``-digit one. A d-digit operand lies in
-    ``[10^(d-1), 10^d - 1]`` (1 to 9 for one digit). ``held_out``: the test stream's prefix the train split
-    avoids.
-    """
+    """Which problems are generated: ``add``/``sub`` of two ``digits``-digit operands (the larger first for ``sub``),
+    ``mul`` of a ``digits``-digit by a ``mul_digits``-digit one; ``held_out`` test problems the train split avoids."""
 
     operations: tuple[str, ...] = ("add", "sub")
     digits: int = 2
@@ -100,11 +95,8 @@ def _stream(split: str, seed: int, size: int, spec: ArithmeticSpec, exclude: fro
 
 
 def arithmetic_records(split: str, *, seed: int, size: int, spec: ArithmeticSpec) -> list[dict[str, str]]:
-    """``size`` generated problems of ``split`` (``train`` or ``test``), the same for the same arguments.
-
-    ``test``: the first ``size`` (at most ``spec.held_out``) distinct problems of the test stream. ``train``:
-    ``size`` distinct problems of the train stream (another seed) that are not among the first
-    ``spec.held_out`` test problems.
+    """``size`` generated problems of ``split``, the same for the same arguments: ``test`` the first distinct ones of
+    the test stream, ``train`` distinct ones of its own stream that are not among the first ``spec.held_out`` tests.
 
     Raises:
         ConfigError: an unknown split, a test split larger than ``spec.held_out``, or more problems than ``spec``

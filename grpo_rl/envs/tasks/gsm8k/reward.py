@@ -70,12 +70,9 @@ def _last_number(text: str) -> str | None:
 
 
 def _boxed_spans(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of the contents of every closed ``\\boxed{...}``, by start.
-
-    One pass with a stack of open braces, so nested braces are matched and
-    unbalanced output costs linear time.
-    """
+    """``(start, end)`` of the contents of every closed ``\\boxed{...}``, by start."""
     spans = []
+    # one pass with a stack: nested braces are matched and unbalanced output costs linear time
     stack: list[int] = []  # per open brace: where its contents start if boxed, else -1
     for token in _BOXED_TOKEN_RE.finditer(text):
         if token.group() == "{":
@@ -89,12 +86,9 @@ def _boxed_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _answer_tag_contents(text: str) -> list[str]:
-    """Contents of every ``<answer>...</answer>``, in order, like a non-greedy regex.
-
-    Scanned with ``str.find`` because ``<answer>(.*?)</answer>`` takes quadratic
-    time on degenerate output that repeats ``<answer>`` without closing it.
-    """
+    """Contents of every ``<answer>...</answer>``, in order, like a non-greedy regex."""
     contents = []
+    # str.find, not <answer>(.*?)</answer>: quadratic on output that repeats <answer> without closing it
     start = text.find("<answer>")
     while start != -1:
         end = text.find("</answer>", start)
@@ -113,24 +107,12 @@ def _number_in_latex(content: str) -> str | None:
 
 
 def extract_answer(text: str, *, last_number_fallback: bool = True) -> str | None:
-    """Finds the final numeric answer in a model response.
+    """The final numeric answer of a model response as written (``"$1,234.50"``, ``"-3/4"``, ``"50%"``; a boxed
+    ``\\frac{3}{4}`` as ``"3/4"``), or None; matched with regular expressions only, never evaluated.
 
-    Tried in order, the first that yields a number wins: the last ``#### N``; the
-    last ``\\boxed{...}`` holding a number; the last ``<answer>...</answer>`` holding
-    a number (its last number, so ``<answer>2 + 3 = 5</answer>`` gives ``5``); the
-    last "the answer is N" / "final answer: N" (case-insensitive); and, if
-    ``last_number_fallback``, the last number anywhere in the text.
-
-    The text is only ever matched with regular expressions, never evaluated.
-
-    Args:
-        text: A model response.
-        last_number_fallback: Whether to fall back to the last number in the text
-            when no explicit answer marker is found.
-
-    Returns:
-        The number as written (e.g. ``"$1,234.50"``, ``"-3/4"``, ``"50%"``; a boxed
-        ``\\frac{3}{4}`` comes back as ``"3/4"``), or None when nothing was found.
+    The first that yields a number wins: the last ``#### N``; the last ``\\boxed{...}`` holding a number; the last
+    ``<answer>...</answer>`` holding a number (its last number: ``<answer>2 + 3 = 5</answer>`` gives ``5``); the last
+    "the answer is N" / "final answer: N" (case-insensitive); with ``last_number_fallback``, the last number.
     """
     hashes = _HASH_RE.findall(text)
     if hashes:
@@ -152,24 +134,14 @@ def extract_answer(text: str, *, last_number_fallback: bool = True) -> str | Non
 
 
 def normalize_number(s: str) -> fractions.Fraction | None:
-    """Parses a written number into an exact value.
+    """The exact value of a written number (``"3.50"``, ``"3.5"`` and ``"7/2"`` give ``Fraction(7, 2)``, ``"50%"``
+    ``Fraction(50)``), or None when ``s`` is not a number (units, words, a zero denominator, ``"1,2"``).
 
-    Strips surrounding whitespace, inner spaces, ``$``, ``%``, a leading ``+`` and
-    trailing periods, and thousands commas; accepts negatives (including the Unicode
-    minus), decimals and integer fractions. ``"3.50"``, ``"3.5"`` and ``"7/2"`` all
-    give ``Fraction(7, 2)``; ``"50%"`` gives ``Fraction(50)`` (the percent sign is
-    decoration, not a division by 100, matching how GSM8K writes references).
-
-    Args:
-        s: The text of one number, e.g. from :func:`extract_answer`.
-
-    Returns:
-        The exact value, or None when ``s`` is not a number (units, words, a zero
-        denominator, commas that are not thousands separators such as ``"1,2"``, more
-        digits than Python's integer-string conversion limit).
+    Surrounding whitespace, inner spaces, ``$``, ``%``, a leading ``+``, trailing periods and thousands commas are
+    dropped; negatives (the Unicode minus too), decimals and integer fractions are accepted.
     """
     t = s.strip().replace("\u2212", "-").replace(" ", "")
-    t = t.rstrip(".").replace("$", "").replace("%", "")
+    t = t.rstrip(".").replace("$", "").replace("%", "")  # % is decoration, as GSM8K's references write it
     sign = ""
     if t and t[0] in "+-":
         sign, t = ("-" if t[0] == "-" else ""), t[1:]
@@ -194,17 +166,8 @@ def normalize_number(s: str) -> fractions.Fraction | None:
 
 
 def reference_answer(gsm8k_answer_field: str) -> str:
-    """Returns the final answer of a GSM8K ``answer`` field.
-
-    Args:
-        gsm8k_answer_field: A worked solution ending in ``#### N``.
-
-    Returns:
-        The text after the last ``####``, stripped (e.g. ``"1,234"``).
-
-    Raises:
-        ValueError: If the field has no ``####`` marker or nothing after it.
-    """
+    """The final answer of a GSM8K ``answer`` field: the text after its last ``####``, stripped (``"1,234"``);
+    raises ValueError without one or with nothing after it."""
     _, marker, tail = gsm8k_answer_field.rpartition("####")
     answer = tail.strip()
     if not marker or not answer:
@@ -226,20 +189,11 @@ def correctness_reward(
     *,
     last_number_fallback: bool = True,
 ) -> list[float]:
-    """1.0 for each response whose extracted answer equals its reference, else 0.0.
-
-    Args:
-        responses: Model responses, ``[N]``.
-        references: Reference answers, ``[N]``: final answers such as ``"1,234"``,
-            or whole GSM8K ``answer`` fields (the part after ``####`` is used).
-        last_number_fallback: Passed to :func:`extract_answer`.
-
-    Returns:
-        ``[N]`` rewards in ``{0.0, 1.0}``.
+    """``[N]`` 1.0 for each response whose extracted answer (:func:`extract_answer`) equals its reference (a final
+    answer such as ``"1,234"``, or a whole GSM8K ``answer`` field), else 0.0.
 
     Raises:
-        ValueError: If the lengths differ or a reference is not a number; a bad
-            reference is a data bug and must not silently score every response 0.
+        ValueError: the lengths differ or a reference is not a number.
     """
     _check_lengths(responses, references)
     rewards = []
@@ -247,7 +201,7 @@ def correctness_reward(
         if "####" in reference:
             reference = reference_answer(reference)
         expected = normalize_number(reference)
-        if expected is None:
+        if expected is None:  # a data bug: it must not silently score every response 0
             raise ValueError(f"reference {i} is not a number: {reference!r}")
         answer = extract_answer(response, last_number_fallback=last_number_fallback)
         got = normalize_number(answer) if answer is not None else None
@@ -290,30 +244,16 @@ def format_reward(
     *,
     template: str = "hash",
 ) -> list[float]:
-    """Shaped reward for writing the final answer in the expected format.
+    """``[N]`` shaped reward for writing the final answer in the expected format (not for its correctness).
 
-    ``template="hash"``: 1.0 when the response ends (ignoring surrounding
-    whitespace and one trailing period) with a line ``#### <number>`` and ``####``
-    appears exactly once; 0.5 when ``####`` followed by a number appears anywhere;
-    else 0.0.
-
-    ``template="tags"``: 1.0 when ``<think>...</think>`` is followed by
-    ``<answer><number></answer>`` at the very end, with a single ``<answer>`` tag;
-    0.5 when some ``<answer>...</answer>`` contains a number; else 0.0.
-
-    Correctness is not checked here; combine with :func:`correctness_reward`.
-
-    Args:
-        responses: Model responses, ``[N]``.
-        references: Reference answers, ``[N]``; unused, taken so every reward has
-            the same signature.
-        template: ``"hash"`` or ``"tags"``.
-
-    Returns:
-        ``[N]`` rewards in ``{0.0, 0.5, 1.0}``.
+    ``template="hash"``: 1.0 when the response ends (ignoring surrounding whitespace and one trailing period) with a
+    line ``#### <number>`` and ``####`` appears exactly once; 0.5 when ``####`` followed by a number appears
+    anywhere; else 0.0. ``template="tags"``: 1.0 when ``<think>...</think>`` is followed by
+    ``<answer><number></answer>`` at the very end, with a single ``<answer>`` tag; 0.5 when some
+    ``<answer>...</answer>`` contains a number; else 0.0. ``references`` is unused (every reward takes it).
 
     Raises:
-        ValueError: If the lengths differ or ``template`` is unknown.
+        ValueError: the lengths differ or ``template`` is unknown.
     """
     _check_lengths(responses, references)
     try:
@@ -333,25 +273,14 @@ def thinking_reward(
     count_tokens: Callable[[str], int],
     min_tokens: int,
 ) -> list[float]:
-    """Reward for reasoning inside ``<think>...</think>`` (the ``tags`` template), as the format/thinking/answer
-    scoring of reasoning recipes does: 1.0 when the response has exactly one ``<think>`` section holding at least
-    ``min_tokens`` tokens of text (surrounding whitespace stripped), else 0.0. An empty or too-short section, a
-    missing or unclosed one, or several, score 0: the think section cannot be skipped, padded out in pieces or
-    left open.
-
-    Args:
-        responses: Model responses, ``[N]``.
-        references: unused, taken so every reward has the same signature.
-        count_tokens: the policy tokenizer's count of a text's tokens (without special tokens).
-        min_tokens: the fewest tokens a think section needs to score.
-
-    Returns:
-        ``[N]`` rewards in ``{0.0, 1.0}``.
-    """
+    """``[N]`` 1.0 for a response with exactly one ``<think>...</think>`` section holding at least ``min_tokens``
+    tokens (by ``count_tokens``, stripped), else 0.0, as the reasoning recipes' format/thinking/answer scoring does;
+    ``references`` is unused."""
     _check_lengths(responses, references)
     rewards = []
     for response in responses:
         sections = _THINK_RE.findall(response)
+        # empty, short, missing, unclosed or several score 0: it cannot be skipped, padded in pieces or left open
         ok = (
             len(sections) == 1
             and response.count("<think>") == 1

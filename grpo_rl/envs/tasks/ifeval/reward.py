@@ -73,11 +73,8 @@ def answer_tag_format_reward(responses: Sequence[str], references: Sequence[Any]
 
 
 class IFEvalScorer:
-    """Runs the IFEval checkers on a batch and remembers the last batch, so several components share it.
-
-    Args:
-        answer_tags: check only the text inside the last ``<answer>...</answer>``.
-    """
+    """Runs the IFEval checkers on a batch (with ``answer_tags``, the text inside the last ``<answer>...</answer>``)
+    and remembers the last batch, so several components share it."""
 
     def __init__(self, *, answer_tags: bool = False):
         self.answer_tags = answer_tags
@@ -111,14 +108,8 @@ class IFEvalScorer:
 def ifeval_components(
     weights: Mapping[str, float], *, answer_tags: bool = False, format_weight: float = 0.0
 ) -> list[RewardComponent]:
-    """The IFEval reward components: all four scores (weight 0 ones are still logged) and, with
-    ``answer_tags`` and a non-zero ``format_weight``, the answer-tag ``format`` component.
-
-    Args:
-        weights: score name -> weight; missing names weigh 0.
-        answer_tags: check only the text inside ``<answer>...</answer>``.
-        format_weight: weight of the ``format`` component (only with ``answer_tags``).
-    """
+    """The IFEval reward components: all four scores by ``weights`` (missing ones weigh 0 and are still logged)
+    and, with ``answer_tags`` and a non-zero ``format_weight``, the answer-tag ``format`` component."""
     unknown = set(weights) - set(IFEVAL_SCORES)
     if unknown:
         raise ValueError(f"unknown IFEval reward component(s) {sorted(unknown)}; valid: {sorted(IFEVAL_SCORES)}")

@@ -71,15 +71,8 @@ class IFEvalResult:
 
 
 def loose_variants(response: str) -> tuple[str, ...]:
-    """The eight responses the loose evaluation tries, in the reference's order.
-
-    Args:
-        response: The model's response.
-
-    Returns:
-        The response; it without `*`; without its first line; without its last
-        line; without both; and the last three without `*`.
-    """
+    """The eight responses the loose evaluation tries, in the reference's order: the response; it without `*`;
+    without its first line; without its last line; without both; and the last three without `*`."""
     lines = response.split("\n")
     without_first = "\n".join(lines[1:]).strip()
     without_last = "\n".join(lines[:-1]).strip()
@@ -107,22 +100,12 @@ def evaluate_response(
     kwargs_list: Sequence[Mapping[str, object] | None],
     prompt: str,
 ) -> IFEvalResult:
-    """Scores one response against the instructions of its IFEval prompt.
-
-    Args:
-        response: The model's response.
-        instruction_id_list: The prompt's `instruction_id_list`.
-        kwargs_list: The prompt's `kwargs`, one mapping per instruction; None
-            values inside a mapping are ignored.
-        prompt: The prompt itself (see the module docstring: it changes no
-            result, as in the reference).
-
-    Returns:
-        The strict and loose flags, one per instruction.
+    """The strict and loose flags of one response, one per instruction of its IFEval prompt (`kwargs_list`: one
+    mapping per instruction, None values ignored; `prompt` changes no result, as in the reference).
 
     Raises:
-        ValueError: An id is unknown, kwargs do not fit their instruction, the
-            two lists differ in length, or there are no instructions.
+        ValueError: An id is unknown, kwargs do not fit their instruction, the two lists differ in length, or
+            there are no instructions.
     """
     del prompt  # No supported instruction takes it; see the module docstring.
     if len(instruction_id_list) != len(kwargs_list):

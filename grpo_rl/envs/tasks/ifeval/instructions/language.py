@@ -34,16 +34,8 @@ def _seeded_factory() -> DetectorFactory:
 
 
 def detect_language(text: str) -> str | None:
-    """Detects the language of `text` like `langdetect.detect`, seeded.
-
-    Args:
-        text: Any text.
-
-    Returns:
-        The ISO 639-1 style code `langdetect` reports (`"en"`, `"fr"`,
-        `"zh-cn"`, ...), or None when `langdetect` cannot decide (it raises
-        `LangDetectException`, e.g. for text without letters).
-    """
+    """The language code `langdetect.detect` reports for `text` (`"en"`, `"zh-cn"`, ...), seeded; None when it
+    cannot decide (text without letters, say)."""
     detector = _seeded_factory().create()
     detector.append(text)
     try:

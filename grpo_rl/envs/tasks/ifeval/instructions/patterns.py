@@ -15,15 +15,7 @@ import re
 
 
 def as_regex_fragment(text: str) -> str:
-    """Returns `text` to splice into a regex: as is if valid, else escaped.
-
-    Args:
-        text: A string taken from an instruction's kwargs.
-
-    Returns:
-        `text` unchanged when it compiles as a regular expression, otherwise
-        `re.escape(text)`.
-    """
+    """`text` (from an instruction's kwargs) to splice into a regex: as is when it compiles, else `re.escape(text)`."""
     try:
         re.compile(text)
     except re.error:

@@ -77,20 +77,15 @@ INSTRUCTION_IDS: tuple[str, ...] = tuple(_CHECKER_BY_ID)
 
 
 def build_checker(instruction_id: str, kwargs: Mapping[str, object] | None) -> Checker:
-    """Builds the checker for one instruction of a prompt.
+    """The checker `(response: str) -> bool` of one instruction of a prompt.
 
     Args:
         instruction_id: An id such as "length_constraints:number_words".
-        kwargs: The instruction's entry in the data's `kwargs` list, e.g.
-            `{"num_words": 300, "relation": "at least"}`. None values are
-            ignored; None means no kwargs.
-
-    Returns:
-        A callable `(response: str) -> bool`.
+        kwargs: The instruction's entry in the data's `kwargs` list, e.g. `{"num_words": 300, "relation": "at
+            least"}`. None values are ignored; None means no kwargs.
 
     Raises:
-        ValueError: The id is unknown, or the kwargs are missing, unknown or
-            out of range for it.
+        ValueError: The id is unknown, or the kwargs are missing, unknown or out of range for it.
     """
     checker_type = _CHECKER_BY_ID.get(instruction_id)
     if checker_type is None:

@@ -40,12 +40,7 @@ _TREEBANK_WORD_TOKENIZER = NLTKWordTokenizer()
 
 @functools.lru_cache(maxsize=1)
 def english_sentence_tokenizer() -> PunktSentenceTokenizer:
-    """Builds NLTK's English Punkt sentence tokenizer from bundled data.
-
-    Returns:
-        An `nltk` `PunktSentenceTokenizer` holding the English Punkt
-        parameters; built once per process (about half a second).
-    """
+    """NLTK's English Punkt sentence tokenizer, built from bundled data once per process (about half a second)."""
     model = load_bundled_punkt_module("english")
     params = PunktParameters()
     params.abbrev_types = set(model.ABBREV_TYPES)
@@ -58,14 +53,7 @@ def english_sentence_tokenizer() -> PunktSentenceTokenizer:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Splits `text` into sentences as `nltk.sent_tokenize(text)` does.
-
-    Args:
-        text: Any text.
-
-    Returns:
-        The sentences, with whitespace between them dropped.
-    """
+    """The sentences of `text` as `nltk.sent_tokenize(text)` gives them, without the whitespace between them."""
     return english_sentence_tokenizer().tokenize(text)
 
 
@@ -80,13 +68,6 @@ def count_words(text: str) -> int:
 
 
 def word_tokenize(text: str) -> list[str]:
-    """Tokenises `text` exactly as `nltk.word_tokenize(text)` (English).
-
-    Args:
-        text: Any text.
-
-    Returns:
-        Treebank-style tokens of each Punkt sentence, concatenated: "Don't
-        stop." gives `["Do", "n't", "stop", "."]`.
-    """
+    """`text`'s tokens exactly as `nltk.word_tokenize(text)` (English) gives them: "Don't stop." gives `["Do",
+    "n't", "stop", "."]`."""
     return [token for sentence in split_sentences(text) for token in _TREEBANK_WORD_TOKENIZER.tokenize(sentence)]

@@ -18,41 +18,17 @@ RELATIONS: tuple[str, ...] = get_args(Relation)
 
 
 def validate_relation(relation: object) -> Relation:
-    """Returns `relation` unchanged if it is one the reference supports.
-
-    Args:
-        relation: The relation from the data's `kwargs`.
-
-    Returns:
-        The same string, typed as a `Relation`.
-
-    Raises:
-        ValueError: `relation` is not "less than" or "at least".
-    """
+    """`relation` as a `Relation`; raises ValueError unless it is "less than" or "at least"."""
     if relation not in RELATIONS:
         raise ValueError(f"The supported relation for comparison must be in {RELATIONS}, but {relation!r} is given.")
     return relation  # type: ignore[return-value]
 
 
 def validate_count(name: str, value: object, minimum: int = 0) -> int:
-    """Returns `value` as an int if it is a whole number >= `minimum`.
-
-    Whole floats (`3.0`, as a dataframe may hold them) are accepted.
-
-    Args:
-        name: The kwarg's name, for the error message.
-        value: The kwarg's value.
-        minimum: The smallest allowed value.
-
-    Returns:
-        `value` as an int.
-
-    Raises:
-        ValueError: `value` is not a whole number, or is below `minimum`.
-    """
+    """`value` as an int; raises ValueError (naming the kwarg `name`) unless it is a whole number >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, float) and not value.is_integer():
+    if isinstance(value, float) and not value.is_integer():  # whole floats (3.0, as a dataframe holds) pass
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
@@ -60,17 +36,7 @@ def validate_count(name: str, value: object, minimum: int = 0) -> int:
 
 
 def compare(count: int, relation: Relation, threshold: int) -> bool:
-    """Applies `relation` between an observed count and the threshold.
-
-    Args:
-        count: What was counted in the response.
-        relation: "less than" (`count < threshold`) or "at least"
-            (`count >= threshold`).
-        threshold: The number from the instruction.
-
-    Returns:
-        Whether the count satisfies the relation.
-    """
+    """Whether `count` satisfies `relation` to `threshold`: "less than" (`<`) or "at least" (`>=`)."""
     if relation == "less than":
         return count < threshold
     return count >= threshold
