@@ -212,10 +212,8 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
 
 
 def resolve_loss_type(loss_type: str, aggregation: str | None) -> tuple[str, str]:
-    """The ``(objective, aggregation)`` pair that ``policy.loss_type`` and ``policy.aggregation`` name.
-
-    ``objective`` is one of :data:`grpo_rl.algo.objectives.POLICY_OBJECTIVES`; an alias (``dapo``, ``bnpo``,
-    ``dr_grpo``) is ``grpo`` with its aggregation, and an explicit different ``aggregation`` is an error.
+    """The ``(objective, aggregation)`` pair that ``policy.loss_type`` and ``policy.aggregation`` name; an alias
+    (``dapo``, ``bnpo``, ``dr_grpo``) is ``grpo`` with its aggregation.
 
     Raises:
         ConfigError: an unknown loss type or aggregation, or an aggregation that contradicts an alias.
@@ -424,10 +422,7 @@ def validate_async(cfg: Any) -> None:
 
 
 def _validate_train_length(train: Any) -> None:
-    """``train.updates_per_batch`` (taking the deprecated ``train.epochs``) and ``train.prompt_epochs``.
-
-    ``train.epochs`` is copied into ``updates_per_batch`` and cleared, so the rest of the code, the saved config and
-    a resumed run see one key; an ``updates_per_batch`` other than its default 1 that differs is a conflict."""
+    """``train.updates_per_batch`` (taking the deprecated ``train.epochs``) and ``train.prompt_epochs``."""
     old = train.epochs
     if old is not None:
         _positive("train.epochs", old)
@@ -441,6 +436,7 @@ def _validate_train_length(train: Any) -> None:
             "(passes over the prompt set are train.prompt_epochs)",
             old,
         )
+        # one key for the rest of the code, the saved config and a resumed run
         train.updates_per_batch, train.epochs = old, None
     _positive("train.updates_per_batch", train.updates_per_batch)
     epochs = train.prompt_epochs

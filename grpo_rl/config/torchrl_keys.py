@@ -60,12 +60,10 @@ def command_line_keys() -> set[str]:
 
 
 def resolve_torchrl_keys(cfg: Any, given: Collection[str] | None = None) -> None:
-    """Set what each TorchRL key that is set maps to (the module's table), in place. Calling it again is harmless.
-    A run's config is derived once, by :func:`grpo_rl.run.setup.make_run` (and :func:`grpo_rl.api.compose`); the
-    checks only verify it (:func:`check_torchrl_keys`).
+    """Set what each TorchRL key that is set maps to (the module's table), in place; calling it again is harmless.
+    :func:`grpo_rl.run.setup.make_run` and :func:`grpo_rl.api.compose` call it; the checks only verify.
 
     Args:
-        cfg: the run config.
         given: the keys set explicitly (an override); a mapped setting among them must agree with its TorchRL key.
             None: :func:`command_line_keys`.
 
@@ -79,7 +77,7 @@ def resolve_torchrl_keys(cfg: Any, given: Collection[str] | None = None) -> None
 
 
 def check_torchrl_keys(cfg: Any) -> None:
-    """Check that the config holds what each TorchRL key that is set maps to, writing nothing.
+    """Check, writing nothing, that the config holds what each TorchRL key that is set maps to.
 
     Raises:
         ConfigError: a TorchRL key that cannot be mapped (as :func:`resolve_torchrl_keys`), or a mapped setting
@@ -96,12 +94,9 @@ def check_torchrl_keys(cfg: Any) -> None:
 
 
 def torchrl_settings(cfg: Any) -> Iterator[tuple[str, int, str, str]]:
-    """``(key, value, source, why)`` for each TorchRL key that is set: the setting ``key`` it maps to, its
-    ``value``, the TorchRL key as ``source`` (``"env.num_envs=16"``) and the reason; reads the config only.
-
-    Raises:
-        ConfigError: a TorchRL key below 1 or that does not divide into whole prompts or steps, naming the fix.
-    """
+    """``(key, value, source, why)`` for each TorchRL key that is set (``source``: ``"env.num_envs=16"``), reading the
+    config only; raises :class:`ConfigError`, naming the fix, for a key below 1 or not dividing into whole prompts or
+    steps."""
     env, train = cfg.env, cfg.train
     if env.group_size < 1 or env.prompts_per_step < 1:
         return  # nothing to divide by: grpo_rl.config.checks names the bad setting
