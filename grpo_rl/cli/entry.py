@@ -31,13 +31,12 @@ USER_ERROR_EXIT = 2
 
 
 def hydra_run_dir(cfg) -> Path:
-    """``cfg.output_dir`` if set, else the folder Hydra made for this job (outputs/DATE/TIME, or
-    multirun/DATE/TIME/N in a sweep). In a sweep, ``output_dir`` gets the job number appended so jobs never
-    share a folder."""
+    """``cfg.output_dir`` (with the job number appended in a sweep) if set, else the folder Hydra made for this job
+    (outputs/DATE/TIME, or multirun/DATE/TIME/N in a sweep)."""
     if cfg.output_dir:
         base = Path(cfg.output_dir).expanduser().resolve()
         job = _multirun_job_number()
-        return base / str(job) if job is not None else base
+        return base / str(job) if job is not None else base  # so that a sweep's jobs never share a folder
     from hydra.core.hydra_config import HydraConfig
 
     return Path(HydraConfig.get().runtime.output_dir)
@@ -132,7 +131,7 @@ def check_overrides(argv: list[str], schema: type = GRPOConfig) -> None:
 
 def check_output_dir_override(argv: list[str]) -> None:
     """Raise :class:`~grpo_rl.errors.RunFolderError` when the command line's ``output_dir`` is a file (or lies in
-    one): Hydra makes that folder before the run starts, and would end in a ``FileExistsError`` traceback."""
+    one), before Hydra makes that folder and ends in a ``FileExistsError`` traceback."""
     from grpo_rl.run.lifecycle import check_output_dir
 
     for override in parse_overrides(argv):

@@ -99,10 +99,8 @@ def materialize_model(path: Path, cfg, out_dir: Path) -> Path:
 
 
 def compose_config(argv: list[str]):
-    """``(checkpoint path, config)`` from ``checkpoint=...``, ``--config-name NAME`` and ``key=value`` overrides.
-
-    The config is the schema with the named YAML, then the checkpoint's saved run config, then the overrides.
-    """
+    """``(checkpoint path, config)`` from ``checkpoint=...``, ``--config-name NAME`` and ``key=value`` overrides:
+    the schema with the named YAML, then the checkpoint's saved run config, then the overrides."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 

@@ -120,17 +120,18 @@ def main(args: list[str] | None = None) -> None:
 
 def serve_for_parent(argv: list[str], parent: int, grace_seconds: float = 10.0) -> int:
     """Run the server as a child and stop it, with every process of this session, when the run ``parent`` is
-    gone (even killed by SIGKILL, when nothing of its own cleanup runs) or on SIGTERM/SIGINT. This process leads
-    the session the run started it in, so the session is exactly the server's processes."""
+    gone or on SIGTERM/SIGINT; returns its exit status (0 when stopped)."""
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
     server = subprocess.Popen(argv)
+    # polling the parent notices a run killed by SIGKILL too, when nothing of its own cleanup runs
     while server.poll() is None and not stopping and os.getppid() == parent:
         time.sleep(0.5)
     if server.poll() is not None:
         return server.returncode
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the session-wide signals below are for the others
+    # this process leads the session the run started it in: the session is exactly the server's processes
     os.killpg(0, signal.SIGTERM)  # vLLM stops its engine process on SIGTERM
     try:
         server.wait(grace_seconds)
