@@ -8,5 +8,5 @@ source scripts/env.sh
 # Lint, formatting and types first: a new violation fails the run before the tests start.
 .venv/bin/ruff check grpo_rl sota tests benchmarks
 .venv/bin/ruff format --check grpo_rl sota tests benchmarks
-.venv/bin/pyright
+.venv/bin/pyright --project pyproject.toml  # this project's settings, not a pyrightconfig.json found above it
 exec .venv/bin/python -m pytest tests "$@"
