@@ -88,8 +88,9 @@ calculator.example = {"expression": "12*7"}
 '''
 
 
-def fit_two_branches(model_dir, out_dir, tokenizer):
-    """``model_dir`` fitted so that each training problem is answered by a call (then the result) or a guess."""
+def fit_two_branches(model_dir, out_dir, tokenizer) -> tuple[float, float]:
+    """``model_dir`` fitted into ``out_dir`` so that each training problem is answered by a call (then the result)
+    or a guess; the final loss and :func:`_exact_call_chance`."""
     from grpo_rl.envs import make_env
     from grpo_rl.envs.multiturn import ToolMessages
     from grpo_rl.envs.tools.format import format_tool_call
@@ -123,7 +124,7 @@ def fit_two_branches(model_dir, out_dir, tokenizer):
         return pool.submit(_fit, str(model_dir), str(out_dir), ids, labels, attention).result(timeout=600)
 
 
-def _fit(model_dir, out_dir, ids, labels, attention) -> float:
+def _fit(model_dir, out_dir, ids, labels, attention) -> tuple[float, float]:
     from grpo_rl.model.loading import load_causal_lm
 
     torch.set_num_threads(1)
@@ -132,9 +133,9 @@ def _fit(model_dir, out_dir, ids, labels, attention) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     predicted = labels[:, 1:] != -100  # positions whose next token is an answer token: the head runs there only
     targets = labels[:, 1:][predicted]
-    # Measured at 3e-3 (1e-2 does not converge), as the chance that a call answer samples the whole branch exactly at
-    # temperature 0.5: 0.0 after 100 steps, 0.99 after 150, 1.00 after 200 (on 4 problems it was 0.08-0.77 after 150,
-    # so the calls carried wrong operands and the correct reward lagged the call rate).
+    # At 3e-3 (1e-2 does not converge). The least chance of an exact call branch (_exact_call_chance) on AVX2 (AMD
+    # EPYC): 0.0 after 100 steps, 0.99 after 150, 1.00 after 200; on 4 problems it was 0.08 after 150, so the calls
+    # carried wrong operands and the correct reward lagged the call rate.
     for _ in range(200):
         hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1][predicted]
         loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), targets)
@@ -143,14 +144,29 @@ def _fit(model_dir, out_dir, ids, labels, attention) -> float:
         opt.step()
     shutil.copytree(model_dir, out_dir)
     model.save_pretrained(out_dir)
-    return float(loss.detach())
+    return float(loss.detach()), _exact_call_chance(model, ids, labels, attention)
+
+
+@torch.no_grad()
+def _exact_call_chance(model, ids, labels, attention) -> float:
+    """The least chance, over the problems, that an answer which starts a call (the even rows) samples the rest of
+    its branch exactly at the runs' temperature of 0.5: the call's operands, then the tool's result as the answer."""
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1] / 0.5
+    chosen = logits.log_softmax(-1).gather(-1, labels[:, 1:].clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    answer = labels[:, 1:] != -100
+    chances = [float(chosen[i][answer[i]][1:].sum().exp()) for i in range(0, len(ids), 2)]  # after the branch token
+    return min(chances)
 
 
 @pytest.fixture(scope="module")
 def fitted_model_dir(tiny_model_dir, tokenizer, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fitted") / "model"
-    final_loss = fit_two_branches(tiny_model_dir, out, tokenizer)
+    final_loss, exact = fit_two_branches(tiny_model_dir, out, tokenizer)
     assert final_loss < 0.8  # each branch memorised; what is left is the coin flip between them (ln 2 / length)
+    # The runs' premise: a call carries its problem's operands. Checked here, on this CPU's kernels, so that a fit
+    # that falls short fails as such and not as a reward that lags the call rate.
+    print(f"fit: loss {final_loss:.3f}, least chance of an exact call branch {exact:.3f}")
+    assert exact > 0.9, f"the fitted calls are not exact (least chance {exact:.3f}): fit longer"
     return out
 
 
