@@ -38,9 +38,9 @@ class ScriptRun:
     peak_rss_gib: float  # ru_maxrss of the script's process and the children it reaped (not Ray's workers)
 
 
-def script_env(threads: int | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def script_env(threads: int | None = None, extra: Mapping[str, str] | None = None, root: Path = ROOT) -> dict[str, str]:
     """The environment of a benchmark's run: the caller's, with Hugging Face offline and ``GRPO_DATA_DIR`` set to
-    the data folder beside the checkout unless the user set them; this checkout's ``grpo_rl`` first on
+    the data folder beside the checkout unless the user set them; ``root``'s ``grpo_rl`` (this checkout's) first on
     ``PYTHONPATH``; output unbuffered (the log of a killed run ends where it was); ``OMP_NUM_THREADS`` when
     ``threads`` is given; then ``extra``."""
     env = dict(os.environ)
@@ -48,7 +48,7 @@ def script_env(threads: int | None = None, extra: Mapping[str, str] | None = Non
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     if "GRPO_DATA_DIR" not in env and SHARED_DATA.is_dir():
         env["GRPO_DATA_DIR"] = str(SHARED_DATA)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -73,6 +73,7 @@ def run_script(
     threads: int | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = True,
+    root: Path = ROOT,
 ) -> ScriptRun:
     """Run ``sota/<script>`` with the Hydra ``overrides`` and ``output_dir=<run_dir>`` (a new temporary folder when
     None; an existing one, with ``resume=auto``, resumes) and return what the run left.
@@ -80,17 +81,23 @@ def run_script(
     Output goes to ``log`` when given (readable while the run lives), else it is returned. After ``timeout``
     seconds the script's whole process group is killed (its Ray and vLLM workers too), as it is when this process
     is interrupted. With ``check``, a run that did not exit 0 raises ``RuntimeError`` with the end of its output;
-    without, the rows it logged are returned beside its ``returncode``.
+    without, the rows it logged are returned beside its ``returncode``. ``root``: the checkout whose script and
+    package run (another commit's, to compare; default this one).
     """
     announce_machine()
     run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-    cmd = [sys.executable, str(ROOT / "sota" / script), *overrides, f"output_dir={run_dir}"]
+    cmd = [sys.executable, str(Path(root) / "sota" / script), *overrides, f"output_dir={run_dir}"]
     timed_out = threading.Event()
     with open(log, "w") if log else tempfile.TemporaryFile("w+", errors="replace") as out:
         t0 = time.perf_counter()
         # A process group of its own, so that a timeout or an interrupt ends its workers with it.
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=script_env(threads, env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=root,
+            env=script_env(threads, env, root),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
         def kill_at_timeout() -> None:
