@@ -9,4 +9,7 @@ source scripts/env.sh
 .venv/bin/ruff check grpo_rl sota tests benchmarks
 .venv/bin/ruff format --check grpo_rl sota tests benchmarks
 .venv/bin/pyright --project pyproject.toml  # this project's settings, not a pyrightconfig.json found above it
-exec .venv/bin/python -m pytest tests "$@"
+# One pytest worker per core this process may use (the tests run their scripts with one thread each, so workers do
+# not slow each other's OpenMP); a module's tests stay on one worker, sharing its module-scoped runs.
+# GRPO_TEST_WORKERS=0 runs them all in this process.
+exec .venv/bin/python -m pytest tests -n "${GRPO_TEST_WORKERS:-auto}" --dist loadscope "$@"

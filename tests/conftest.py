@@ -24,6 +24,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 torch.set_num_threads(int(os.environ.get("GRPO_TEST_THREADS", "1")))
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (scripts/test.sh): one worker per core this process may use (CPU affinity and a cgroup quota
+    counted, as the runs count them), not xdist's count of the host's physical cores."""
+    from grpo_rl.placement.devices import available_cpus
+
+    return available_cpus()
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

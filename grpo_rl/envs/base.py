@@ -48,6 +48,7 @@ from tensordict import NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import Categorical, Composite, NonTensor, Unbounded
 from torchrl.envs import EnvBase
 
+from grpo_rl.envs.prompt_tokens import tokenize_prompts
 from grpo_rl.envs.rewards.base import CompositeReward
 from grpo_rl.errors import DataError
 
@@ -150,9 +151,11 @@ class PromptEnv(EnvBase):
         extra_columns = tuple(extra_columns)
         rows: list[tuple[int, str, list[int], Any, dict]] = []
         skipped = 0
-        for i, row in enumerate(records):
-            text = tokenizer.apply_chat_template(format_messages(row), add_generation_prompt=True, tokenize=False)
-            tokens = tokenizer.encode(text, add_special_tokens=False)
+        texts = [
+            tokenizer.apply_chat_template(format_messages(row), add_generation_prompt=True, tokenize=False)
+            for row in records
+        ]
+        for i, (row, text, tokens) in enumerate(zip(records, texts, tokenize_prompts(tokenizer, texts), strict=True)):
             if len(tokens) > max_prompt_tokens:
                 if too_long == "error":
                     raise PromptTooLongError(

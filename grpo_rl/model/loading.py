@@ -89,7 +89,7 @@ def resolve_model(name: str, configured_cache: str | None = None) -> str:
 def _prepare_embedded(name: str, root: Path) -> Path:
     package, filename = EMBEDDED[name]
     target = root / name.split(":", 1)[1]
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+    if _complete(target):
         return target
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -112,10 +112,22 @@ def _prepare_embedded(name: str, root: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if _complete(target):  # another process (a parallel test worker, a second run) published it meanwhile
+        shutil.rmtree(tmp)
+        return target
     if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+        shutil.rmtree(target)  # a damaged folder
+    try:
+        os.replace(tmp, target)
+    except OSError:  # published by another process between the check and the rename
+        shutil.rmtree(tmp)
+        if not _complete(target):
+            raise
     return target
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "config.json").exists() and (folder / "model.safetensors").exists()
 
 
 def _safetensors_problem(file: Path) -> str | None:

@@ -52,6 +52,9 @@ def script_env(**extra: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         TOKENIZERS_PARALLELISM="false",
     )
+    # One thread per process, as the tests' own (tests/conftest.py): a script sizes its roles' threads from this, so
+    # two test workers on a 2-core machine never run 2-thread OpenMP against each other (10 to 30x slower).
+    env.setdefault("OMP_NUM_THREADS", os.environ.get("GRPO_TEST_THREADS", "1"))
     shared = ROOT.parent / "shared" / "data"
     if "GRPO_DATA_DIR" not in env and shared.exists():
         env["GRPO_DATA_DIR"] = str(shared)
