@@ -292,16 +292,18 @@ class RunContext:
         return uses_reference(self.cfg)
 
     def actor_spec(self, role: str, index: int, engine_urls: tuple[str, ...] | None = None) -> ActorSpec:
-        """The slice of this context that worker ``index`` of ``role`` (an actor) needs; a collector drives one of
-        ``engine_urls`` (the servers the run started; default :attr:`engine_urls`)."""
+        """The slice of this context that worker ``index`` of ``role`` (an actor) needs: the config sections of
+        :data:`ACTOR_SECTIONS`; a collector drives one of ``engine_urls`` (the servers the run started; default
+        :attr:`engine_urls`)."""
         from omegaconf import OmegaConf
 
         placement = getattr(self.placement, role)
         urls = self.engine_urls if engine_urls is None else tuple(engine_urls)
         if role == "collector" and urls:  # each collector drives a server of its own
             urls = (urls[index % len(urls)],)
+        whole = OmegaConf.to_container(self.cfg, resolve=True)
         return ActorSpec(
-            cfg=OmegaConf.to_container(self.cfg, resolve=True),
+            cfg={name: whole[name] for name in ACTOR_SECTIONS[role] if name in whole},
             run_dir=str(self.run_dir),
             model_path=self.model_path,
             role=role,
@@ -309,9 +311,30 @@ class RunContext:
             device=actor_device(placement.devices[index]),
             threads=placement.threads,
             mode=self.mode,
+            precision=self.precision,
             rewards=self.rewards,
             engine_urls=urls,
         )
+
+
+# The config sections each actor role reads, and all it is sent: reading another in the actor raises at once (rather
+# than finding a schema default there). The driver's own settings (output_dir, resume, logger, ray) stay in it.
+ACTOR_SECTIONS: dict[str, tuple[str, ...]] = {
+    "collector": tuple(
+        "seed model inference_model env reward reward_model sampling policy eval pipeline simulate train".split()
+    ),
+    "reference": tuple("seed model ref_model env sampling policy train pipeline simulate".split()),
+    "learner": tuple(
+        "seed model train_model ref_model inference_model env sampling policy optimizer train pipeline simulate".split()
+    ),
+}
+
+# The role's own precision setting, resolved again on the actor's device (another node may be another CPU kind).
+_OWN_PRECISION = {
+    "collector": (("inference", "inference_model"),),
+    "reference": (("ref", "ref_model"),),
+    "learner": (("train", "train_model"), ("ref", "ref_model")),  # a LoRA learner is its own reference
+}
 
 
 def actor_device(device: torch.device) -> torch.device:
@@ -325,6 +348,7 @@ class ActorSpec:
     functions of the Python API are pickled by value, as Ray pickles any function)."""
 
     cfg: dict
+    """The sections of :data:`ACTOR_SECTIONS` for ``role``, resolved to plain values."""
     run_dir: str
     model_path: str
     role: str
@@ -332,22 +356,23 @@ class ActorSpec:
     device: torch.device
     threads: int
     mode: str
+    precision: RolePrecisions
     rewards: tuple = ()
     engine_urls: tuple[str, ...] = ()
 
     def enter(self) -> RunContext:
-        """Set this process's threads and return its :class:`RunContext`, with every role on the actor's device and
-        the driver's config, read-only."""
+        """Set this process's threads and return its :class:`RunContext`: every role on the actor's device, the
+        config its sections alone, read-only (reading a section it was not sent raises)."""
         from omegaconf import OmegaConf
 
-        from grpo_rl.config.schema import GRPOConfig
         from grpo_rl.model.loading import load_tokenizer
 
         torch.set_num_threads(self.threads)
-        cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), self.cfg)
-        OmegaConf.set_readonly(cfg, True)  # the driver's config, final: read-only here too
+        cfg = OmegaConf.create(self.cfg, flags={"readonly": True})
+        OmegaConf.set_struct(cfg, True)  # an unknown key raises instead of reading as None
         d = (self.device,)  # allocated by the driver; Ray exposes just this GPU here (a reward model shares it)
-        devices = DeviceAllocation(train=d, ref=d, inference=d, reward_model=d if cfg.reward.model_path else ())
+        reward_model = d if "reward" in cfg and cfg.reward.model_path else ()
+        devices = DeviceAllocation(train=d, ref=d, inference=d, reward_model=reward_model)
         own = RolePlacement(self.role, d, self.threads, actors=False)
         placement = Placement(
             collector=replace(own, role="collector"),
@@ -357,13 +382,16 @@ class ActorSpec:
             driver_threads=self.threads,
             served=bool(self.engine_urls),
         )
+        precision = self.precision
+        for field_name, section in _OWN_PRECISION[self.role]:
+            precision = replace(precision, **{field_name: resolve_precision(cfg[section].precision, self.device)})
         return RunContext(
             cfg=cfg,
             run_dir=Path(self.run_dir),
             devices=devices,
             model_path=self.model_path,
             tokenizer=load_tokenizer(self.model_path),
-            precision=resolve_run_precision(cfg, devices),
+            precision=precision,
             placement=placement,
             mode=self.mode,
             rewards=self.rewards,

@@ -12,7 +12,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "grpo_rl"
 
 # Lowest first. A module may import its own layer and those below it. The package root (``grpo_rl/__init__.py``)
-# stands outside the order: every submodule import runs it, and it imports nothing of the package at import time.
+# stands outside the order: every submodule import runs it; it sets the OpenMP and oneDNN defaults and then imports
+# the Python API it exports (``from grpo_rl import Trainer``), the top layer (test_root_imports_only_the_api).
 LAYERS = (
     ("grpo_rl.errors", "grpo_rl.quiet"),  # what every layer may raise or silence
     ("grpo_rl.config",),  # the schema and pure checks of its values
@@ -155,3 +156,7 @@ def test_every_package_says_what_it_holds_and_may_import():
             if init.exists():  # a package, not a module
                 doc = ast.get_docstring(ast.parse(init.read_text())) or ""
                 assert "import" in doc and len(doc.splitlines()) >= 3, top
+
+
+def test_root_imports_only_the_api():
+    assert import_graph()["grpo_rl"] == {"grpo_rl.api", "grpo_rl.envs.rewards.custom"}

@@ -130,29 +130,43 @@ def test_actors_that_share_one_gpu_ask_for_a_share_of_it():
 
 def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_dir, tmp_path, monkeypatch):
     """Inside a collector actor nothing allocates devices again: the reward model gets the actor's device."""
-    from grpo_rl.placement.context import ActorSpec
+    from omegaconf import OmegaConf
+
+    from grpo_rl.config.schema import GRPOConfig
+    from grpo_rl.placement.context import ACTOR_SECTIONS, ActorSpec, resolve_run_precision
+    from grpo_rl.placement.devices import DeviceAllocation
 
     # Recorded rather than read back: once a vLLM engine has run in this process, it has made
     # torch.set_num_threads a no-op, so the global count says nothing about what enter() asked for.
     threads_set = []
     monkeypatch.setattr(torch, "set_num_threads", threads_set.append)
 
-    def spec(cfg):
+    def spec(reward_model: str | None):
+        cfg = OmegaConf.structured(GRPOConfig)
+        cfg.inference_model.precision = "float32"
+        cfg.reward.model_path = reward_model
+        precision = resolve_run_precision(cfg, DeviceAllocation(train=(cpu,), ref=(cpu,), inference=(cpu,)))
         return ActorSpec(
-            cfg=cfg,
+            cfg={
+                name: value
+                for name, value in OmegaConf.to_container(cfg).items()
+                if name in ACTOR_SECTIONS["collector"]
+            },
             run_dir=str(tmp_path),
             model_path=str(tiny_model_dir),
             role="collector",
             index=0,
-            device=torch.device("cpu"),
+            device=cpu,
             threads=1,
             mode="async",
+            precision=precision,
         )
 
-    run = spec({"reward": {"model_path": str(tiny_model_dir)}}).enter()
-    assert run.devices.reward_model == (torch.device("cpu"),)
+    cpu = torch.device("cpu")
+    run = spec(str(tiny_model_dir)).enter()
+    assert run.devices.reward_model == (cpu,)
     assert threads_set == [1]  # the slice's threads, set once here
-    assert spec({}).enter().devices.reward_model == ()
+    assert spec(None).enter().devices.reward_model == ()
 
 
 class _Env:

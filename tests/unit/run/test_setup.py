@@ -89,29 +89,30 @@ def test_torchrl_keys_are_set_before_the_checks(tiny_model_dir, tmp_path):
     assert OmegaConf.to_container(cfg) == derived
 
 
-def test_actors_get_the_config_read_only(tiny_model_dir, tmp_path):
+def test_actors_get_their_sections_read_only(tiny_model_dir, tmp_path):
     import torch
+    from omegaconf.errors import ConfigAttributeError
 
-    from grpo_rl.placement.context import ActorSpec
+    from grpo_rl.placement.context import ACTOR_SECTIONS
+    from grpo_rl.run.setup import make_run
 
-    cfg = _cfg(tiny_model_dir, tmp_path, "train.steps=7")
-    spec = ActorSpec(
-        cfg=OmegaConf.to_container(cfg, resolve=True),
-        run_dir=str(tmp_path),
-        model_path=str(tiny_model_dir),
-        role="collector",
-        index=0,
-        device=torch.device("cpu"),
-        threads=1,
-        mode="async",
-    )
+    cfg = _cfg(tiny_model_dir, tmp_path, "train.steps=7", "policy.kl_coef=0.01", "ref_model.placement=actor")
+    run = make_run(cfg, tmp_path / "run", mode="async")
     threads = torch.get_num_threads()
-    try:
-        run = spec.enter()  # sets this process's threads, as in an actor
-    finally:
-        torch.set_num_threads(threads)
-    assert OmegaConf.to_container(run.cfg) == OmegaConf.to_container(cfg, resolve=True)
-    with pytest.raises(ReadonlyConfigError):
-        run.cfg.train.steps = 8
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        run.mode = "sync"
+    for role in ("collector", "reference", "learner"):
+        spec = run.actor_spec(role, 0)
+        assert tuple(spec.cfg) == ACTOR_SECTIONS[role]  # the slice, not the whole config
+        try:
+            actor = spec.enter()  # sets this process's threads, as in an actor
+        finally:
+            torch.set_num_threads(threads)
+        whole = OmegaConf.to_container(cfg, resolve=True)
+        assert OmegaConf.to_container(actor.cfg) == {name: whole[name] for name in ACTOR_SECTIONS[role]}
+        assert actor.precision == run.precision and actor.uses_ref
+        with pytest.raises(ConfigAttributeError):
+            actor.cfg.logger  # noqa: B018  (the driver's alone: reading it in an actor fails at once)
+        with pytest.raises(ReadonlyConfigError):
+            actor.cfg.seed = 8
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            actor.mode = "sync"
+    assert "optimizer" not in run.actor_spec("collector", 0).cfg and "eval" not in run.actor_spec("learner", 0).cfg
