@@ -523,6 +523,9 @@ class LoggerConfig:
     """Also write <run_dir>/metrics.csv."""
     tensorboard: bool = False
     """Also write TensorBoard event files to <run_dir>/tensorboard."""
+    trace: bool = True
+    """Write <run_dir>/trace.json: every role's phases (generate, reward, reference, train, push, waits, restarts)
+    as wall-clock spans, one row per process, for Perfetto or chrome://tracing (grpo_rl/trace.py)."""
 
 
 @dataclass

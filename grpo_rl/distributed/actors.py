@@ -26,6 +26,7 @@ quiet_logging()
 
 import torch
 
+from grpo_rl import trace
 from grpo_rl.distributed.buffer import RolloutBuffer
 from grpo_rl.engines.build import make_engine
 from grpo_rl.placement.context import ActorSpec
@@ -148,7 +149,9 @@ class CollectorWorker:
     def _load(self, pending) -> None:
         version, weights = pending
         t0 = time.perf_counter()
-        self.engine.update_weights(weights if isinstance(weights, list) else unpack_weights(weights), version=version)
+        with trace.span("load weights", track="engine", version=version):
+            weights = weights if isinstance(weights, list) else unpack_weights(weights)
+            self.engine.update_weights(weights, version=version)
         self.version = version
         self._stats["weight_loads"] += 1
         self._stats["weight_load_seconds"] += time.perf_counter() - t0
@@ -168,7 +171,9 @@ class CollectorWorker:
                 env.reset()  # another replica's batch, or one consumed before the resume: skip its prompts
                 continue
             t0 = time.perf_counter()
-            if not self._admitted(index):
+            with trace.span("wait for admission", batch=index):
+                admitted = self._admitted(index)
+            if not admitted:
                 break
             if self._push_error is not None:  # its server holds weights of no known version
                 raise self._push_error
@@ -193,6 +198,7 @@ class CollectorWorker:
             st["wait_for_space_seconds"] += t_admitted - t0
             # The counters and failing reward calls travel with the batch: no per-step call from the driver.
             report = {f"collector/{self.replica}": self.stats()}
+            w_put = trace.now_us()
             while not self._stop.is_set():
                 if ray.get(
                     self.buffer.put.remote(batch, self.poll_seconds, report, cs.failure_examples), timeout=self.timeout
@@ -201,6 +207,8 @@ class CollectorWorker:
                 if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):  # shutting down: nobody reads
                     self._stop.set()
             st["wait_for_space_seconds"] += time.perf_counter() - t1
+            trace.record("wait for space", w_put, trace.now_us(), batch=index)
+        trace.flush()
         return self.stats()
 
     def _admitted(self, index: int) -> bool:
@@ -232,6 +240,7 @@ class CollectorWorker:
 
     def shutdown(self) -> None:
         self._stop.set()
+        trace.flush()
         with self._engine_lock:
             self.engine.shutdown()
         if self._receiver is not None:
@@ -261,7 +270,10 @@ class RefWorker:
 
     def score(self, batch) -> torch.Tensor:
         """``ref_logprobs`` ``[n, Lr]`` of ``batch``'s answers."""
-        return self.scorer.score(batch)["ref_logprobs"]
+        with trace.span("reference", rows=batch.batch_size[0]):
+            scored = self.scorer.score(batch)["ref_logprobs"]
+        trace.flush()  # a replica may be killed without notice: each call's span is on disk
+        return scored
 
 
 class BufferActor(RolloutBuffer):

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from grpo_rl import trace
+
 log = logging.getLogger(__name__)
 
 
@@ -58,6 +60,8 @@ class Restarts:
             self._seconds_since_report += seconds
             count = self.counts[role]
         who = "learner group" if role == "learner" else f"{role} replica {replica}"
+        end = trace.now_us()
+        trace.record(f"restart {who}", end - int(seconds * 1e6), end, track="restarts", cause=cause[:200])
         log.warning("%s replaced (%d so far) in %.1f s: %s", who, count, seconds, cause)
         if self.path is not None:
             row = {

@@ -28,6 +28,7 @@ quiet_logging()
 
 import torch
 
+from grpo_rl import trace
 from grpo_rl.distributed.data_parallel import GradientAllReduce, shard_batch
 from grpo_rl.distributed.healing import died_how, record_pids
 from grpo_rl.distributed.reference_actors import wait_ready
@@ -78,11 +79,10 @@ class LearnerRank:
         return os.getpid()
 
     def train_step(self, shard) -> dict:
-        return {
-            **self.learner.train_step(shard),
-            "version": self.learner.version,
-            "skipped_steps": self.learner.skipped_steps,
-        }
+        with trace.span("train", rows=shard.batch_size[0]):
+            metrics = self.learner.train_step(shard)
+        trace.flush()  # a rank may be killed without notice: each step's span is on disk
+        return {**metrics, "version": self.learner.version, "skipped_steps": self.learner.skipped_steps}
 
     def _full_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The whole model's weights in HF naming; sharded ranks gather them (every rank must call this)."""

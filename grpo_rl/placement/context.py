@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from grpo_rl import ONEDNN_DEFAULTS, OPENMP_DEFAULTS
+from grpo_rl import ONEDNN_DEFAULTS, OPENMP_DEFAULTS, trace
 from grpo_rl.config.schema import needs_reference_model, uses_reference
 from grpo_rl.model.precision import Precision, resolve_precision
 from grpo_rl.placement.devices import DeviceAllocation, available_cpus
@@ -314,6 +314,7 @@ class RunContext:
             precision=self.precision,
             rewards=self.rewards,
             engine_urls=urls,
+            trace=self.cfg.logger.trace,
         )
 
 
@@ -359,6 +360,8 @@ class ActorSpec:
     precision: RolePrecisions
     rewards: tuple = ()
     engine_urls: tuple[str, ...] = ()
+    trace: bool = False
+    """Record this actor's phases into the run's trace (``logger.trace``, :mod:`grpo_rl.trace`)."""
 
     def enter(self) -> RunContext:
         """Set this process's threads and return its :class:`RunContext`: every role on the actor's device, the
@@ -368,6 +371,8 @@ class ActorSpec:
         from grpo_rl.model.loading import load_tokenizer
 
         torch.set_num_threads(self.threads)
+        if self.trace:
+            trace.start(Path(self.run_dir) / "trace", f"{self.role} {self.index}")
         cfg = OmegaConf.create(self.cfg, flags={"readonly": True})
         OmegaConf.set_struct(cfg, True)  # an unknown key raises instead of reading as None
         d = (self.device,)  # allocated by the driver; Ray exposes just this GPU here (a reward model shares it)

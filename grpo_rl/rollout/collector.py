@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import NonTensorStack, TensorDict
 
+from grpo_rl import trace
 from grpo_rl.engines.base import RolloutEngine, SamplingSpec
 from grpo_rl.envs import make_env
 from grpo_rl.envs.base import PromptEnv, group_answers, rewards_per_answer
@@ -85,7 +86,7 @@ class Collector:
         self.tool_messages = ToolMessages(tokenizer) if self.tools is not None else None
 
     def collect(self, step: int, policy_version: int) -> tuple[TensorDict, CollectStats]:
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), trace.now_us()
         prompts = self.env.reset()
         n = self.group_size
         # One seed per (run seed, step): resuming at step s reproduces its samples exactly.
@@ -122,7 +123,8 @@ class Collector:
             answers = [e.answer_ids for e in episodes]
             # The whole episode as the model saw it (calls, tool messages, answer): what samples.jsonl shows.
             batch.set("episode_text", NonTensorStack(*[self.tokenizer.decode(e.ids) for e in episodes]))
-        t1 = time.perf_counter()
+        t1, w1 = time.perf_counter(), trace.now_us()
+        trace.record("generate", w0, w1, track="engine", batch=step, version=policy_version)
         texts = self.tokenizer.batch_decode(answers, skip_special_tokens=True)
         rows = batch["group_id"].tolist()
         batch.set("response_text", NonTensorStack(*texts))
@@ -135,6 +137,7 @@ class Collector:
             batch.set(key, val)
         batch.set("policy_version", oldest_token_version(batch, policy_version))
         t2 = time.perf_counter()
+        trace.record("reward", w1, trace.now_us(), track="rollout", batch=step)
         stats = CollectStats(
             generation_seconds=t1 - t0,
             reward_seconds=t2 - t1,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from grpo_rl import trace
 from grpo_rl.run.checkpoint import (
     Checkpointer,
     checkpoint_step,
@@ -146,6 +147,10 @@ class CheckpointManager:
         return self._save(self.source.state_dict())
 
     def _save(self, env_state: dict, rng: dict | None = None) -> Path:
+        with trace.span("checkpoint", step=self.steps.step):
+            return self._write(env_state, rng)
+
+    def _write(self, env_state: dict, rng: dict | None) -> Path:
         config_yaml = OmegaConf.to_yaml(self.cfg)
         state = {
             "learner": self.learner.state_dict(),

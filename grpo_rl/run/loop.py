@@ -25,6 +25,7 @@ import logging
 import time
 from pathlib import Path
 
+from grpo_rl import trace
 from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.rollout.evaluation import due_for_evaluation, make_eval_env
 from grpo_rl.run.checkpoint_manager import CheckpointManager
@@ -49,6 +50,9 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
         # Create the run: validate config and run folder, allocate devices, place the roles, resolve precision;
         # then read and check the data, before any engine starts.
         run = make_run(cfg, run_dir, mode=mode, rewards=rewards)
+        if cfg.logger.trace:  # every process's spans into trace.json when the run ends (the last cleanup)
+            trace.start(run.run_dir / "trace", "driver")
+            cleanup.callback(write_trace, run.run_dir)
         env, eval_env = make_train_env(run), make_eval_env(run)
         # Create the roles: rollout source (engines, collectors), learner, reference, weight sync.
         start_roles(run, cleanup)
@@ -121,7 +125,8 @@ def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: 
     pushed = learner.version  # the policy version the engines hold
     while stopper.running(steps.step):
         t0 = time.perf_counter()
-        rollout = source.next_batch(learner.version, stopping)  # G answers per prompt, rewarded, versioned
+        with trace.span("wait for batch", step=steps.step + 1):
+            rollout = source.next_batch(learner.version, stopping)  # G answers per prompt, rewarded, versioned
         if rollout is None:  # stopped while waiting for it
             break
         if between_phases is not None:
@@ -140,12 +145,12 @@ def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: 
         push_seconds, push_failed = 0.0, None
         try:
             if push.due(learner.version, pushed, evaluate):
-                push_seconds, pushed = (
-                    roles.weight_sync.push(learner.weights_for_push(), learner.version),
-                    learner.version,
-                )
+                with trace.span("push", version=learner.version):
+                    push_seconds = roles.weight_sync.push(learner.weights_for_push(), learner.version)
+                pushed = learner.version
             if evaluate:  # the engines must hold the push before they are evaluated
-                push_seconds += roles.weight_sync.delivered()
+                with trace.span("wait for push"):
+                    push_seconds += roles.weight_sync.delivered()
         except RoleFailed as e:  # the step is trained: it is logged and checkpointed before the failure ends the run
             push_failed, evaluate = e, False
         t2 = time.perf_counter()
@@ -159,12 +164,29 @@ def run_steps(cfg, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: 
             weight_sync_seconds=push_seconds,
             step_seconds=step_seconds,
             learner_busy_fraction=(t2 - t1) / step_seconds,
+            learner_idle_fraction=(t1 - t0) / step_seconds,  # waiting for the batch: nothing to train
+            # an engine's time without a request, in both loops: generation seconds are per engine
+            engine_idle_fraction=max(0.0, 1.0 - metrics.get("generation_seconds", 0.0) / step_seconds),
             tokens_per_second=metrics["answer_tokens"] / step_seconds,
             learner_samples_per_second=rollout.batch.batch_size[0] / step_seconds,
         )
         if evaluate:
-            metrics.update(source.evaluate(step, cfg.train.steps))
+            with trace.span("evaluate", step=step):
+                metrics.update(source.evaluate(step, cfg.train.steps))
         steps.record(metrics, batch, rollout.failure_examples, console_suffix=pipeline_suffix(metrics))
         checkpoints.step_done()  # after the row: a checkpoint of a step never lacks it
         if push_failed is not None:
             raise push_failed
+
+
+def write_trace(run_dir: Path) -> None:
+    """Merge every process's spans into ``<run_dir>/trace.json`` (:mod:`grpo_rl.trace`)."""
+    trace.stop()
+    try:
+        events = trace.merge(run_dir / "trace", run_dir / "trace.json")
+    except OSError as e:  # a full disk: the trace is a diagnostic, the run's outcome stands
+        log.warning("could not write %s: %s", run_dir / "trace.json", e)
+        return
+    log.info(
+        "trace: %s (%d spans; open it in https://ui.perfetto.dev or chrome://tracing)", run_dir / "trace.json", events
+    )

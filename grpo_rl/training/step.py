@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tensordict import TensorDict
 
+from grpo_rl import trace
 from grpo_rl.algo.advantages import assign_advantages
 from grpo_rl.config.schema import PolicyConfig
 from grpo_rl.rollout.stats import batch_metrics
@@ -59,13 +60,15 @@ def train_on_batch(
     answer_tokens = int(batch["response_mask"].sum())
     scored_tokens = int(batch["prompt_mask"].sum()) + answer_tokens
     t0 = time.perf_counter()
-    batch, adv_stats = score_batch(batch, ref, policy, max_new_tokens)
+    with trace.span("reference" if ref is not None else "advantages"):
+        batch, adv_stats = score_batch(batch, ref, policy, max_new_tokens)
     t1 = time.perf_counter()
     if between_phases is not None:
         between_phases("reference scoring")
     trained_tokens = 0
     if batch.batch_size[0] > 0:
-        metrics.update(learner.train_step(batch))
+        with trace.span("train", rows=batch.batch_size[0]):
+            metrics.update(learner.train_step(batch))
         trained_tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
     t2 = time.perf_counter()
     metrics.update(adv_stats)

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "grpo_rl"
 # stands outside the order: every submodule import runs it; it sets the OpenMP and oneDNN defaults and then imports
 # the Python API it exports (``from grpo_rl import Trainer``), the top layer (test_root_imports_only_the_api).
 LAYERS = (
-    ("grpo_rl.errors", "grpo_rl.quiet"),  # what every layer may raise or silence
+    ("grpo_rl.errors", "grpo_rl.quiet", "grpo_rl.trace"),  # what every layer may raise, silence or trace
     ("grpo_rl.config",),  # the schema and pure checks of its values
     ("grpo_rl.algo",),  # loss, objectives, advantages, engine corrections, overlong shaping
     ("grpo_rl.model",),  # loading, log-probs, vocabulary passes, packing, LoRA, compile, precision, optimizer
