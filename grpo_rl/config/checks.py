@@ -334,6 +334,7 @@ def _validate_pipeline(cfg: Any) -> None:
         _positive(f"simulate.{key}", getattr(sim, key), allow_zero=True)
     _positive("simulate.answer_tokens", sim.answer_tokens)
     _positive("pipeline.timeout_seconds", p.timeout_seconds)
+    _positive("pipeline.start_timeout_seconds", p.start_timeout_seconds)
     if p.max_staleness < p.push_every - 1:
         raise ConfigError(
             f"pipeline.max_staleness={p.max_staleness} < pipeline.push_every - 1 = {p.push_every - 1}: the engine "

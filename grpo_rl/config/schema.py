@@ -575,6 +575,9 @@ class PipelineConfig:
     """Longest wait for another role: a remote call, a weight broadcast, or the next batch from the collectors.
     Past it the run stops with a message naming the role, after a checkpoint at the last step boundary. The first
     batch also waits for the engine's start and kernel compilation (about a minute on a CPU)."""
+    start_timeout_seconds: float = 600.0
+    """Longest wait for an actor (a collector with its engine, a reference replica, a learner rank, or a replacement)
+    to start: its imports and model load, which on a busy CPU take far longer than a silence worth noticing."""
     poll_seconds: float = 1.0
     """How often blocked roles wake up to check for shutdown and failed actors."""
     max_restarts: int = 2

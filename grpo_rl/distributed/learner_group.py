@@ -180,7 +180,7 @@ class LearnerGroup:
             )
             for i in range(world)
         ]
-        self.pids = wait_ready(self.ranks, "learner rank", self.timeout)
+        self.pids = wait_ready(self.ranks, "learner rank", run.cfg.pipeline.start_timeout_seconds)
         record_pids(run.run_dir, "learner", self.pids)
         self.lost = False
         sharding = "FSDP2-sharded" if run.cfg.train_model.sharding == "fsdp" else "data-parallel"

@@ -78,7 +78,7 @@ class AsyncRollouts:
         """The run's weight sync, built by :meth:`wait_started`."""
         self.restarts = restarts if restarts is not None else Restarts(p.max_restarts, run.run_dir)
         self.restarts.register("collector")
-        self.poll_seconds, self.timeout = p.poll_seconds, p.timeout_seconds
+        self.poll_seconds, self.timeout, self.start_timeout = p.poll_seconds, p.timeout_seconds, p.start_timeout_seconds
         self.position = StreamPosition(env)
         self.reference = reference
         self.versions_per_batch = run.cfg.train.updates_per_batch
@@ -117,10 +117,10 @@ class AsyncRollouts:
 
     def wait_started(self) -> None:
         """Wait (once) until the collectors, the buffers and the reference stage have started. Raises
-        :class:`RoleFailed` naming the role if one fails or takes past ``pipeline.timeout_seconds``."""
+        :class:`RoleFailed` naming the role if one fails or takes past ``pipeline.start_timeout_seconds``."""
         if self.pids:
             return
-        pids = wait_ready(self.collectors + self._buffers, "collector", self.timeout)
+        pids = wait_ready(self.collectors + self._buffers, "collector", self.start_timeout)
         if self.reference is not None:
             self.reference.wait_started()
         self.pids = {"collector": pids[: len(self.collectors)]}
@@ -308,7 +308,7 @@ class AsyncRollouts:
         self._heal_engine_server(replica)
         actor = self._new_collector(replica)
         try:
-            pid = wait_ready([actor], "replacement collector", self.timeout)[0]
+            pid = wait_ready([actor], "replacement collector", self.start_timeout)[0]
             self.nodes[replica] = self._get(actor.node.remote(), "the replacement collector", heal=False)
         except RoleFailed as e:
             raise RoleFailed(f"{who} {cause}, and its replacement failed: {e}") from error

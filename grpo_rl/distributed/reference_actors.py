@@ -41,7 +41,7 @@ class ReferenceActors:
         """Wait (once) until every replica has started. Raises :class:`RoleFailed` naming the role if one fails or
         takes past the timeout."""
         if self.pids is None:
-            self.pids = wait_ready(self.actors, "reference replica", self.timeout)
+            self.pids = wait_ready(self.actors, "reference replica", self.run.cfg.pipeline.start_timeout_seconds)
             record_pids(self.run.run_dir, "reference", self.pids)
 
     def _new_replica(self, index: int):
@@ -110,7 +110,8 @@ class ReferenceActors:
             log.debug("reference replica %d: kill: %s", index, e)
         self.actors[index] = self._new_replica(index)
         try:
-            self.pids[index] = wait_ready([self.actors[index]], "replacement reference replica", self.timeout)[0]
+            start = self.run.cfg.pipeline.start_timeout_seconds
+            self.pids[index] = wait_ready([self.actors[index]], "replacement reference replica", start)[0]
         except RoleFailed as e:
             raise RoleFailed(f"{who} {cause}, and its replacement failed: {e}") from error
         self.restarts.record("reference", index, cause, time.perf_counter() - t0, pid=self.pids[index])
@@ -146,7 +147,7 @@ def wait_ready(actors: list, role: str, timeout: float) -> list[int]:
             except Exception:  # noqa: BLE001 - never started
                 pass
         if isinstance(e, ray.exceptions.GetTimeoutError):
-            raise RoleFailed(f"a {role} did not start within pipeline.timeout_seconds={timeout:g}") from e
+            raise RoleFailed(f"a {role} did not start within pipeline.start_timeout_seconds={timeout:g}") from e
         if isinstance(e, ray.exceptions.RayError):
             raise RoleFailed(f"a {role} failed to start (its log is above): {e}") from e
         raise

@@ -67,7 +67,9 @@ def kill_when(proc: subprocess.Popen, run_dir: Path, plan: list[tuple], timeout:
     deadline = time.monotonic() + timeout
     for steps, role, index, *how in plan:
         while len(read_jsonl(run_dir / "metrics.jsonl")) < steps:
-            assert proc.poll() is None, f"the run ended before step {steps}"
+            if proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout else ""
+                raise AssertionError(f"the run ended before step {steps}:\n{out[-4000:]}")
             assert time.monotonic() < deadline, f"no step {steps} within {timeout:g} s"
             time.sleep(0.2)
         pid = json.loads((run_dir / "processes.json").read_text())[role][index]
