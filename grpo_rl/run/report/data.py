@@ -150,6 +150,6 @@ def placement(run_dir: Path) -> str:
 
 
 def config_text(run_dir: Path) -> str:
-    """The run's resolved config (``.hydra/config.yaml``), or ``""``."""
-    path = run_dir / ".hydra" / "config.yaml"
-    return path.read_text() if path.exists() else ""
+    """The run's config: Hydra's ``.hydra/config.yaml``, else the newest checkpoint's ``config.yaml``, else ``""``."""
+    paths = [run_dir / ".hydra" / "config.yaml", *sorted(run_dir.glob("checkpoints/*/config.yaml"), reverse=True)]
+    return next((p.read_text() for p in paths if p.exists()), "")

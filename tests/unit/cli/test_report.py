@@ -175,7 +175,12 @@ def test_nan_and_empty_folder(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": math.nan, "kl_ref": 0.1}) + "\n")
-    data = embedded(build_report([("run", run)]))
+    for step in (1, 2):  # no .hydra/: the newest checkpoint's config
+        (run / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        (run / "checkpoints" / f"step_{step:08d}" / "config.yaml").write_text(f"saved_at: {step}\n")
+    page = build_report([("run", run)])
+    assert "saved_at: 2" in page
+    data = embedded(page)
     assert [p["title"] for p in data["panels"]] == ["KL"]
     assert data["runs"][0]["timeline"]["spans"] == [] and data["runs"][0]["samples"] == {}
     refresh_report(tmp_path / "missing")  # logged, never raised
