@@ -512,7 +512,8 @@ class LoggerConfig:
     project: str = "grpo_rl"
     num_examine: int = 2
     """How many samples to print and log each examine step: the first answer of up to this many groups, spread
-    over the batch (prompt, answer, reference, reward components, advantage)."""
+    over the batch (prompt, answer, reference, reward components, advantage); samples.jsonl also holds every
+    answer of those groups token by token, which report.html colours (grpo_rl/run/sample_log.py)."""
     examine_every: int = 5
     """Examine at step 1 and every this many steps."""
     run_name: str | None = None
@@ -526,6 +527,17 @@ class LoggerConfig:
     trace: bool = True
     """Write <run_dir>/trace.json: every role's phases (generate, reward, reference, train, push, waits, restarts)
     as wall-clock spans, one row per process, for Perfetto or chrome://tracing (grpo_rl/trace.py)."""
+
+
+@dataclass
+class ReportConfig:
+    enabled: bool = True
+    """Write <run_dir>/report.html when the run ends: one offline page with the curves, the roles' timeline, the
+    logged answers token by token and the run's events (grpo_rl/run/report; python -m grpo_rl.cli.report RUN_DIR
+    writes it for any run folder)."""
+    every: int = 0
+    """Also rewrite it every N steps during the run, to watch a long run (0: only when the run ends). Each refresh
+    reads the run's logs again: keep N at tens of steps or more."""
 
 
 @dataclass
@@ -644,6 +656,7 @@ class GRPOConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ray: RayConfig = field(default_factory=RayConfig)

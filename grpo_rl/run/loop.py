@@ -30,6 +30,7 @@ from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.rollout.evaluation import due_for_evaluation, make_eval_env
 from grpo_rl.run.checkpoint_manager import CheckpointManager
 from grpo_rl.run.metrics import RunLogger, pipeline_suffix
+from grpo_rl.run.report import refresh_report
 from grpo_rl.run.roles import Roles, make_learner, make_roles, start_roles
 from grpo_rl.run.setup import make_run, make_train_env
 from grpo_rl.run.step_log import RunOutcome, StepLog
@@ -50,6 +51,8 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
         # Create the run: validate config and run folder, allocate devices, place the roles, resolve precision;
         # then read and check the data, before any engine starts.
         run = make_run(cfg, run_dir, mode=mode, rewards=rewards)
+        if cfg.report.enabled:  # registered first, so it runs last: after the logs close and trace.json is merged
+            cleanup.callback(refresh_report, run.run_dir)
         if cfg.logger.trace:  # every process's spans into trace.json when the run ends (the last cleanup)
             trace.start(run.run_dir / "trace", "driver")
             cleanup.callback(write_trace, run.run_dir)
@@ -59,7 +62,10 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
         roles = make_roles(run, env, eval_env, cleanup)
         logger = RunLogger.from_config(cfg, run.run_dir)
         cleanup.callback(logger.close)
-        stopper, steps = Stopper(cfg.train, signals, started=run.started), StepLog(cfg, run.run_dir, logger)
+        stopper, steps = (
+            Stopper(cfg.train, signals, started=run.started),
+            StepLog(cfg, run.run_dir, logger, run.tokenizer),
+        )
         checkpoints = CheckpointManager(cfg, run.run_dir, roles.learner, roles.source, run.tokenizer, steps)
         # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engines get the weights.
         checkpoints.resume(roles.weight_sync)

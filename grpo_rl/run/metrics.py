@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from grpo_rl.rollout.stats import first_rows
-from grpo_rl.run.sample_log import examine_rows, sample_line, sample_record
+from grpo_rl.run.sample_log import TokenDetail, examine_rows, group_answers, sample_line, sample_record
 
 log = logging.getLogger(__name__)
 
@@ -203,13 +203,18 @@ class RunLogger:
                     record[f"group_{key}"] = [int(v) for v in batch[key][first].tolist()]
         self._trained.write(json.dumps(record) + "\n")
 
-    def log_samples(self, step: int, batch: TensorDict, num: int, reward_keys: list[str]) -> None:
+    def log_samples(
+        self, step: int, batch: TensorDict, num: int, reward_keys: list[str], detail: TokenDetail | None = None
+    ) -> None:
         """Write the first answer of up to ``num`` groups spread over ``batch`` to ``samples.jsonl`` (one object
-        each, :func:`~grpo_rl.run.sample_log.sample_record`), the console (one line each), wandb and TensorBoard."""
+        each, :func:`~grpo_rl.run.sample_log.sample_record`; with ``detail``, plus its group's ``answers`` token by
+        token), the console (one line each), wandb and TensorBoard."""
         group_id = batch["group_id"] if "group_id" in batch.keys() else None
-        rows = [sample_record(step, batch, i, reward_keys) for i in examine_rows(group_id, batch.batch_size[0], num)]
-        for row in rows:
-            self._samples.write(json.dumps(row) + "\n")
+        picked = examine_rows(group_id, batch.batch_size[0], num)
+        rows = [sample_record(step, batch, i, reward_keys) for i in picked]
+        for i, row in zip(picked, rows, strict=True):
+            answers = {"answers": group_answers(batch, i, reward_keys, detail)} if detail is not None else {}
+            self._samples.write(json.dumps({**row, **answers}, separators=(",", ":")) + "\n")
         if rows:
             groups = len(set(group_id.tolist())) if group_id is not None else batch.batch_size[0]
             log.info(

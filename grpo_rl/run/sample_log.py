@@ -5,18 +5,31 @@ first group and the last one, and evenly between), so that the samples show seve
 prompt's answers. :func:`sample_record` is the row written to ``samples.jsonl``: the original fields ``step``,
 ``prompt``, ``response``, ``reward`` and ``reward_<component>``, then ``group``, ``reference`` and ``advantage``
 where the batch has them. :func:`sample_line` is its one-line console form, texts cut to their heads.
+
+Given a :class:`TokenDetail`, the row also holds ``answers``: every answer of its group, token by token
+(:func:`group_answers`), which the run's report (:mod:`grpo_rl.run.report`) colours. Per token: its text, the
+engine's log-prob (``behavior_logprobs``), the learner's (``learner_logprobs``, pi_old before the update: set by a
+learner in the driver's process, absent for a data-parallel learner group), the tokens whose engine weight
+``pi_old / mu`` fell outside the correction's bounds (truncated or masked, as :mod:`grpo_rl.algo.engine_correction`
+decides), the weight version that sampled it (``behavior_version``, served engines; otherwise the answer's one
+``policy_version``) and the runs of tool and template tokens (``loss_mask`` 0) of a multi-turn episode.
+Log-probs are rounded to 3 decimals, rewards and advantages to 4; importance weights and gaps are not stored: they
+follow from the two log-probs.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-__all__ = ["examine_rows", "sample_line", "sample_record"]
+from grpo_rl.algo.engine_correction import engine_weights
+
+__all__ = ["TokenDetail", "examine_rows", "group_answers", "sample_line", "sample_record"]
 
 PROMPT_CHARS = 70
 ANSWER_CHARS = 110
@@ -75,6 +88,92 @@ def sample_record(step: int, batch: TensorDict, i: int, reward_keys: list[str]) 
     if "advantage" in keys:
         row["advantage"] = float(batch["advantage"][i])
     return row
+
+
+@dataclass(frozen=True)
+class TokenDetail:
+    """What :func:`group_answers` needs besides the batch: the tokenizer and the engine correction's settings
+    (``policy.engine_correction``, ``policy.tis_cap``, ``policy.engine_correction_min``/``_max``)."""
+
+    tokenizer: Any
+    correction: str = "token_truncate"
+    cap: float | None = 2.0
+    min_weight: float | None = None
+    max_weight: float | None = None
+
+    @classmethod
+    def from_config(cls, tokenizer, policy) -> TokenDetail:
+        return cls(
+            tokenizer,
+            policy.engine_correction,
+            policy.tis_cap,
+            policy.engine_correction_min,
+            policy.engine_correction_max,
+        )
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(v, 3) for v in values.tolist()]
+
+
+def _runs(flags: list[bool]) -> list[list[int]]:
+    """``[start, end)`` of each run of True in ``flags``."""
+    runs: list[list[int]] = []
+    for t, flag in enumerate(flags):
+        if flag and runs and runs[-1][1] == t:
+            runs[-1][1] = t + 1
+        elif flag:
+            runs.append([t, t + 1])
+    return runs
+
+
+def group_answers(batch: TensorDict, i: int, reward_keys: list[str], detail: TokenDetail) -> list[dict[str, Any]]:
+    """Every answer of row ``i``'s group, token by token (the module docstring lists the fields)."""
+    keys = batch.keys()
+    if "group_id" in keys:
+        rows = (batch["group_id"] == batch["group_id"][i]).nonzero().flatten().tolist()
+    else:
+        rows = [i]
+    mask_BT = batch["response_mask"][rows].bool()  # [G, Lr]
+    model_BT = batch["loss_mask"][rows].bool() & mask_BT if "loss_mask" in keys else mask_BT  # [G, Lr]
+    engine_BT = batch["behavior_logprobs"][rows].float()  # [G, Lr]
+    learner_BT = batch["learner_logprobs"][rows].float() if "learner_logprobs" in keys else None  # [G, Lr]
+    outside_BT = None
+    if learner_BT is not None and detail.cap is not None:
+        outside_BT = engine_weights(
+            learner_BT,
+            engine_BT,
+            model_BT,
+            mode=detail.correction,  # type: ignore[arg-type]
+            cap=detail.cap,
+            min_weight=detail.min_weight,
+            max_weight=detail.max_weight,
+        ).outside_BT
+    answers = []
+    for j, r in enumerate(rows):
+        n = int(mask_BT[j].sum())
+        ids = batch["response_ids"][r, :n].tolist()
+        answer: dict[str, Any] = {"response": batch["response_text"][r], "reward": round(float(batch["reward"][r]), 4)}
+        answer.update({k: round(float(batch[k][r]), 4) for k in reward_keys})
+        if "advantage" in keys:
+            answer["advantage"] = round(float(batch["advantage"][r]), 4)
+        if "truncated" in keys:
+            answer["truncated"] = bool(batch["truncated"][r])
+        answer["tokens"] = detail.tokenizer.batch_decode([[t] for t in ids])
+        answer["logprob"] = _rounded(engine_BT[j, :n])
+        if learner_BT is not None:
+            answer["learner_logprob"] = _rounded(learner_BT[j, :n])
+        if outside_BT is not None:
+            answer["engine_outside"] = (outside_BT[j, :n] & model_BT[j, :n]).nonzero().flatten().tolist()
+        if "behavior_version" in keys:
+            answer["version"] = [int(v) for v in batch["behavior_version"][r, :n].tolist()]
+        elif "policy_version" in keys:
+            answer["policy_version"] = int(batch["policy_version"][r])
+        context = _runs([not m for m in model_BT[j, :n].tolist()])
+        if context:
+            answer["context"] = context
+        answers.append(answer)
+    return answers
 
 
 def last_turn(prompt: str) -> str:

@@ -5,6 +5,7 @@ that ran it: its metrics row, reward failures, console line and sample table. It
 and keeps the reward curve for the summary; a checkpoint saves both and a resume (or a restart of the learner)
 puts them back with :meth:`StepLog.rewind`, which also cuts the logs back to that step
 (:meth:`grpo_rl.run.metrics.RunLogger.rewind`), so a step logged after the last checkpoint is not logged twice.
+With ``report.every = N > 0`` every N-th step also rewrites ``report.html`` (:mod:`grpo_rl.run.report`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_rl.run.metrics import RunLogger, console_line, log_reward_failures, read_jsonl
+from grpo_rl.run.report import refresh_report
+from grpo_rl.run.sample_log import TokenDetail
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +36,13 @@ class RunOutcome:
 class StepLog:
     """The steps' rows and the reward curve of one run."""
 
-    def __init__(self, cfg, run_dir: Path, logger: RunLogger):
+    def __init__(self, cfg, run_dir: Path, logger: RunLogger, tokenizer=None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.logger = logger
+        # with a tokenizer, the logged samples carry their groups' answers token by token (the report colours them)
+        self.detail = TokenDetail.from_config(tokenizer, cfg.policy) if tokenizer is not None else None
+        self.report_every = cfg.report.every if cfg.report.enabled else 0
         self.step = 0
         self.rewards: list[float] = []
 
@@ -50,9 +56,11 @@ class StepLog:
         every = self.cfg.logger.examine_every
         if self.cfg.logger.num_examine and (step == 1 or step % every == 0):
             reward_keys = [k for k in batch.keys() if isinstance(k, str) and k.startswith("reward_")]
-            self.logger.log_samples(step, batch, self.cfg.logger.num_examine, reward_keys)
+            self.logger.log_samples(step, batch, self.cfg.logger.num_examine, reward_keys, self.detail)
         self.step = step  # counted once its row is written, so a checkpoint of a step never lacks its row
         self.rewards.append(float(metrics["reward_mean"]))
+        if self.report_every > 0 and step % self.report_every == 0:
+            refresh_report(self.run_dir)
 
     def rewind(self, step: int, rewards: list[float]) -> None:
         """Go back to ``step`` with the reward curve up to it, and cut the logs back to it."""

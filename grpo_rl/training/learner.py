@@ -149,8 +149,9 @@ class Learner:
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """Run ``epochs`` optimizer steps on ``batch`` (the model keys, ``advantage`` ``[N]``,
         ``behavior_logprobs`` and, with KL in the loss, ``ref_logprobs``); return the last one's diagnostics,
-        token- or row-weighted means over its micro-batches."""
-        batch = batch.to(self.device)
+        token- or row-weighted means over its micro-batches. In this process (not a data-parallel rank) it also sets
+        ``learner_logprobs`` ``[N, Lr]`` on ``batch``: pi_old of each answer token, which the sample logs show."""
+        given, batch = batch, batch.to(self.device)
         split = group_micro_batches if self.share_prompt else micro_batches
         chunks = split(batch, self.micro_batch_tokens)
         total_tokens, total_rows = float(loss_mask(batch).sum()), float(batch.batch_size[0])
@@ -173,8 +174,11 @@ class Learner:
                             mb.set("old_outside", old.outside)
         total_tokens = max(total_tokens, 1.0)
         metrics: dict[str, float] = {}
-        for _ in range(self.epochs):
-            metrics = self._optimizer_step(passes, total_tokens, total_rows)
+        olds: list[torch.Tensor] = []  # pi_old of each micro-batch, in row order: kept for the sample logs
+        for epoch in range(self.epochs):
+            metrics = self._optimizer_step(passes, total_tokens, total_rows, olds if epoch == 0 else None)
+        if self.data_parallel is None:
+            _keep_learner_logprobs(given, olds)
         metrics["num_micro_batches"] = float(len(chunks))
         return metrics
 
@@ -184,7 +188,11 @@ class Learner:
         return [(mb, False) for mb in chunks] + [(mb, True) for mb in chunks[-1:] * (num_passes - len(chunks))]
 
     def _optimizer_step(
-        self, passes: list[tuple[TensorDict, bool]], total_tokens: float, total_rows: float
+        self,
+        passes: list[tuple[TensorDict, bool]],
+        total_tokens: float,
+        total_rows: float,
+        olds: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -200,6 +208,8 @@ class Learner:
             )
             out = self._logprobs(mb, with_entropy=True, entropy_grad=self.loss.entropy_coef > 0)
             old = mb["old_logprobs"] if "old_logprobs" in mb.keys() else out.logprobs.detach()
+            if olds is not None and not padding:
+                olds.append(old)
             outside = out.outside
             if outside is not None and "old_outside" in mb.keys():
                 outside = outside | mb["old_outside"]
@@ -278,3 +288,18 @@ class Learner:
         self.skipped_steps = state["skipped_steps"]
         if state.get("compiled") and self.compile_decision.mode != "false":
             self.compile()  # the run being resumed had compiled: the same kernels from the first step
+
+
+def _keep_learner_logprobs(batch: TensorDict, olds: list[torch.Tensor]) -> None:
+    """Set ``learner_logprobs`` ``[N, Lr]`` on ``batch``: the learner's log-prob of each answer token before the
+    update (pi_old), from the micro-batches' ``olds`` (consecutive rows, each ``[b, <= Lr]``), for the sample logs.
+    Left unset when the micro-batches do not cover the batch (a non-finite loss stopped the pass)."""
+    if sum(o.shape[0] for o in olds) != batch.batch_size[0]:
+        return
+    full = torch.zeros_like(batch["behavior_logprobs"], dtype=torch.float32)  # [N, Lr]
+    row = 0
+    for old in olds:
+        width = min(old.shape[1], full.shape[1])
+        full[row : row + old.shape[0], :width] = old[:, :width].detach().float().to(full.device)
+        row += old.shape[0]
+    batch.set("learner_logprobs", full)

@@ -319,3 +319,17 @@ def test_accumulated_gradient_equals_full_batch_for_new_objectives(
     for key in ("loss", "loss_policy", "loss_kl", "loss_entropy"):
         assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-5, abs=1e-6), key
     assert metrics[0]["loss_entropy"] < 0 and metrics[0]["tis_fraction"] > 0
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_learner_logprobs_kept_for_the_sample_logs(tiny_model, epochs):
+    # Three micro-batches of 1, 2 and 1 rows, trimmed to their own widths: the kept values are pi_old, in row order.
+    batch = make_batch([2, 5, 3, 1], [4, 1, 2, 3], lp=7, lr=6)
+    batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    with torch.no_grad():
+        before = sequence_logprobs(tiny_model, batch).logprobs  # [4, 6]
+    _learner(tiny_model, micro_batch_tokens=16, epochs=epochs).train_step(batch)
+    mask = batch["response_mask"].bool()
+    assert batch["learner_logprobs"].shape == (4, 6)
+    assert torch.allclose(batch["learner_logprobs"][mask], before[mask], atol=1e-5)
+    assert (batch["learner_logprobs"][~mask] == 0).all()
