@@ -9,8 +9,9 @@ last seconds and nothing waits on another process; :func:`merge` (the driver, wh
 into ``trace.json``, written whole by rename. A resumed run's trace holds the earlier attempt's spans too: the
 per-process files stay until the run folder is removed.
 
-A span costs about 2 us (a clock read and a list append at each end); the phases it marks take milliseconds to
-seconds, so tracing is on by default (``logger.trace``). Timestamps are wall-clock microseconds (``time.time_ns``),
+A span costs about 10 us, its share of the file writes included (``benchmarks/micro/trace_overhead.py``: 10.1 us
+on, 1.9 us off, 97 bytes, on a 2-core AMD EPYC); a step records about ten against seconds of work, so tracing is
+on by default (``logger.trace``). Timestamps are wall-clock microseconds (``time.time_ns``),
 comparable across the processes of one machine; across machines they are as good as the clocks' agreement.
 """
 
