@@ -140,6 +140,22 @@ class LossSettings:
             top_k=sampling.top_k,
         )
 
+    def engine_weights(
+        self, old_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, mask: torch.Tensor
+    ) -> EngineWeights | None:
+        """The engine correction's weights and cut tokens for ``[B, T]`` log-probs (None when ``tis_cap`` is None)."""
+        if self.tis_cap is None:
+            return None
+        return engine_weights(
+            old_logprobs,
+            behavior_logprobs,
+            mask,
+            mode=self.engine_correction,
+            cap=self.tis_cap,
+            min_weight=self.engine_correction_min,
+            max_weight=self.engine_correction_max,
+        )
+
 
 @dataclass
 class GRPOLossOutput:
@@ -273,17 +289,8 @@ def grpo_loss(
     if outside is not None:
         pg_loss_BT = pg_loss_BT * keep_f  # their log-probs are stand-ins
 
-    engine = None
-    if behavior_logprobs is not None and settings.tis_cap is not None:
-        engine = engine_weights(
-            old_logprobs,
-            behavior_logprobs,
-            keep_f,
-            mode=settings.engine_correction,
-            cap=settings.tis_cap,
-            min_weight=settings.engine_correction_min,
-            max_weight=settings.engine_correction_max,
-        )
+    engine = None if behavior_logprobs is None else settings.engine_weights(old_logprobs, behavior_logprobs, keep_f)
+    if engine is not None:
         pg_loss_BT = pg_loss_BT * engine.weight_BT
 
     # mask_f, not keep_f: a token given weight 0 keeps its place in the denominators.

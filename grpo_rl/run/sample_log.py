@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.algo.engine_correction import engine_weights
+from grpo_rl.algo.loss import LossSettings
 
 __all__ = ["TokenDetail", "examine_rows", "group_answers", "sample_line", "sample_record"]
 
@@ -92,24 +92,15 @@ def sample_record(step: int, batch: TensorDict, i: int, reward_keys: list[str]) 
 
 @dataclass(frozen=True)
 class TokenDetail:
-    """What :func:`group_answers` needs besides the batch: the tokenizer and the engine correction's settings
-    (``policy.engine_correction``, ``policy.tis_cap``, ``policy.engine_correction_min``/``_max``)."""
+    """What :func:`group_answers` needs besides the batch: the tokenizer and the loss's settings (its engine
+    correction marks the tokens it cut)."""
 
     tokenizer: Any
-    correction: str = "token_truncate"
-    cap: float | None = 2.0
-    min_weight: float | None = None
-    max_weight: float | None = None
+    loss: LossSettings = field(default_factory=LossSettings)
 
     @classmethod
-    def from_config(cls, tokenizer, policy) -> TokenDetail:
-        return cls(
-            tokenizer,
-            policy.engine_correction,
-            policy.tis_cap,
-            policy.engine_correction_min,
-            policy.engine_correction_max,
-        )
+    def from_config(cls, tokenizer, policy, sampling) -> TokenDetail:
+        return cls(tokenizer, LossSettings.from_config(policy, sampling))
 
 
 def _rounded(values: torch.Tensor) -> list[float]:
@@ -138,17 +129,8 @@ def group_answers(batch: TensorDict, i: int, reward_keys: list[str], detail: Tok
     model_BT = batch["loss_mask"][rows].bool() & mask_BT if "loss_mask" in keys else mask_BT  # [G, Lr]
     engine_BT = batch["behavior_logprobs"][rows].float()  # [G, Lr]
     learner_BT = batch["learner_logprobs"][rows].float() if "learner_logprobs" in keys else None  # [G, Lr]
-    outside_BT = None
-    if learner_BT is not None and detail.cap is not None:
-        outside_BT = engine_weights(
-            learner_BT,
-            engine_BT,
-            model_BT,
-            mode=detail.correction,  # type: ignore[arg-type]
-            cap=detail.cap,
-            min_weight=detail.min_weight,
-            max_weight=detail.max_weight,
-        ).outside_BT
+    weights = None if learner_BT is None else detail.loss.engine_weights(learner_BT, engine_BT, model_BT)
+    outside_BT = None if weights is None else weights.outside_BT
     answers = []
     for j, r in enumerate(rows):
         n = int(mask_BT[j].sum())

@@ -41,7 +41,7 @@ class StepLog:
         self.run_dir = Path(run_dir)
         self.logger = logger
         # with a tokenizer, the logged samples carry their groups' answers token by token (the report colours them)
-        self.detail = TokenDetail.from_config(tokenizer, cfg.policy) if tokenizer is not None else None
+        self.detail = TokenDetail.from_config(tokenizer, cfg.policy, cfg.sampling) if tokenizer is not None else None
         self.report_every = cfg.report.every if cfg.report.enabled else 0
         self.step = 0
         self.rewards: list[float] = []

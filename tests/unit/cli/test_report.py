@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 
+from grpo_rl.algo.loss import LossSettings
 from grpo_rl.cli.report import main, report_runs
 from grpo_rl.config.schema import GRPOConfig
 from grpo_rl.run.report import build_report, refresh_report, write_report
@@ -228,7 +229,7 @@ def _batch() -> TensorDict:
 
 
 def test_group_answers_token_by_token():
-    detail = TokenDetail(_Tokenizer(), "token_mask", cap=2.0)
+    detail = TokenDetail(_Tokenizer(), LossSettings(engine_correction="token_mask", tis_cap=2.0))
     first, second = group_answers(_batch(), 0, ["reward_correct"], detail)
     assert first["tokens"] == ["<5>", "<6>"] and second["tokens"] == ["<7>", "<8>", "<9>"]
     assert second["logprob"] == [-1.0, -2.0, -0.5] and second["learner_logprob"] == [-1.0, -1.0, -0.5]
