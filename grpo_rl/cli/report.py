@@ -41,8 +41,15 @@ def main(argv: list[str] | None = None) -> Path:
     )
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
     args = parser.parse_args(argv)
+    for path in map(Path, args.paths):
+        if not path.is_dir():
+            parser.error(f"{path} is not a folder: give a run folder (with metrics.jsonl) or a sweep's folder")
+    try:
+        runs = report_runs(args.paths)
+    except FileNotFoundError as e:  # a folder with no run in it: find_runs says which
+        parser.error(str(e))
     out = Path(args.out) if args.out else Path(args.paths[0]) / "report.html"
-    out = write_report(report_runs(args.paths), out, title=args.title, max_token_steps=args.max_token_steps)
+    out = write_report(runs, out, title=args.title, max_token_steps=args.max_token_steps)
     print(out)
     if args.open:
         webbrowser.open(out.resolve().as_uri())

@@ -264,3 +264,13 @@ def test_report_refreshed_every_n_steps(tmp_path):
     assert not (tmp_path / "report.html").exists()
     steps.record({"reward_mean": 0.5}, None)
     assert (tmp_path / "report.html").exists()
+
+
+def test_a_path_that_is_no_run_ends_in_one_line(tmp_path, capsys):
+    import pytest
+
+    for bad, says in ((tmp_path / "missing", "is not a folder"), (tmp_path, "no metrics.jsonl here")):
+        with pytest.raises(SystemExit) as stop:
+            main([str(bad)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and says in err and "Traceback" not in err, err
