@@ -28,14 +28,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.engines.base import SamplingSpec, pack_rollouts, split_aliases
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, pack_rollouts, split_aliases
 from grpo_rl.engines.server_client import ServerClient
 from grpo_rl.engines.weight_folder import RunFolder, check_weight_dir, default_parent
 from grpo_rl.errors import RoleFailed
@@ -127,26 +127,64 @@ class ServedEngine:
     # --- generation -------------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
-        requests = [
-            self._request(p, n, sampling, None if sampling.seed is None else sampling.seed + i * n)
+        futures = [
+            self._submit(i, p, n, sampling, None if sampling.seed is None else sampling.seed + i * n)
             for i, p in enumerate(prompts)
         ]
-        futures = [
-            self._pool.submit(self.servers[i % len(self.servers)].post, "/inference/v1/generate", json=r)
-            for i, r in enumerate(requests)
-        ]
-        responses, logprobs, truncated, versions = [], [], [], []
-        for future in futures:
-            choices = sorted(future.result()["choices"], key=lambda c: c["index"])
-            if len(choices) != n:
-                raise RoleFailed(f"an engine server returned {len(choices)} answers where {n} were asked for")
-            for choice in choices:
-                ids = list(choice["token_ids"] or [])
-                responses.append(ids)
-                logprobs.append([step["logprob"] for step in (choice["logprobs"] or {}).get("content") or []])
-                truncated.append(choice["finish_reason"] == "length")
-                versions.append(self._token_versions(choice.get("weight_versions"), len(ids)))
-        return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id, versions=versions)
+        answers = [self._answers(f.result(), n) for f in futures]
+        return self._pack(prompts, answers, n)
+
+    def stream(
+        self, requests: Iterable[GroupRequest], n: int, sampling: SamplingSpec, max_in_flight: int
+    ) -> Iterator[tuple[int, TensorDict]]:
+        """One HTTP request per group, up to ``max_in_flight`` at a time, each group yielded when its reply comes."""
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
+        pending, in_flight, sent = iter(requests), {}, 0
+        try:
+            while True:
+                while len(in_flight) < max_in_flight and (request := next(pending, None)) is not None:
+                    in_flight[self._submit(sent, request.prompt, n, sampling, request.seed)] = request
+                    sent += 1
+                if not in_flight:
+                    return
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    request = in_flight.pop(future)
+                    yield request.key, self._pack([request.prompt], [self._answers(future.result(), n)], n)
+        finally:
+            for future in in_flight:  # the caller stopped early: replies still on their way are not read
+                future.cancel()
+
+    def _submit(self, i: int, prompt: Sequence[int], n: int, sampling: SamplingSpec, seed: int | None) -> Future:
+        """Send one prompt's request to server ``i`` modulo the servers."""
+        server = self.servers[i % len(self.servers)]
+        return self._pool.submit(server.post, "/inference/v1/generate", json=self._request(prompt, n, sampling, seed))
+
+    def _answers(self, reply: dict, n: int) -> list[tuple[list[int], list[float], bool, list[int]]]:
+        """A reply's ``n`` answers as ``(token ids, log-probs, truncated, versions)``, in answer order."""
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
+        if len(choices) != n:
+            raise RoleFailed(f"an engine server returned {len(choices)} answers where {n} were asked for")
+        out = []
+        for choice in choices:
+            ids = list(choice["token_ids"] or [])
+            logprobs = [step["logprob"] for step in (choice["logprobs"] or {}).get("content") or []]
+            versions = self._token_versions(choice.get("weight_versions"), len(ids))
+            out.append((ids, logprobs, choice["finish_reason"] == "length", versions))
+        return out
+
+    def _pack(self, prompts: Sequence[Sequence[int]], answers: list[list[tuple]], n: int) -> TensorDict:
+        rows = [a for group in answers for a in group]
+        return pack_rollouts(
+            prompts,
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            n,
+            self.pad_id,
+            versions=[r[3] for r in rows],
+        )
 
     @staticmethod
     def _request(prompt: Sequence[int], n: int, sampling: SamplingSpec, seed: int | None) -> dict:

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, pack_rollouts
 
 
 def _sleep(seconds: float, jitter: float, rng: random.Random) -> float:
@@ -41,6 +42,7 @@ class SimulatedEngine:
         self.rng = random.Random()  # fresh per process: replicas must not draw the same times
         self.version = 0
         self._pushes: list[tuple[float, int]] = []  # (time, version) of pushes, for the batch under way
+        self._history: list[tuple[float, int]] = []  # (time, version) of the recent pushes, for stream()
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSpec) -> TensorDict:
         start, version0 = time.monotonic(), self.version
@@ -61,11 +63,45 @@ class SimulatedEngine:
         truncated = [len(r) == sampling.max_new_tokens for r in responses]
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id, versions=versions)
 
+    def stream(
+        self, requests: Iterable[GroupRequest], n: int, sampling: SamplingSpec, max_in_flight: int
+    ) -> Iterator[tuple[int, TensorDict]]:
+        """Continuous batching, simulated: each group runs from when it is drawn for as long as its longest answer
+        takes (a full-length answer takes a batch's ``seconds``), beside the others in flight, and is yielded when
+        it ends; so a group of short answers comes back before a long one drawn earlier."""
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
+        pending, in_flight, order = iter(requests), [], 0
+        longest = min(self.answer_tokens, sampling.max_new_tokens)
+        while True:
+            while len(in_flight) < max_in_flight and (request := next(pending, None)) is not None:
+                shares = [math.exp(-self.long_tail * self.rng.expovariate(1.0)) for _ in range(n)]
+                took = max(0.0, self.seconds * max(shares) * (1.0 + self.jitter * self.rng.gauss(0.0, 1.0)))
+                start = time.monotonic()
+                heapq.heappush(in_flight, (start + took, order, start, self.version, request, shares))
+                order += 1
+            if not in_flight:
+                return
+            end, _, start, version0, request, shares = heapq.heappop(in_flight)
+            time.sleep(max(0.0, end - time.monotonic()))
+            g = torch.Generator().manual_seed(request.seed or 0)
+            responses, versions = [], []
+            for u in shares:
+                length = max(1, round(longest * u))
+                responses.append(torch.randint(0, self.vocab_size, (length,), generator=g).tolist())
+                at = [start + (end - start) * u / max(shares) * (t + 1) / length for t in range(length)]
+                versions.append([max([version0] + [v for t, v in self._history if start < t <= a]) for a in at])
+            logprobs = [[-1.0] * len(r) for r in responses]
+            truncated = [len(r) == sampling.max_new_tokens for r in responses]
+            yield request.key, pack_rollouts([request.prompt], responses, logprobs, truncated, n, self.pad_id, versions)
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         for _ in named_tensors:  # the weights arrive (the transport is real); nothing is loaded
             pass
         self.version = self.version + 1 if version is None else version
-        self._pushes.append((time.monotonic(), self.version))
+        now = time.monotonic()
+        self._pushes.append((now, self.version))
+        self._history = [*self._history[-63:], (now, self.version)]  # recent pushes, for groups streamed
 
     def shutdown(self) -> None:
         """Nothing to release."""

@@ -15,7 +15,7 @@ CUDA graphs: generation many times faster after a compile of tens of seconds (me
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -28,7 +28,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from grpo_rl.engines.base import SamplingSpec, pack_rollouts
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, pack_rollouts, stream_by_calls
 from grpo_rl.model.loading import load_causal_lm, load_tokenizer
 
 
@@ -140,6 +140,12 @@ class TransformersEngine:
             self.model.train(training)
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 
+    def stream(
+        self, requests: Iterable[GroupRequest], n: int, sampling: SamplingSpec, max_in_flight: int
+    ) -> Iterator[tuple[int, TensorDict]]:
+        """One ``generate`` call finishes its groups together: up to ``max_in_flight`` requests per call."""
+        return stream_by_calls(self.generate, requests, n, sampling, max_in_flight)
+
     def _generate_chunk(self, chunk, n, sampling, responses, logprobs, truncated) -> None:
         lp = max(len(p) for p in chunk)
         if self.compile:
@@ -163,9 +169,8 @@ class TransformersEngine:
             input_ids=ids.repeat_interleave(n, 0).to(self.device),
             attention_mask=mask.repeat_interleave(n, 0).to(self.device),
             do_sample=sample,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
+            # the warpers above do the sampling; greedy decoding takes no sampling flags (transformers warns of each)
+            **({"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {}),
             logits_processor=LogitsProcessorList([*processors, recorder]),
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self.pad_id,

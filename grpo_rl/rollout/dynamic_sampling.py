@@ -27,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from tensordict import NonTensorStack, TensorDict
+from tensordict import TensorDict
 
+from grpo_rl.engines.base import concat_batches
 from grpo_rl.rollout.source import Rollout
 from grpo_rl.rollout.stats import batch_metrics
 
@@ -44,41 +45,6 @@ def varied_groups(batch: TensorDict) -> torch.Tensor:
     lo = torch.full((len(groups),), float("inf")).scatter_reduce(0, inverse, reward.float(), "amin")
     hi = torch.full((len(groups),), float("-inf")).scatter_reduce(0, inverse, reward.float(), "amax")
     return (hi > lo)[inverse]
-
-
-def _pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
-    missing = width - x.shape[1]
-    if missing == 0:
-        return x
-    pad = torch.full((x.shape[0], missing, *x.shape[2:]), value, dtype=x.dtype)
-    return torch.cat([pad, x] if left else [x, pad], dim=1)
-
-
-def concat_batches(batches: list[TensorDict], pad_id: int) -> TensorDict:
-    """Rows of ``batches`` (each with its own padding, see :mod:`grpo_rl.engines.base`) as one batch: prompt tensors
-    left-padded and answer tensors right-padded to the widest, ``group_id`` renumbered so groups stay distinct."""
-    if len(batches) == 1:
-        return batches[0]
-    out: dict = {}
-    offset, group_ids = 0, []
-    for b in batches:
-        g = b["group_id"]
-        group_ids.append(g - (int(g.min()) if g.numel() else 0) + offset)
-        offset += int(g.max()) - int(g.min()) + 1 if g.numel() else 0
-    out["group_id"] = torch.cat(group_ids)
-    for key in batches[0].keys():
-        if key == "group_id":
-            continue
-        values = [b.get(key) for b in batches]
-        if isinstance(values[0], torch.Tensor):
-            if values[0].dim() >= 2:
-                width = max(v.shape[1] for v in values)
-                fill = pad_id if key.endswith("_ids") else 0
-                values = [_pad(v, width, fill, left=key.startswith("prompt_")) for v in values]
-            out[key] = torch.cat(values)
-        else:
-            out[key] = NonTensorStack(*[x for v in values for x in v.tolist()])
-    return TensorDict(out, batch_size=[sum(b.batch_size[0] for b in batches)])
 
 
 def _first_groups(batch: TensorDict, count: int) -> TensorDict:

@@ -95,6 +95,11 @@ def tiny_overrides(model_dir: Path, out_dir: Path, steps: int = 2) -> list[str]:
         "env.group_size=4",
         "inference_model.kv_cache_gb=1",
         "inference_model.max_model_len=512",
+        # What a run does by default but these runs' subjects are not: a held-out evaluation after the last step (tests
+        # of evaluation set eval.every), and in the asynchronous loop the reference as a stage of its own, two more
+        # processes (its tests: test_async.py, test_healing.py). Each would cost every run seconds of CPU.
+        "eval.every=0",
+        "ref_model.placement=learner",
         # the same arithmetic on every CPU kind (auto would pick bf16 where it is fast)
         "train_model.precision=float32",
         "ref_model.precision=float32",

@@ -140,21 +140,24 @@ def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "async"
     proc = run_script(
         "grpo-async.py",
-        tiny_overrides(
-            tiny_model_dir,
-            run_dir,
-            **{
-                "train.steps": 4,
-                "pipeline.max_staleness": 1,
-                "pipeline.buffer_capacity": 1,
-                "inference_model.num_devices": 2,
-                "logger.num_examine": 8,
-                "logger.examine_every": 1,
-                "eval.every": 2,
-                "eval.num_prompts": 2,
-                "eval.pass_k": 2,
-            },
-        ),
+        [
+            *tiny_overrides(
+                tiny_model_dir,
+                run_dir,
+                **{
+                    "train.steps": 4,
+                    "pipeline.max_staleness": 1,
+                    "pipeline.buffer_capacity": 1,
+                    "inference_model.num_devices": 2,
+                    "logger.num_examine": 8,
+                    "logger.examine_every": 1,
+                    "eval.every": 2,
+                    "eval.num_prompts": 2,
+                    "eval.pass_k": 2,
+                },
+            ),
+            NOT_VLLM,  # the engine in an actor under vLLM: the transport tests above, and test_sigint_... below
+        ],
     )
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -258,8 +261,9 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     # One collector, nothing dropped: the learner consumed the stream's first `saved` batches, in order; what the
     # collector had made beyond them (in the buffer at the stop) is not marked consumed, so it is made again.
     assert (state["env"]["next_index"], state["env"]["consumed"]) == (saved, []) and saved >= 1
-    resumed = run_script(
-        "grpo-async.py", tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": saved + 2, "resume": "auto"})
+    resumed = run_script(  # the engine holds no state a checkpoint keeps: the resumed run may use another
+        "grpo-async.py",
+        [*tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": saved + 2, "resume": "auto"}), NOT_VLLM],
     )
     assert f"resumed from {checkpoint}" in resumed.stdout + resumed.stderr
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, saved + 3))

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, concat_batches
 from grpo_rl.engines.served import ServedEngine
 from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
 from tests.sockets import listening_of
@@ -76,9 +76,24 @@ def answers(batch, j: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     return (batch["response_ids"][j, :n].tolist(), batch["behavior_logprobs"][j, :n], batch["behavior_version"][j, :n])
 
 
+def streamed(engine, prompts: list[list[int]], spec: SamplingSpec, max_in_flight: int):
+    """The groups ``engine.stream`` yields for ``prompts`` (seeded as one ``generate`` call seeds them), put back in
+    prompt order as one batch, and the order they came in."""
+    requests = [GroupRequest(key=i, prompt=p, seed=spec.seed + i * 4) for i, p in enumerate(prompts)]
+    groups = dict(engine.stream(iter(requests), 4, spec, max_in_flight))
+    return concat_batches([groups[i] for i in range(len(prompts))], engine.pad_id), list(groups)
+
+
+def assert_same_answers(a, b) -> None:
+    for key in ("prompt_ids", "response_ids", "response_mask", "group_id", "truncated"):
+        assert torch.equal(a[key], b[key]), key
+    torch.testing.assert_close(a["behavior_logprobs"], b["behavior_logprobs"], rtol=0, atol=1e-5)
+
+
 def test_served_answers_equal_the_in_process_engines(engine, tiny_model_dir, tokenizer):
     """Same seed, same tokens; log-probs (processed: temperature, top-k, top-p) equal to 1e-5: the same kernels,
-    batched differently (one request per prompt here, one call for all prompts in-process)."""
+    batched differently (one request per prompt here, one call for all prompts in-process). Both engines' streams
+    (groups yielded as they finish, with fewer in flight than there are prompts) sample what ``generate`` does."""
     from grpo_rl.engines.vllm_engine import VLLMEngine
 
     prompts = [tokenizer.encode(t) for t in ("What is 2 + 3?", "Name a colour.", "Count to five:")]
@@ -90,12 +105,21 @@ def test_served_answers_equal_the_in_process_engines(engine, tiny_model_dir, tok
     local = VLLMEngine(str(tiny_model_dir), torch.device("cpu"), max_model_len=MAX_MODEL_LEN, seed=0, kv_cache_gb=0.25)
     try:
         in_process = [local.generate(prompts, 4, s) for s in specs]
+        local_streams = [streamed(local, prompts, s, m) for s, m in zip(specs, (3, 2), strict=True)]
+        # a consumer that stops after the first group: the others are abandoned, and the engine is idle again
+        reqs = [GroupRequest(key=i, prompt=p, seed=i) for i, p in enumerate(prompts)]
+        stream = local.stream(iter(reqs), 4, specs[0], 3)
+        next(stream)
+        stream.close()
+        assert not local.llm.llm_engine.has_unfinished_requests()
     finally:
         local.shutdown()
+    served_streams = [streamed(engine, prompts, s, 2) for s in specs]
     for a, b in zip(served, in_process, strict=True):
-        for key in ("prompt_ids", "response_ids", "response_mask", "group_id", "truncated"):
-            assert torch.equal(a[key], b[key]), key
-        torch.testing.assert_close(a["behavior_logprobs"], b["behavior_logprobs"], rtol=0, atol=1e-5)
+        assert_same_answers(a, b)
+    for (a, order), b in zip(local_streams + served_streams, in_process + in_process, strict=True):
+        assert sorted(order) == [0, 1, 2]
+        assert_same_answers(a, b)
     stopped = served[1]
     assert not stopped["truncated"].all()  # the stop string ended some answers, and it stays in them
     for j in torch.nonzero(~stopped["truncated"]).flatten().tolist():

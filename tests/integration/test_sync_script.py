@@ -21,10 +21,11 @@ STEP_KEYS = {"reward_correct_mean", "reward_format_mean", *SHARED_STEP_METRICS}
 @pytest.mark.slow
 def test_sync_script_runs_steps(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, out, steps=2))
+    proc = run_script("grpo.py", *tiny_overrides(tiny_model_dir, out, steps=2), "eval.every=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
+    assert "eval/accuracy" in rows[-1] and "eval/accuracy" not in rows[0]  # the default script evaluates at the end
     missing = STEP_KEYS - set(rows[0])
     assert not missing, f"metrics lack {missing}"
     assert rows[-1]["policy_version"] == 2

@@ -7,7 +7,8 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from grpo_rl.rollout.dynamic_sampling import DynamicSampling, combine_round_metrics, concat_batches, varied_groups
+from grpo_rl.engines.base import concat_batches
+from grpo_rl.rollout.dynamic_sampling import DynamicSampling, combine_round_metrics, varied_groups
 from grpo_rl.rollout.source import InProcessRollouts, Rollout
 
 G = 2  # answers per group
