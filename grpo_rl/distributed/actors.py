@@ -217,6 +217,10 @@ class CollectorWorker:
         import ray
 
         while not self._stop.is_set():
+            # An in-flight push that failed leaves the version where it was, so admission may never come: raised here,
+            # the collector is replaced at once instead of waiting for weights that cannot land.
+            if self._push_error is not None:
+                raise self._push_error
             with self._engine_lock:
                 self._load_pending_weights()
             if ray.get(self.buffer.admit.remote(index, self.version, self.poll_seconds), timeout=self.timeout):

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+import threading
 
+import pytest
 import torch
 from tensordict import TensorDict
 
+from grpo_rl.distributed.actors import CollectorWorker
 from grpo_rl.distributed.buffer import RolloutBuffer
 from grpo_rl.distributed.healing import Restarts, died_how, record_pids
 
@@ -87,3 +90,19 @@ def test_reset_forgets_entries_admissions_and_deliveries():
     buf.reset()
     assert len(buf) == 0 and buf.delivered() == []
     assert buf.put(indexed(0), timeout=0) and len(buf) == 1  # the stream went back: batch 0 is made again
+
+
+def test_a_collector_whose_inflight_push_failed_raises_while_it_waits_for_admission():
+    """A failed in-flight push leaves the collector's version behind the learner's, so the buffer may never admit it
+    again: the wait for admission raises the push's error (the driver then replaces the collector) and does not ask
+    the buffer."""
+
+    class NoBuffer:
+        def __getattr__(self, name):
+            raise AssertionError(f"the buffer was asked ({name}) after the push had failed")
+
+    worker = object.__new__(CollectorWorker)  # the loop's state alone: no engine, no Ray
+    worker._stop, worker._push_error = threading.Event(), ConnectionError("engine server gone")
+    worker.buffer = NoBuffer()
+    with pytest.raises(ConnectionError, match="engine server gone"):
+        worker._admitted(5)
