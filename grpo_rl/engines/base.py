@@ -211,8 +211,7 @@ def stream_by_calls(
     requests per ``generate`` call, one call for requests whose seeds follow one another as a call's would (so a
     batch's requests sample exactly what one ``generate`` of the batch samples), and the groups yielded in request
     order when the call returns."""
-    if max_in_flight < 1:
-        raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
+    check_room(max_in_flight)
     pending = iter(requests)
     while chunk := list(islice(pending, max_in_flight)):
         start = 0
@@ -224,6 +223,12 @@ def stream_by_calls(
             batch = generate([r.prompt for r in call], n, replace(sampling, seed=call[0].seed))
             yield from zip((r.key for r in call), split_groups(batch), strict=True)
             start = end
+
+
+def check_room(max_in_flight: int) -> None:
+    """:meth:`RolloutEngine.stream`'s bound, checked before anything is drawn."""
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
 
 
 def _follows(previous: int | None, seed: int | None, n: int) -> bool:

@@ -30,12 +30,13 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from itertools import islice
 from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.engines.base import GroupRequest, SamplingSpec, pack_rollouts, split_aliases
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, check_room, pack_rollouts, split_aliases
 from grpo_rl.engines.server_client import ServerClient
 from grpo_rl.engines.weight_folder import RunFolder, check_weight_dir, default_parent
 from grpo_rl.errors import RoleFailed
@@ -138,12 +139,11 @@ class ServedEngine:
         self, requests: Iterable[GroupRequest], n: int, sampling: SamplingSpec, max_in_flight: int
     ) -> Iterator[tuple[int, TensorDict]]:
         """One HTTP request per group, up to ``max_in_flight`` at a time, each group yielded when its reply comes."""
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
+        check_room(max_in_flight)
         pending, in_flight, sent = iter(requests), {}, 0
         try:
             while True:
-                while len(in_flight) < max_in_flight and (request := next(pending, None)) is not None:
+                for request in islice(pending, max_in_flight - len(in_flight)):
                     in_flight[self._submit(sent, request.prompt, n, sampling, request.seed)] = request
                     sent += 1
                 if not in_flight:

@@ -8,11 +8,12 @@ import math
 import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import torch
 from tensordict import TensorDict
 
-from grpo_rl.engines.base import GroupRequest, SamplingSpec, pack_rollouts
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, check_room, pack_rollouts
 
 
 def _sleep(seconds: float, jitter: float, rng: random.Random) -> float:
@@ -69,12 +70,11 @@ class SimulatedEngine:
         """Continuous batching, simulated: each group runs from when it is drawn for as long as its longest answer
         takes (a full-length answer takes a batch's ``seconds``), beside the others in flight, and is yielded when
         it ends; so a group of short answers comes back before a long one drawn earlier."""
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
+        check_room(max_in_flight)
         pending, in_flight, order = iter(requests), [], 0
         longest = min(self.answer_tokens, sampling.max_new_tokens)
         while True:
-            while len(in_flight) < max_in_flight and (request := next(pending, None)) is not None:
+            for request in islice(pending, max_in_flight - len(in_flight)):
                 shares = [math.exp(-self.long_tail * self.rng.expovariate(1.0)) for _ in range(n)]
                 took = max(0.0, self.seconds * max(shares) * (1.0 + self.jitter * self.rng.gauss(0.0, 1.0)))
                 start = time.monotonic()

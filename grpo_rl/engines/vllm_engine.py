@@ -30,12 +30,13 @@ import gc
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import torch
 from tensordict import TensorDict
 
 from grpo_rl import quiet
-from grpo_rl.engines.base import GroupRequest, SamplingSpec, pack_rollouts
+from grpo_rl.engines.base import GroupRequest, SamplingSpec, check_room, pack_rollouts
 from grpo_rl.placement.ray import on_loopback
 
 log = logging.getLogger(__name__)
@@ -115,13 +116,12 @@ class VLLMEngine:
     ) -> Iterator[tuple[int, TensorDict]]:
         """vLLM's request-level loop (add requests, step, collect the finished ones), as ``LLM.generate`` runs it,
         with new requests added as groups finish."""
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight={max_in_flight} must be at least 1")
+        check_room(max_in_flight)
         engine, pending = self.llm.llm_engine, iter(requests)
         in_flight: dict[str, GroupRequest] = {}
         try:
             while True:
-                while len(in_flight) < max_in_flight and (request := next(pending, None)) is not None:
+                for request in islice(pending, max_in_flight - len(in_flight)):
                     # LLM.generate's own path for one prompt: rendered, asked for its final output only, named by
                     # the LLM's request counter (the name its output carries; vLLM adds a suffix of its own inside)
                     request_id = str(self.llm.request_counter.counter)
