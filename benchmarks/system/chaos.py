@@ -143,21 +143,21 @@ def run_once(args, model: str, run_dir: Path, killer: Killer | None) -> dict:
 
 
 def exactly_once(run_dir: Path, records: list[dict], steps: int) -> str:
-    """``ok``, or what is wrong: a step logged twice or missing, a batch trained twice, or a batch below the final
+    """``ok``, or what is wrong: a step logged twice or missing, a group trained twice, or a group below the final
     checkpoint's watermark never trained."""
     from grpo_rl.run.checkpoint import Checkpointer, load_trainer_state
 
     logged = [r["step"] for r in records]
     if logged != list(range(1, len(logged) + 1)):
         return f"FAILED steps logged {logged}"
-    trained = [b for r in records for b in r["batch_index"]]
+    trained = [g for r in records for g in r["group_index"]]
     if len(trained) != len(set(trained)):
-        return f"FAILED a batch trained twice: {sorted(trained)}"
+        return f"FAILED a group trained twice: {sorted(trained)}"
     checkpoint = Checkpointer(run_dir).latest()
     if checkpoint is None:
         return "FAILED no checkpoint"
     stream = load_trainer_state(checkpoint)["env"]
-    expected = set(range(stream["next_index"])) | set(stream["consumed"])
+    expected = set(range(stream["next_group"])) | set(stream["consumed_groups"])
     if expected != set(trained):
         return f"FAILED trained {sorted(trained)}, the checkpoint's stream says {sorted(expected)}"
     if len(logged) != steps:

@@ -9,7 +9,7 @@ with their environments, rewards and buffer, the staleness gate, the reference a
 learner ranks with their gloo collective, weight pushes of a tiny model's real tensors, checkpoints, all real;
 only generation, reference scoring and training sleep for the seconds set here (per batch, with jitter). A size
 runs ``--steps`` steps, stops, and resumes with ``resume=auto`` for as many more, so every size also goes
-through a resume, and its trained.jsonl must show no batch trained twice.
+through a resume, and its trained.jsonl must show no group trained twice.
 
 Per size it prints:
 
@@ -23,12 +23,17 @@ Per size it prints:
   seconds its stand-in slept (the slowest rank's), and where it went: the call to the ranks, the push, the rest
   of the step (the source's call to the buffer, the gate, the advantages), the logs and checkpoint between steps.
 
-``--long-tail S`` spreads the answer lengths (``simulate.long_tail``: a batch waits for its longest answer) and
-``--inflight`` pushes weights under answers in flight (``pipeline.inflight_updates``); then the mean age of the
-trained tokens (``token_staleness_mean``, each token's own version) is reported beside the groups' age::
+``--long-tail S`` spreads the answer lengths (``simulate.long_tail``: a group takes as long as its longest answer),
+``--inflight`` pushes weights under answers in flight (``pipeline.inflight_updates``; then the mean age of the
+trained tokens, ``token_staleness_mean``, each token's own version, is reported beside the groups' age) and
+``--whole-batches`` collects ``P`` groups at a time, handed over when the last is done (``pipeline.whole_batches``,
+the pipeline before groups streamed). ``--arms`` runs several of these settings per size, ``--repeat`` times each, in
+turn (so a drift of the machine falls on every arm), and ends with a table of trained samples per second::
 
-    python benchmarks/system/pipeline_scale.py --sizes 2x1,4x1 --long-tail 2 --answer-tokens 256
     python benchmarks/system/pipeline_scale.py --sizes 2x1,4x1 --long-tail 2 --answer-tokens 256 --inflight
+    python benchmarks/system/pipeline_scale.py --sizes 2x1,4x1 --long-tail 2 --answer-tokens 256 --prompts 4 \
+        --generation 24 --training 2 --reference 0 --steps 4 --repeat 2 \
+        --arms whole,stream,whole+inflight,stream+inflight
 
 Ends with ``min efficiency: X``. Writes JSON. Never asserts a time.
 """
@@ -77,6 +82,7 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         f"simulate.answer_tokens={args.answer_tokens}",
         f"sampling.max_new_tokens={max(args.answer_tokens, 16)}",
         f"pipeline.inflight_updates={args.inflight}",
+        f"pipeline.whole_batches={args.whole_batches}",
     ]
     if args.reference > 0:
         common += ["policy.kl_coef=0.01", "ref_model.placement=actor"]
@@ -92,7 +98,7 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     ).rows
     wall = time.perf_counter() - t0
     records = read_jsonl(run_dir / "trained.jsonl")
-    trained = [b for r in records for b in r["batch_index"]]
+    trained = [g for r in records for g in r["group_index"]]
     # Wall time per step: between the ends of consecutive steps of one process (trained.jsonl's times). The first
     # step after each start is not measured (actors start, the pipeline fills).
     ends = {r["step"]: r["time"] for r in records}
@@ -128,6 +134,7 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         "steps": len(rows),
         "measured_steps": len(measured),
         "throughput": throughput,
+        "samples_per_second": throughput * args.prompts * args.group,
         "ideal": ideal,
         "sync": sync,
         "efficiency": throughput / ideal,
@@ -140,8 +147,8 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         "overhead_max_seconds": max(overhead),
         "overhead_parts": {k: statistics.mean(v) for k, v in parts.items()},
         "learner_wait_seconds": statistics.mean(r["learner_wait_seconds"] for r in measured),
-        "batches_trained": len(trained),
-        "batches_trained_twice": len(trained) - len(set(trained)),
+        "groups_trained": len(trained),
+        "groups_trained_twice": len(trained) - len(set(trained)),
         "wall_seconds": wall,
         "stages": stages,
     }
@@ -164,6 +171,12 @@ def main() -> None:
     parser.add_argument("--long-tail", type=float, default=0.0, help="simulate.long_tail: answer-length spread")
     parser.add_argument("--answer-tokens", type=int, default=16, help="tokens of the longest answer")
     parser.add_argument("--inflight", action="store_true", help="pipeline.inflight_updates=true")
+    parser.add_argument("--whole-batches", action="store_true", help="pipeline.whole_batches=true")
+    parser.add_argument(
+        "--arms",
+        help="settings to compare per size, e.g. whole,stream,whole+inflight,stream+inflight (overrides the two flags)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each arm per size (with --arms)")
     parser.add_argument("--sizes", help="collectors x ranks, e.g. 1x1,4x2 (default: all, or the quick ones)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", default=str(RESULTS / "pipeline_scale.json"))
@@ -196,14 +209,21 @@ def main() -> None:
             f"{'stale mean/max':>14} {'token age':>9} {'dropped':>7} {'overhead s':>10} {'twice':>5} {'wall s':>6}"
         )
         print(header, flush=True)
-        for collectors, ranks in sizes:
-            r = measure(args, model, collectors, ranks, Path(tmp))
+        arms = args.arms.split(",") if args.arms else [None]
+        runs = [(size, arm, i) for size in sizes for i in range(args.repeat if args.arms else 1) for arm in arms]
+        for (collectors, ranks), arm, i in runs:
+            if arm is not None:
+                args.whole_batches, args.inflight = arm.startswith("whole"), arm.endswith("+inflight")
+            r = measure(args, model, collectors, ranks, Path(tmp) / f"{arm or 'run'}{i}")
+            r.update(arm=arm, repeat=i, whole_batches=args.whole_batches, inflight=args.inflight)
             results.append(r)
+            if arm is not None:
+                print(f"{'':>10} arm {arm}, run {i + 1} of {args.repeat}", flush=True)
             print(
                 f"{collectors:>10} {ranks:>5} {r['throughput']:>8.3f} {r['ideal']:>7.3f} {r['sync']:>7.3f} "
                 f"{r['efficiency']:>6.2f} {r['staleness_mean']:>8.2f}/{r['staleness_max']}<={r['bound']} "
                 f"{r['token_staleness_mean']:>9.2f} "
-                f"{r['dropped_samples']:>7} {r['overhead_seconds']:>10.3f} {r['batches_trained_twice']:>5} "
+                f"{r['dropped_samples']:>7} {r['overhead_seconds']:>10.3f} {r['groups_trained_twice']:>5} "
                 f"{r['wall_seconds']:>6.0f}",
                 flush=True,
             )
@@ -213,6 +233,15 @@ def main() -> None:
     )
     for r in results:
         print(f"{r['collectors']:>10} {r['ranks']:>5}  " + " / ".join(f"{v:.3f}" for v in r["overhead_parts"].values()))
+    if args.arms:
+        print("trained samples per second (each run), and dropped samples, by arm:")
+        for collectors, ranks in sizes:
+            for arm in arms:
+                mine = [r for r in results if (r["collectors"], r["ranks"], r["arm"]) == (collectors, ranks, arm)]
+                rates = " ".join(f"{r['samples_per_second']:.2f}" for r in mine)
+                mean = statistics.mean(r["samples_per_second"] for r in mine)
+                dropped = sum(r["dropped_samples"] for r in mine)
+                print(f"  {collectors}x{ranks} {arm:>16}: {rates}  (mean {mean:.2f}; dropped {dropped})")
     print(cpu_line(), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_line(), "results": results}, indent=2))

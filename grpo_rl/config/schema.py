@@ -397,7 +397,8 @@ class PolicyConfig:
     """Drop groups whose answers all got the same reward (they carry no gradient)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (grpo_rl/rollout/dynamic_sampling.py): draw more batches of prompts until the step has
-    env.prompts_per_step groups whose task rewards vary, at most dynamic_sampling_max_rounds batches beyond the first;
+    env.prompts_per_step groups whose task rewards vary (a flat group is replaced by the next prompt as it finishes), at
+    most dynamic_sampling_max_rounds batches' worth of groups beyond the first;
     implies filter_zero_variance_groups. Logged: sampling_rounds, dynamic_sampling_groups,
     dynamic_sampling_dropped_groups, dynamic_sampling_short; reward_mean stays the mean over every answer sampled.
     (loss_type=dapo chooses DAPO's loss aggregation only, as in TRL; set this for its sampling.)"""
@@ -576,7 +577,8 @@ class PipelineConfig:
     push_every: int = 1
     """Push the learner's weights to the engine(s) every k optimizer steps."""
     buffer_capacity: int = 2
-    """Collected batches the buffer holds; a collector waits while it is full (memory stays bounded). When the
+    """Batches' worth of collected groups the buffer holds (buffer_capacity * env.prompts_per_step groups); a collector
+    waits while it is full (memory stays bounded). When the
     learner is the bottleneck a batch is trained about ``buffer_capacity + 1`` versions after it was generated, so
     with ``buffer_capacity >= max_staleness`` some collected batches are dropped as too stale (benchmarks/README.md)."""
     weight_transport: str = "auto"
@@ -598,6 +600,11 @@ class PipelineConfig:
     and regenerates (or rescores) exactly what it owed. Each is logged (restarts.jsonl, metrics restarts/<role>,
     restart_seconds). Past it, or with 0, the run ends as it did before: one line naming the role, after a
     checkpoint at the last step boundary."""
+    whole_batches: bool = False
+    """Collect env.prompts_per_step groups at a time and hand them to the buffer together when the last is done (the
+    pipeline before groups streamed, kept for comparison: benchmarks/system/pipeline_scale.py). Off: each group goes
+    to the buffer the moment it is scored and another prompt starts in its place, so the longest answer of a batch
+    holds back no other group."""
     inflight_updates: bool = False
     """inference_model.engine=vllm_server: a push lands under answers in flight (the servers pause with ``keep``,
     load, resume), so a long answer does not hold the engines back from the new policy. Each token keeps the

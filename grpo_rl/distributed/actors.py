@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 
 from grpo_rl.quiet import quiet_logging, quiet_start
@@ -28,16 +29,18 @@ import torch
 
 from grpo_rl import trace
 from grpo_rl.distributed.buffer import RolloutBuffer
+from grpo_rl.engines.base import Live, concat_batches
 from grpo_rl.engines.build import make_engine
 from grpo_rl.placement.context import ActorSpec
-from grpo_rl.rollout.collector import make_collector
+from grpo_rl.rollout.collector import PromptGroups, make_collector
 from grpo_rl.rollout.evaluation import make_evaluator
+from grpo_rl.rollout.source import owed_groups
 from grpo_rl.training.build import make_ref_scorer
 from grpo_rl.weights.sync import unpack_weights
 
 # A collector's cumulative counters; each batch it puts carries them to the driver (see RolloutBuffer.put).
 COLLECTOR_COUNTERS = (
-    "batches",
+    "groups",
     "samples",
     "tokens",
     "generation_seconds",
@@ -51,8 +54,8 @@ COLLECTOR_COUNTERS = (
 
 
 class CollectorWorker:
-    """Generates and scores batches with its engine as fast as the buffer accepts them: replica ``r`` of
-    ``num_replicas`` collects the stream's batches ``b`` with ``b % num_replicas == r`` not consumed yet.
+    """Generates and scores groups with its engine as fast as the buffer admits them: replica ``r`` of
+    ``num_replicas`` collects the stream's groups ``g`` with ``g % num_replicas == r`` not consumed yet.
 
     Args:
         buffer: the buffer actor handle (anything with ``put(batch, timeout) -> bool``).
@@ -84,6 +87,10 @@ class CollectorWorker:
         # time.monotonic() of the engine call under way: past pipeline.timeout_seconds the driver replaces this one
         self._engine_call_started: float | None = None
         self._stats = dict.fromkeys(COLLECTOR_COUNTERS, 0)
+        self.whole_batches = self.run_ctx.cfg.pipeline.whole_batches
+        self._pad_id = self.run_ctx.tokenizer.pad_token_id or 0
+        self._evaluating = threading.Event()  # an evaluation waits for the engine: the stream drains
+        self._outbox: list = []  # finished groups the buffer had no room for yet: (batch, failure examples, group)
         self.evaluator = make_evaluator(self.run_ctx, self.engine) if self.replica == 0 else None
 
     def ready(self) -> int:
@@ -136,9 +143,13 @@ class CollectorWorker:
         calls; ``eval/policy_version`` says which."""
         if self.evaluator is None:
             return {}
-        with self._engine_lock:
-            self._load_pending_weights()
-            return {**self.evaluator.maybe_evaluate(step, last_step), "eval/policy_version": self.version}
+        self._evaluating.set()
+        try:
+            with self._engine_lock:
+                self._load_pending_weights()
+                return {**self.evaluator.maybe_evaluate(step, last_step), "eval/policy_version": self.version}
+        finally:
+            self._evaluating.clear()
 
     def _load_pending_weights(self) -> None:
         with self._pending_lock:
@@ -158,62 +169,81 @@ class CollectorWorker:
 
     def run(self, position: dict | None = None) -> dict:
         """Collect until :meth:`stop` from the stream ``position`` (a :class:`~grpo_rl.rollout.source.StreamPosition`
-        state dict; None: the start), putting each batch in the buffer."""
-        import ray
-
+        state dict; None: the start): up to ``P`` groups in flight on the engine, each started once the buffer
+        admits it and put in the buffer the moment it is scored (with ``pipeline.whole_batches``, ``P`` at a time,
+        put together when the last of them is done)."""
         env = self.collector.env
         if position is not None:
             env.load_state_dict(position)
-        for index, own in replica_indices(position, self.replica, self.num_replicas):
-            if self._stop.is_set():
-                break
-            if not own:
-                env.reset()  # another replica's batch, or one consumed before the resume: skip its prompts
-                continue
-            t0 = time.perf_counter()
-            with trace.span("wait for admission", batch=index):
-                admitted = self._admitted(index)
-            if not admitted:
-                break
-            if self._push_error is not None:  # its server holds weights of no known version
-                raise self._push_error
-            t_admitted = time.perf_counter()
-            with self._engine_lock:
-                self._load_pending_weights()
-                self._engine_call_started = time.monotonic()
-                try:  # seeded as step index: a resumed run regenerates exactly what was not consumed
-                    batch, cs = self.collector.collect(index, self.version)
-                finally:
-                    self._engine_call_started = None
-            batch.set("batch_index", torch.full((batch.batch_size[0],), index, dtype=torch.long))
-            t1 = time.perf_counter()
-            st = self._stats
-            st["batches"] += 1
-            st["samples"] += batch.batch_size[0]
-            st["tokens"] += cs.num_tokens
-            st["generation_seconds"] += cs.generation_seconds
-            st["reward_seconds"] += cs.reward_seconds
-            st["reward_failures"] += sum(cs.reward_failures.values())
-            st["busy_seconds"] += t1 - t_admitted
-            st["wait_for_space_seconds"] += t_admitted - t0
-            # The counters and failing reward calls travel with the batch: no per-step call from the driver.
-            report = {f"collector/{self.replica}": self.stats()}
-            w_put = trace.now_us()
-            while not self._stop.is_set():
-                if ray.get(
-                    self.buffer.put.remote(batch, self.poll_seconds, report, cs.failure_examples), timeout=self.timeout
-                ):
-                    break
-                if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):  # shutting down: nobody reads
-                    self._stop.set()
-            st["wait_for_space_seconds"] += time.perf_counter() - t1
-            trace.record("wait for space", w_put, trace.now_us(), batch=index)
+        per_batch = env.prompts_per_step
+        prompts = PromptGroups(env, int(position.get("next_group", 0)) // per_batch if position else 0)
+        draws = _AdmittedGroups(self, owed_groups(position, self.replica, self.num_replicas), per_batch)
+        together: list = []
+        with self._engine_lock:
+            stream = self.collector.stream(Live(draws.draw), prompts, lambda: self.version, per_batch)
+            self._engine_call_started = time.monotonic()
+            try:
+                for g, group, cs in stream:
+                    draws.in_flight -= 1
+                    self._count(group, cs)
+                    together.append(group)
+                    if self.whole_batches and draws.in_flight:
+                        continue
+                    self._outbox.append((concat_batches(together, self._pad_id), cs.failure_examples, g))
+                    together = []
+                    self._deliver(wait=not draws.in_flight)
+                    if self._stop.is_set():
+                        break
+                    self._engine_call_started = time.monotonic() if draws.in_flight else None
+            finally:
+                stream.close()
+                self._engine_call_started = None
         trace.flush()
         return self.stats()
 
-    def _admitted(self, index: int) -> bool:
-        """Wait until the buffer admits a batch generated with the newest weights (they are loaded while waiting,
-        so a push that lands meanwhile counts); False when stopping."""
+    def _count(self, group, cs) -> None:
+        st = self._stats
+        st["groups"] += 1
+        st["samples"] += group.batch_size[0]
+        st["tokens"] += cs.num_tokens
+        st["generation_seconds"] += cs.generation_seconds
+        st["reward_seconds"] += cs.reward_seconds
+        st["reward_failures"] += sum(cs.reward_failures.values())
+        st["busy_seconds"] += cs.generation_seconds + cs.reward_seconds
+
+    def _deliver(self, wait: bool) -> None:
+        """Put the finished groups in the buffer, in the order they finished, their counters and failing reward
+        calls with them. ``wait`` (no group in flight): wait for space, with the engine lock released (evaluation and
+        weight loads go on meanwhile); else put what fits now and keep the rest (nothing new is drawn meanwhile, see
+        :class:`_AdmittedGroups`): the engine must not be handed to an evaluation with groups in flight."""
+        import ray
+
+        t0, w0 = time.perf_counter(), trace.now_us()
+        if wait:
+            self._engine_lock.release()
+            self._engine_call_started = None  # a wait for space is no engine call that could hang
+        try:
+            while self._outbox and not self._stop.is_set():
+                batch, failure_examples, g = self._outbox[0]
+                report = {f"collector/{self.replica}": self.stats()}
+                timeout = self.poll_seconds if wait else 0.0
+                put = self.buffer.put.remote(batch, timeout, report, failure_examples)
+                if ray.get(put, timeout=self.timeout + timeout):
+                    self._outbox.pop(0)
+                elif not wait:
+                    break
+                elif ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):  # shutting down: nobody reads
+                    self._stop.set()
+        finally:
+            if wait:
+                self._engine_lock.acquire()
+        self._stats["wait_for_space_seconds"] += time.perf_counter() - t0
+        trace.record("wait for space", w0, trace.now_us())
+
+    def _admitted(self, index: int, wait: bool = True) -> bool:
+        """Whether the buffer admits group ``index`` generated with the newest weights (they are loaded while
+        waiting, so a push that lands meanwhile counts). ``wait``: until it does, or the collector stops (False);
+        else ask once."""
         import ray
 
         while not self._stop.is_set():
@@ -221,10 +251,14 @@ class CollectorWorker:
             # the collector is replaced at once instead of waiting for weights that cannot land.
             if self._push_error is not None:
                 raise self._push_error
-            with self._engine_lock:
-                self._load_pending_weights()
-            if ray.get(self.buffer.admit.remote(index, self.version, self.poll_seconds), timeout=self.timeout):
+            if wait:
+                with self._engine_lock:
+                    self._load_pending_weights()
+            timeout = self.poll_seconds if wait else 0.0
+            if ray.get(self.buffer.admit.remote(index, self.version, timeout), timeout=self.timeout + timeout):
                 return True
+            if not wait:
+                return False
             if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):
                 self._stop.set()
         return False
@@ -240,6 +274,7 @@ class CollectorWorker:
         take the checkpoint's (older) weights when pushed."""
         self._stop.clear()
         self._push_error = None
+        self._outbox.clear()  # groups of the stream that is being taken back: made again
         self.version = -1
 
     def shutdown(self) -> None:
@@ -251,15 +286,66 @@ class CollectorWorker:
             self._receiver.close()
 
 
-def replica_indices(position: dict | None, replica: int, num_replicas: int) -> Iterator[tuple[int, bool]]:
-    """The stream's batch indices from ``position`` on, each with whether replica ``replica`` of ``num_replicas``
-    collects it."""
-    index = int(position.get("next_index", 0)) if position else 0
-    consumed = set(position.get("consumed", ())) if position else set()
-    while True:
-        # its own share of the synchronous loop's stream, minus what was consumed before a resume
-        yield index, index % num_replicas == replica and index not in consumed
-        index += 1
+class _AdmittedGroups:
+    """A collector's live request stream: its owed groups, each drawn once the buffer admits it.
+
+    Drawn by the engine's stream on the collector's loop thread, which holds the engine lock; with no group in
+    flight it releases the lock while it waits for admission, so that evaluation and weight loads take their turn.
+    With groups in flight it never waits: it asks the buffer (after a no, not again for :attr:`ASK_SECONDS`) and has
+    nothing while the answer is no, while weights wait to be loaded (without in-flight updates an engine's weights change
+    only between its groups) or an evaluation waits, or, with whole batches, until the batch is done.
+    """
+
+    ASK_SECONDS = 0.05
+
+    def __init__(self, worker: CollectorWorker, owed: Iterator[int], per_batch: int):
+        self.worker, self.owed, self.per_batch = worker, owed, per_batch
+        self.in_flight = 0
+        self._ready: deque[int] = deque()
+        self._next: int | None = None  # an owed group not admitted yet
+        self._refused = -float("inf")  # time.monotonic() of the last admission refused
+
+    def draw(self) -> int | None:
+        w = self.worker
+        if w._stop.is_set():
+            return None
+        if not self._ready:
+            busy = w.whole_batches or w._pending is not None or w._evaluating.is_set() or w._outbox
+            if self.in_flight and busy:
+                return None  # drain first
+            self._admit_some()
+        if not self._ready:
+            return None
+        self.in_flight += 1
+        return self._ready.popleft()
+
+    def _admit_some(self) -> None:
+        w = self.worker
+        want = self.per_batch if w.whole_batches else 1
+        while len(self._ready) < want:
+            if self._next is None:
+                self._next = next(self.owed)
+            if self.in_flight:  # the engine is busy: ask, never wait (and not again at once after a no)
+                if time.monotonic() - self._refused < self.ASK_SECONDS:
+                    return
+                if not w._admitted(self._next, wait=False):
+                    self._refused = time.monotonic()
+                    return
+            else:
+                w._engine_lock.release()  # the engine is idle: let evaluation and weight loads in while waiting
+                w._engine_call_started = None
+                try:
+                    with trace.span("wait for admission", group=self._next):
+                        admitted = w._admitted(self._next)
+                finally:
+                    while w._evaluating.is_set() and not w._stop.is_set():  # an evaluation waiting goes first
+                        time.sleep(0.01)
+                    w._engine_lock.acquire()
+                    w._engine_call_started = time.monotonic()
+                if not admitted:
+                    return
+            self._ready.append(self._next)
+            self._next = None
 
 
 class RefWorker:

@@ -1,20 +1,26 @@
 """The asynchronous loop's rollout source: collector actors -> buffer -> (reference stage) -> the learner.
 
 :class:`AsyncRollouts` is a :class:`~grpo_rl.rollout.source.RolloutSource`. It starts one collector actor per
-inference device and a buffer actor, hands the learner the next batch that passes the staleness gate with the
-role metrics, and stops everything in :meth:`AsyncRollouts.close`. The collectors' counters and failing reward
-calls travel with their batches through the buffer(s) (:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step
-costs the learner one call to the buffer however many collectors there are. With the reference as a stage of its own
-(``ref_model.placement``), a thread of the driver moves batches from the collectors' buffer through the reference actors
-into a second, one-batch buffer, so the reference scores batch ``k + 1`` while the learner trains on batch ``k``; the
-staleness gate applies where the learner takes, at the version it trains with.
+inference device and a buffer actor, hands the learner its next batch with the role metrics, and stops everything in
+:meth:`AsyncRollouts.close`. The unit is the group: each collector keeps up to ``env.prompts_per_step`` prompts in
+flight on its engine, each started once the buffer admits it, and puts each group in the buffer the moment it is
+scored; the learner's batch is the next ``env.prompts_per_step`` groups that pass the staleness gate, in the order they
+arrived, from whichever collectors made them. So the longest answer of a batch holds back no other group (with
+``pipeline.whole_batches`` a collector hands over ``P`` groups at a time, as this pipeline did before).
+
+The collectors' counters and failing reward calls travel with their groups through the buffer(s)
+(:meth:`~grpo_rl.distributed.buffer.RolloutBuffer.put`), so a step costs the learner one call to the buffer however
+many collectors there are. With the reference as a stage of its own (``ref_model.placement``), a thread of the driver
+moves batches of ``P`` groups from the collectors' buffer through the reference actors into a second, one-batch
+buffer, so the reference scores batch ``k + 1`` while the learner trains on batch ``k``; the staleness gate applies
+where the learner takes, at the version it trains with.
 
 Nothing hangs, and losses heal. A collector whose loop ended with an error (its actor died, its engine or engine
 server failed), or that has been inside one engine call for longer than ``pipeline.timeout_seconds`` when no batch
 came for that long, is replaced (:meth:`AsyncRollouts.replace_collector`): the old actor is killed, its engine
 server started again if the run owns it and it is gone, and a new actor on the same devices is given the newest
-weights and the stream position of the batches it owes: those of its share that the learner has not consumed and
-the buffer never received. The buffer keeps the first copy of any batch index and drops a second one, so a put
+weights and the stream position of the groups it owes: those of its share that the learner has not consumed and
+the buffer never received. The buffer keeps the first copy of any group index and drops a second one, so a put
 from a lost actor that lands late cannot be trained twice. Past ``pipeline.max_restarts`` replacements
 (:class:`~grpo_rl.distributed.healing.Restarts`), or when the buffer itself is lost, :class:`~grpo_rl.errors.RoleFailed`
 names the role; the loop's cleanup then checkpoints the last step boundary, whose stream position regenerates
@@ -36,6 +42,7 @@ from grpo_rl.distributed.reference_actors import ReferenceActors, wait_ready
 from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.errors import RoleFailed
 from grpo_rl.placement.context import RunContext
+from grpo_rl.rollout.dynamic_sampling import DynamicSampling
 from grpo_rl.rollout.source import Rollout, StreamPosition
 from grpo_rl.weights.sync import WeightSync
 
@@ -68,6 +75,7 @@ class AsyncRollouts:
         *,
         weight_sync: Callable[[list], WeightSync],
         wait: bool = True,
+        dynamic: DynamicSampling | None = None,
     ):
         import ray
 
@@ -82,6 +90,9 @@ class AsyncRollouts:
         self.position = StreamPosition(env)
         self.reference = reference
         self.versions_per_batch = run.cfg.train.updates_per_batch
+        self.per_batch, self.dynamic = run.cfg.env.prompts_per_step, dynamic
+        self.max_draws = dynamic.max_draws if dynamic is not None else None
+        self.pad_id = run.tokenizer.pad_token_id or 0
         # With a reference stage the collectors fill an ungated buffer and the learner takes from a gated one.
         # Collectors start a batch only while it can still be trained within the bound (RolloutBuffer.admit).
         # The buffers live on the driver's node: what they hold cannot be rebuilt elsewhere, and a node that is
@@ -91,13 +102,20 @@ class AsyncRollouts:
         )
         buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here)
         self.buffer = buffer.remote(
-            p.buffer_capacity,
+            p.buffer_capacity * self.per_batch,  # entries are groups
             None if reference is not None else p.max_staleness,
             "buffer",
             admit_staleness=p.max_staleness,
             versions_per_batch=run.cfg.train.updates_per_batch,
+            groups_per_batch=self.per_batch,
+            drop_flat=dynamic is not None,
+            pad_id=self.pad_id,
         )
-        self.scored = self.buffer if reference is None else buffer.remote(1, p.max_staleness, "scored")
+        # the reference stage's buffer holds scored batches, one entry each
+        self.scored = (
+            self.buffer if reference is None else buffer.remote(1, p.max_staleness, "scored", pad_id=self.pad_id)
+        )
+        self._take_groups = self.per_batch if reference is None else 1
         self.num_replicas = run.placement.collector.count
         self.collectors = [self._new_collector(i) for i in range(self.num_replicas)]
         self._buffers = [self.buffer] + ([self.scored] if reference is not None else [])
@@ -141,9 +159,8 @@ class AsyncRollouts:
         waited, dropped, consumed = 0.0, 0, []
         t0 = time.perf_counter()
         while not should_stop():
-            result: TakeResult = self._get(
-                self.scored.take.remote(version, self.poll_seconds), "the buffer", extra=self.poll_seconds
-            )
+            take = self.scored.take.remote(version, self.poll_seconds, self._take_groups, self.max_draws)
+            result: TakeResult = self._get(take, "the buffer", extra=self.poll_seconds)
             waited += result.wait_seconds
             dropped += result.dropped
             consumed += result.consumed
@@ -154,11 +171,10 @@ class AsyncRollouts:
                 result.wait_seconds, result.dropped = waited, dropped
                 self.position.consume(consumed)
                 self._reports.update(result.reports)
-                return Rollout(
-                    batch=result.batch,
-                    metrics={**staleness_metrics(result), **self._step_metrics()},
-                    failure_examples=result.failure_examples,
-                )
+                metrics = {**staleness_metrics(result), **self._step_metrics()}
+                if self.dynamic is not None:
+                    metrics.update(self.dynamic.metrics(result.batch, result.flat, self.pad_id))
+                return Rollout(batch=result.batch, metrics=metrics, failure_examples=result.failure_examples)
             self.check_health()
             if time.perf_counter() - t0 > self.timeout:
                 hung = self._hung_collectors()
@@ -241,9 +257,8 @@ class AsyncRollouts:
 
         try:
             while not self._closed and not self._pump_stop.is_set():
-                result: TakeResult = ray.get(
-                    self.buffer.take.remote(0, self.poll_seconds), timeout=self.poll_seconds + self.timeout
-                )
+                take = self.buffer.take.remote(0, self.poll_seconds, self.per_batch, self.max_draws)
+                result: TakeResult = ray.get(take, timeout=self.poll_seconds + self.timeout)
                 if result.batch is None:
                     if ray.get(self.buffer.is_closed.remote(), timeout=self.timeout):
                         return
@@ -255,7 +270,9 @@ class AsyncRollouts:
                     not self._closed
                     and not self._pump_stop.is_set()
                     and not ray.get(
-                        self.scored.put.remote(batch, self.poll_seconds, result.reports, result.failure_examples),
+                        self.scored.put.remote(
+                            batch, self.poll_seconds, result.reports, result.failure_examples, result.flat
+                        ),
                         timeout=self.poll_seconds + self.timeout,
                     )
                 ):
@@ -325,15 +342,15 @@ class AsyncRollouts:
             time.perf_counter() - t0,
             pid=pid,
             node=self.nodes[replica],
-            resumes_at=position["next_index"],
+            resumes_at=position["next_group"],
         )
 
     def owed_position(self) -> dict:
-        """The stream position a replacement starts from: the learner's watermark, with every batch the buffer
+        """The stream position a replacement starts from: the learner's watermark, with every group the buffer
         received since counted as done (a replica regenerates its own share of the rest)."""
         position = self.position.state_dict()
-        delivered = self._get(self.buffer.delivered.remote(position["next_index"]), "the buffer", heal=False)
-        position["consumed"] = sorted(set(position["consumed"]) | set(delivered))
+        delivered = self._get(self.buffer.delivered.remote(position["next_group"]), "the buffer", heal=False)
+        position["consumed_groups"] = sorted(set(position["consumed_groups"]) | set(delivered))
         return position
 
     def _new_collector(self, replica: int):

@@ -42,10 +42,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 from tensordict import NonTensorStack, TensorDict
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,10 @@ class RolloutEngine(Protocol):
         """Sample ``n`` answers for each request, drawing the next request whenever fewer than ``max_in_flight``
         groups are being sampled, and yield ``(key, answers)`` as each group finishes, in whatever order they
         finish (``answers``: ``n`` rows in the module docstring's layout, ``group_id`` 0). Closing the iterator
-        abandons the groups in flight. ``sampling.seed`` is not used: each request carries its own."""
+        abandons the groups in flight. ``sampling.seed`` is not used: each request carries its own.
+
+        ``requests`` may be :class:`Live`: one that has nothing to start now is asked again when a group finishes,
+        and the stream ends when it has nothing and no group is in flight."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
@@ -223,6 +228,23 @@ def stream_by_calls(
             batch = generate([r.prompt for r in call], n, replace(sampling, seed=call[0].seed))
             yield from zip((r.key for r in call), split_groups(batch), strict=True)
             start = end
+
+
+class Live(Iterator[T]):
+    """An iterator that may have nothing *now* and more later: ``draw()`` returns the next item, or None for
+    "nothing now" (a stream asks again when one of its groups finishes; a generator, once exhausted, is over)."""
+
+    def __init__(self, draw: Callable[[], T | None]):
+        self._draw = draw
+
+    def __iter__(self) -> Live[T]:
+        return self
+
+    def __next__(self) -> T:
+        item = self._draw()
+        if item is None:
+            raise StopIteration
+        return item
 
 
 def check_room(max_in_flight: int) -> None:

@@ -303,6 +303,11 @@ class PromptEnv(EnvBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDict:
         """Score each prompt's group of ``response_text`` answers against its ``reference``."""
+        return self.score(tensordict)
+
+    def score(self, tensordict: TensorDictBase) -> TensorDict:
+        """What :meth:`step` returns under ``"next"``, for any number of prompts (the rows of one reset or a few of
+        them: a streaming collector scores each group as it finishes)."""
         groups = [[a] if isinstance(a, str) else list(a) for a in _rows(tensordict, "response_text")]
         p, g = len(groups), len(groups[0]) if groups else 0
         if any(len(answers) != g for answers in groups):

@@ -7,28 +7,30 @@ Both loops ask a :class:`RolloutSource` for ``next_batch(version)``: ``sota/grpo
 checkpoints and restores a source through ``state_dict``/``load_state_dict`` and logs what it returns; it never
 looks behind the protocol.
 
-**Batch indices, and exactly once.** The prompt stream is a seeded sequence of batches: batch ``b`` holds the
-prompts the environment hands out at its ``b``-th reset, and its answers are sampled with the seed of step ``b``.
-Every collected batch carries its index (key ``batch_index``, ``[N]``). :class:`StreamPosition` records which
-indices the learner has consumed (trained on, or dropped by the staleness gate): every index below a watermark
-``next_index``, plus the consumed ones above it (collector replicas finish out of order). A checkpoint holds that
-record and the environment's state at the watermark, so a resumed run regenerates exactly the batches that were
-not consumed (those in the buffer, or being generated, when the run stopped) and never one that was.
+**Group indices, and exactly once.** The prompt stream is a seeded sequence of groups: group ``g`` is prompt
+``g % P`` of the environment's ``g // P``-th reset (``P = env.prompts_per_step``), its answers sampled with the seed of
+batch ``g // P`` (:meth:`~grpo_rl.rollout.collector.Collector.stream`), so the synchronous loop's step ``b`` trains
+on groups ``b * P .. b * P + P - 1`` as it always did. Every collected group carries its index (key
+``group_index``, and ``batch_index = g // P``). :class:`StreamPosition` records which groups the learner has consumed
+(trained on, dropped by the staleness gate or by dynamic sampling): every index below a watermark ``next_group``,
+plus the consumed ones above it (groups finish out of order). A checkpoint holds that record and the environment's
+state at the watermark's batch, so a resumed run regenerates exactly the groups that were not consumed (those in the
+buffer, or being generated, when the run stopped) and never one that was.
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
 from tensordict import TensorDict
 
+from grpo_rl.engines.base import Live, concat_batches
 from grpo_rl.errors import RoleFailed
-from grpo_rl.rollout.collector import Collector
+from grpo_rl.rollout.collector import Collector, PromptGroups
+from grpo_rl.rollout.dynamic_sampling import DynamicSampling
 from grpo_rl.rollout.evaluation import Evaluator
 
 
@@ -74,83 +76,157 @@ class RolloutSource(Protocol):
 
 
 class StreamPosition:
-    """Which batches of the prompt stream were consumed, and the state of ``env`` (an environment of the run at the
-    start of the stream) at the first one that was not."""
+    """Which groups of the prompt stream were consumed, and the state of the environment at the start of the batch
+    of the first one that was not.
+
+    Args:
+        env: an environment of the run at the start of the stream; the position moves it (it is its scratch copy:
+            a synchronous loop's collector may share it, since the two never use it at the same time).
+    """
 
     def __init__(self, env):
         self.env = env
-        self.next_index = 0
+        self.per_batch = env.prompts_per_step
+        self.next_group = 0
         self.consumed: set[int] = set()
+        self._env_state = dict(env.state_dict())
+        self._env_batch = 0  # the batch _env_state stands at: next_group // per_batch
 
-    def consume(self, indices) -> None:
-        """Mark batch ``indices`` consumed; move the watermark over every consumed index in a row."""
-        for b in indices:
-            b = int(b)
-            if b < self.next_index or b in self.consumed:
-                raise RuntimeError(f"batch {b} of the prompt stream was handed out twice")
-            self.consumed.add(b)
-        while self.next_index in self.consumed:
-            self.consumed.remove(self.next_index)
-            self.env.reset()  # a few list lookups, no tokenisation; only the env's state_dict is used
-            self.next_index += 1
+    def consume(self, groups) -> None:
+        """Mark ``groups`` consumed; move the watermark over every consumed index in a row."""
+        for g in groups:
+            g = int(g)
+            if g < self.next_group or g in self.consumed:
+                raise RuntimeError(f"group {g} of the prompt stream was handed out twice")
+            self.consumed.add(g)
+        while self.next_group in self.consumed:
+            self.consumed.remove(self.next_group)
+            self.next_group += 1
+        batch = self.next_group // self.per_batch
+        if batch > self._env_batch:
+            self.env.load_state_dict(self._env_state)
+            for _ in range(batch - self._env_batch):
+                self.env.reset()  # a few list lookups, no tokenisation; only the env's state is kept
+            self._env_state, self._env_batch = dict(self.env.state_dict()), batch
+
+    def prompts(self, env) -> PromptGroups:
+        """The stream's prompts from the watermark's batch on, drawn from ``env`` (moved there)."""
+        env.load_state_dict(self._env_state)
+        return PromptGroups(env, self._env_batch)
+
+    def owed(self, replica: int = 0, num_replicas: int = 1) -> Iterator[int]:
+        """The groups not consumed from the watermark on (as of now), those of ``replica`` of ``num_replicas``."""
+        return owed_groups(self.state_dict(), replica, num_replicas)
 
     def state_dict(self) -> dict:
-        return {**self.env.state_dict(), "next_index": self.next_index, "consumed": sorted(self.consumed)}
+        return {**self._env_state, "next_group": self.next_group, "consumed_groups": sorted(self.consumed)}
 
     def load_state_dict(self, state: dict) -> None:
+        """A position of :meth:`state_dict`, or one from before groups were the unit (``next_index`` and
+        ``consumed`` count whole batches)."""
+        p = self.per_batch
         self.env.load_state_dict(state)
-        self.next_index = int(state.get("next_index", 0))
-        self.consumed = set(int(b) for b in state.get("consumed", ()))
+        if "next_group" in state:
+            self.next_group = int(state["next_group"])
+            self.consumed = {int(g) for g in state.get("consumed_groups", ())}
+        else:
+            self.next_group = int(state.get("next_index", 0)) * p
+            self.consumed = {int(b) * p + i for b in state.get("consumed", ()) for i in range(p)}
+        self._env_state, self._env_batch = dict(self.env.state_dict()), self.next_group // p
+        self.consume(())  # a watermark followed by consumed groups moves over them
 
 
-def batch_indices(batch: TensorDict) -> list[int]:
-    """The distinct ``batch_index`` values of ``batch``'s rows, in order."""
-    return sorted(set(batch["batch_index"].tolist())) if batch.batch_size[0] else []
+def owed_groups(position: dict | None, replica: int = 0, num_replicas: int = 1) -> Iterator[int]:
+    """The stream's group indices from ``position`` (a :meth:`StreamPosition.state_dict`; None: the start) on that
+    were not consumed, those ``g`` with ``g % num_replicas == replica``."""
+    g = int(position.get("next_group", 0)) if position else 0
+    consumed = set(position.get("consumed_groups", ())) if position else set()
+    while True:
+        if g % num_replicas == replica and g not in consumed:
+            yield g
+        g += 1
+
+
+def group_indices(batch: TensorDict) -> list[int]:
+    """The distinct ``group_index`` values of ``batch``'s rows, in order."""
+    return sorted(set(batch["group_index"].tolist())) if batch.batch_size[0] else []
 
 
 class InProcessRollouts:
-    """The synchronous loop's source: collect batch ``b`` with ``collector`` when asked, with the current weights.
+    """The synchronous loop's source: collect the next ``P`` groups with ``collector`` when asked, with the current
+    weights, all ``P`` in flight on the engine at once.
 
     Args:
         evaluator: the held-out evaluation on the same engine, or None (``eval.every=0``).
         heal: called with the :class:`~grpo_rl.errors.RoleFailed` of a collection that failed; True when it put
-            the engine right, and the batch is then collected again. None: the failure ends the run.
+            the engine right, and the step's groups are then collected again. None: the failure ends the run.
+        dynamic: DAPO's dynamic sampling: a group whose rewards are all equal is dropped when it finishes and the
+            next prompt starts in its place at once, until ``P`` groups vary or the rule's draws are spent.
     """
 
     def __init__(
-        self, collector: Collector, evaluator: Evaluator | None = None, heal: Callable[[RoleFailed], bool] | None = None
+        self,
+        collector: Collector,
+        evaluator: Evaluator | None = None,
+        heal: Callable[[RoleFailed], bool] | None = None,
+        dynamic: DynamicSampling | None = None,
     ):
         self.collector = collector
         self.evaluator = evaluator
         self.heal = heal
+        self.dynamic = dynamic
+        self.pad_id = collector.tokenizer.pad_token_id or 0
         self.position = StreamPosition(collector.env)
 
     def next_batch(self, version: int, should_stop: Callable[[], bool] = lambda: False) -> Rollout:
-        """Collect the next batch now (``should_stop`` is not consulted: nothing here waits)."""
-        index = self.position.next_index
+        """Collect the next step's groups now (``should_stop`` is not consulted: nothing here waits)."""
         t0 = time.perf_counter()
-        batch, cs = self._collect(index, version)
-        batch.set("batch_index", torch.full((batch.batch_size[0],), index, dtype=torch.long))
-        self.position.next_index += 1  # the collector's env is the position's env: nothing to skip
-        metrics = {
-            "generation_seconds": cs.generation_seconds,
-            "reward_seconds": cs.reward_seconds,
-            "reward_failures": float(sum(cs.reward_failures.values())),
-            "generation_tokens_per_second": cs.num_tokens / max(cs.generation_seconds, 1e-9),
-            "collect_seconds": time.perf_counter() - t0,
-        }
-        return Rollout(batch=batch, metrics=metrics, failure_examples=list(cs.failure_examples))
-
-    def _collect(self, index: int, version: int):
-        """Batch ``index``, leaving the environment past it (also when a failed attempt is healed and made again)."""
-        env_state = copy.deepcopy(self.collector.env.state_dict())
         while True:
             try:
-                return self.collector.collect(index, version)
+                kept, flat, stats = self._collect(version)
+                break
             except RoleFailed as e:
                 if self.heal is None or not self.heal(e):
                     raise
-                self.collector.env.load_state_dict(copy.deepcopy(env_state))
+        self.position.consume(g for g, _ in kept + flat)
+        generation = sum(cs.generation_seconds for cs in stats)
+        metrics = {
+            "generation_seconds": generation,
+            "reward_seconds": sum(cs.reward_seconds for cs in stats),
+            "reward_failures": float(sum(sum(cs.reward_failures.values()) for cs in stats)),
+            "generation_tokens_per_second": sum(cs.num_tokens for cs in stats) / max(generation, 1e-9),
+            "collect_seconds": time.perf_counter() - t0,
+        }
+        groups = lambda pairs: [group for _, group in sorted(pairs, key=lambda pair: pair[0])]  # noqa: E731
+        if self.dynamic is None:
+            batch = concat_batches(groups(kept), self.pad_id)
+        else:
+            batch, extra = self.dynamic.step_batch(groups(kept), groups(flat), self.pad_id)
+            metrics.update(extra)
+        failures = [example for cs in stats for example in cs.failure_examples]
+        return Rollout(batch=batch, metrics=metrics, failure_examples=failures)
+
+    def _collect(self, version: int):
+        """The step's groups from the watermark on: ``P`` of them in flight; with dynamic sampling, each flat one is
+        replaced as it finishes. Returns ``(kept, flat, stats)``, ``(g, group)`` pairs and each group's stats."""
+        P = self.position.per_batch
+        limit = P if self.dynamic is None else self.dynamic.max_draws
+        owed = self.position.owed()
+        kept, flat, stats, drawn, in_flight = [], [], [], 0, 0
+
+        def draw() -> int | None:
+            nonlocal drawn, in_flight
+            if drawn >= limit or len(kept) + in_flight >= P:  # the step has, or will have, all it needs
+                return None
+            drawn, in_flight = drawn + 1, in_flight + 1
+            return next(owed)
+
+        prompts = self.position.prompts(self.collector.env)
+        for g, group, cs in self.collector.stream(Live(draw), prompts, lambda: version, max_in_flight=P):
+            in_flight -= 1
+            stats.append(cs)
+            (kept if self.dynamic is None or self.dynamic.keep(group) else flat).append((g, group))
+        return kept, flat, stats
 
     def evaluate(self, step: int, last_step: int) -> dict[str, float]:
         return {} if self.evaluator is None else self.evaluator.maybe_evaluate(step, last_step)
@@ -159,13 +235,7 @@ class InProcessRollouts:
         return self.position.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("consumed"):
-            raise ValueError(
-                f"this checkpoint's stream has batches {state['consumed']} consumed past its position "
-                f"{state['next_index']}; the synchronous loop reads the stream in order. Resume it with "
-                "sota/grpo-async.py"
-            )
-        self.position.load_state_dict(state)
+        self.position.load_state_dict(state)  # groups consumed past the watermark (an async run's) are skipped
 
     def rewind(self) -> None:
         """Nothing is collected ahead."""

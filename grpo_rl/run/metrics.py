@@ -188,17 +188,18 @@ class RunLogger:
 
     def log_trained(self, step: int, batch: TensorDict) -> None:
         """Record in ``trained.jsonl`` what step ``step`` trained on (the run's provenance): when, the stream's batch
-        indices and, per group, the prompt index and the policy version that generated it."""
+        and group indices and, per group, the prompt index and the policy version that generated it."""
         if batch is None:
             return
         keys = batch.keys()
         record: dict[str, Any] = {"step": step, "time": round(time.time(), 3)}
-        if "batch_index" in keys:
-            record["batch_index"] = sorted(set(batch["batch_index"].tolist()))
+        for key in ("batch_index", "group_index"):
+            if key in keys:
+                record[key] = sorted(set(batch[key].tolist()))
         if "group_id" in keys and batch.batch_size[0]:
             groups, first = first_rows(batch["group_id"])
             record["group"] = [int(g) for g in groups]
-            for key in ("prompt_index", "policy_version", "batch_index"):
+            for key in ("prompt_index", "policy_version", "batch_index", "group_index"):
                 if key in keys:
                     record[f"group_{key}"] = [int(v) for v in batch[key][first].tolist()]
         self._trained.write(json.dumps(record) + "\n")

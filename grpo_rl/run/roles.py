@@ -79,12 +79,11 @@ def make_rollout_source(
     restarts: Restarts | None = None,
 ) -> tuple[RolloutSource, ReferenceScorer | None]:
     """The rollout source (:class:`InProcessRollouts` over ``engine``, or without one :class:`AsyncRollouts`'
-    collector actors; under DAPO's dynamic sampling when on), and the reference scorer the learner still applies
+    collector actors; with DAPO's dynamic sampling when on), and the reference scorer the learner still applies
     (None when the source scores)."""
-    source, reference = _collecting_source(
+    return _collecting_source(
         run, env, engine=engine, reference=reference, evaluator=evaluator, fleet=fleet, restarts=restarts
     )
-    return with_dynamic_sampling(run, source), reference
 
 
 def _collecting_source(
@@ -101,7 +100,8 @@ def _collecting_source(
 ):
     if engine is not None:
         heal = served_healer(fleet, engine, weight_sync, restarts) if fleet is not None else None
-        return InProcessRollouts(make_collector(run, engine, env), evaluator, heal=heal), reference
+        collector = make_collector(run, engine, env)
+        return InProcessRollouts(collector, evaluator, heal=heal, dynamic=dynamic_sampling(run)), reference
     stage = reference if isinstance(reference, ReferenceActors) else None
     rollouts = AsyncRollouts(
         run,
@@ -111,6 +111,7 @@ def _collecting_source(
         restarts=restarts,
         wait=wait,
         weight_sync=functools.partial(make_weight_sync, run),
+        dynamic=dynamic_sampling(run),
     )
     return rollouts, (None if stage is not None else reference)
 
@@ -137,18 +138,12 @@ def served_healer(fleet: ServerFleet, engine, weight_sync: WeightSync, restarts:
     return heal
 
 
-def with_dynamic_sampling(run: RunContext, source: RolloutSource) -> RolloutSource:
-    """``source``, drawn from until a step has ``env.prompts_per_step`` varied groups when
-    ``policy.dynamic_sampling`` is on (DAPO)."""
+def dynamic_sampling(run: RunContext) -> DynamicSampling | None:
+    """DAPO's rule, when ``policy.dynamic_sampling`` is on: a step trains on ``env.prompts_per_step`` varied groups."""
     policy = run.cfg.policy
     if not policy.dynamic_sampling:
-        return source
-    return DynamicSampling(
-        source,
-        groups=run.cfg.env.prompts_per_step,
-        pad_id=run.tokenizer.pad_token_id or 0,
-        max_extra_rounds=policy.dynamic_sampling_max_rounds,
-    )
+        return None
+    return DynamicSampling(groups=run.cfg.env.prompts_per_step, max_extra_rounds=policy.dynamic_sampling_max_rounds)
 
 
 def make_weight_sync(run: RunContext, collectors: list | None = None, *, engine=None) -> WeightSync:
@@ -238,7 +233,6 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
             restarts=restarts,
             weight_sync=weight_sync,
         )
-        source = with_dynamic_sampling(run, source)
         push = PushPolicy(every=None if shared else 1, stop_between_phases=True)
     else:
         # The actors (collectors, reference replicas) start while the driver loads the learner: one wait for all.
@@ -253,7 +247,7 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
             wait=False,
         )
         cleanup.callback(rollouts.close)
-        source = with_dynamic_sampling(run, rollouts)
+        source = rollouts
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)

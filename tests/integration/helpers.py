@@ -135,3 +135,22 @@ def flaky(responses, references):
         raise RuntimeError(f"flaky call {_calls}")
     return [1.0] * len(responses)
 """
+
+
+def trained_groups(run_dir: Path) -> list[int]:
+    """The stream's group indices trained on, step by step and in each step's row order, from trained.jsonl."""
+    from grpo_rl.run.metrics import read_jsonl
+
+    return [g for r in read_jsonl(run_dir / "trained.jsonl") for g in r["group_group_index"]]
+
+
+def assert_groups_trained_once(run_dir: Path) -> list[int]:
+    """No group of the stream trained twice, and the final checkpoint's stream position holds exactly the groups
+    trained (every one below its watermark, and those above it recorded consumed). Returns the trained groups."""
+    from grpo_rl.run.checkpoint import Checkpointer, load_trainer_state
+
+    trained = trained_groups(run_dir)
+    assert len(trained) == len(set(trained)), f"a group trained twice: {trained}"
+    stream = load_trainer_state(Checkpointer(run_dir).latest())["env"]
+    assert set(range(stream["next_group"])) | set(stream["consumed_groups"]) == set(trained), (trained, stream)
+    return trained

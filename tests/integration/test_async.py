@@ -24,9 +24,11 @@ from tests.integration.helpers import (
     NOT_VLLM,
     ROOT,
     SHARED_STEP_METRICS,
+    assert_groups_trained_once,
     read_metrics,
     script_env,
     start_up_noise,
+    trained_groups,
 )
 from tests.integration.helpers import run_script as _run_script
 
@@ -258,9 +260,10 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     checkpoint = Checkpointer(run_dir).latest()
     state = load_trainer_state(checkpoint)
     saved = int(state["step"])
-    # One collector, nothing dropped: the learner consumed the stream's first `saved` batches, in order; what the
-    # collector had made beyond them (in the buffer at the stop) is not marked consumed, so it is made again.
-    assert (state["env"]["next_index"], state["env"]["consumed"]) == (saved, []) and saved >= 1
+    # Nothing dropped: the learner consumed `saved` steps' groups, as they finished; what the collector had made
+    # beyond them (in the buffer at the stop) is not marked consumed, so it is made again.
+    stream = state["env"]
+    assert stream["next_group"] + len(stream["consumed_groups"]) == 2 * saved and saved >= 1
     resumed = run_script(  # the engine holds no state a checkpoint keeps: the resumed run may use another
         "grpo-async.py",
         [*tiny_overrides(tiny_model_dir, run_dir, **{"train.steps": saved + 2, "resume": "auto"}), NOT_VLLM],
@@ -268,12 +271,7 @@ def test_sigint_stops_every_process_checkpoints_and_resumes(tiny_model_dir, tmp_
     assert f"resumed from {checkpoint}" in resumed.stdout + resumed.stderr
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, saved + 3))
     assert read_metrics(run_dir)[-1]["policy_version"] == saved + 2
-    assert trained_batches(run_dir) == list(range(saved + 2))
-
-
-def trained_batches(run_dir: Path) -> list[int]:
-    """The stream's batch indices trained on, step by step, from trained.jsonl."""
-    return [b for r in read_jsonl(run_dir / "trained.jsonl") for b in r["batch_index"]]
+    assert len(assert_groups_trained_once(run_dir)) == 2 * (saved + 2)
 
 
 def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once(tiny_model_dir, tmp_path, monkeypatch):
@@ -318,7 +316,7 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         _kill_processes_with(tag)  # Ray's own processes outlive a SIGKILLed driver
-    first = trained_batches(run_dir)
+    first = trained_groups(run_dir)
 
     resumed = run_script(
         "grpo-async.py",
@@ -328,11 +326,12 @@ def test_sigkilled_async_run_resumes_training_on_every_drawn_prompt_exactly_once
     assert "resumed from" in resumed.stdout + resumed.stderr
     records = read_jsonl(run_dir / "trained.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
-    batches = trained_batches(run_dir)
+    groups = trained_groups(run_dir)
     resumed_from = [line for line in (resumed.stdout + resumed.stderr).splitlines() if "resumed from" in line]
-    print(f"trained before the kill: batches {first}; {resumed_from[-1:]}; after the resume: {batches}")
-    assert batches == list(range(steps)), f"before the kill {first}, after the resume {batches}"
-    # The prompts trained on are the stream's, each batch's once: what the synchronous loop would have drawn.
+    print(f"trained before the kill: groups {first}; {resumed_from[-1:]}; after the resume: {groups}")
+    # one collector whose engine finishes the groups of a call together, in order: the stream's groups in turn
+    assert groups == list(range(2 * steps)), f"before the kill {first}, after the resume {groups}"
+    # The prompts trained on are the stream's, each group's once: what the synchronous loop would have drawn.
     monkeypatch.setenv("GRPO_DATA_DIR", script_env()["GRPO_DATA_DIR"])
     cfg = OmegaConf.merge(
         OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(tiny_overrides(tiny_model_dir, run_dir))
@@ -423,4 +422,4 @@ def test_scripts_with_the_reference_as_a_stage_of_its_own(tiny_model_dir, tmp_pa
     # the batches reached the learner scored (the loss raises without ref_logprobs when kl_coef > 0); that the
     # stage's log-probs equal the in-learner reference's is checked above
     assert all(r["reference_seconds"] > 0 and "kl_ref" in r for r in rows)
-    assert trained_batches(run_dir) == [0, 1, 2]
+    assert trained_groups(run_dir) == list(range(6))

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.integration.helpers import NOT_VLLM, read_metrics, run_script, tiny_overrides
+from tests.integration.helpers import NOT_VLLM, assert_groups_trained_once, read_metrics, run_script, tiny_overrides
 from tests.unit.helpers import write_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -56,13 +56,15 @@ def test_steps_train_on_varied_groups_drawn_in_stream_order(script, tiny_model_d
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert 1 <= r["sampling_rounds"] <= 5
+        # the bound holds a step's own draws; in the asynchronous loop the collectors draw on while the learner
+        # trains, and every group dropped meanwhile counts for the next step
+        assert 1 <= r["sampling_rounds"] and (r["sampling_rounds"] <= 5 or script == "grpo-async.py")
         assert r["dynamic_sampling_groups"] == 2 or r["dynamic_sampling_short"] == 1
         assert r["zero_variance_groups"] == 0 or r["dynamic_sampling_groups"] == 0  # flat groups never trained
-    indices = [b for r in trained(out) for b in r["batch_index"]]
-    assert indices == sorted(indices) and len(set(indices)) == len(indices)  # in stream order, each once
-    if script == "grpo.py":  # one loop, one stream: the rounds of all steps are batches 0, 1, 2, ... in turn
-        assert sum(r["sampling_rounds"] for r in rows) > max(indices)
+    indices = assert_groups_trained_once(out)  # each group once, the flat ones consumed
+    if script == "grpo.py":  # one loop, one stream: the groups of all steps, drawn in turn, trained in stream order
+        assert indices == sorted(indices)
+        assert sum(r["sampling_rounds"] for r in rows) * 2 >= max(indices) + 1
 
 
 def test_rewards_that_never_vary_stop_at_the_bound_and_skip_the_update(tiny_model_dir, tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from grpo_rl.run.metrics import read_jsonl
-from tests.integration.helpers import ROOT, read_metrics, script_env
+from tests.integration.helpers import ROOT, assert_groups_trained_once, read_metrics, script_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -91,28 +91,26 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
 
 
 def assert_trained_exactly_once(run_dir: Path, overrides: list[str], steps: int) -> list[int]:
-    """Every step logged once; no batch trained twice; every batch below the final checkpoint's watermark trained
-    (the ones above it that were trained are recorded consumed there); each batch's prompts are the ones the
-    environment's stream draws for its index. Returns the trained batch indices in training order."""
+    """Every step logged once; no group trained twice; every group below the final checkpoint's watermark trained
+    (the ones above it that were trained are recorded consumed there); each group's prompt is the one the
+    environment's stream draws for its index. Returns the trained group indices in training order."""
     from omegaconf import OmegaConf
 
     from grpo_rl.config.schema import GRPOConfig
     from grpo_rl.envs import make_env
     from grpo_rl.model.loading import load_tokenizer
-    from grpo_rl.run.checkpoint import Checkpointer, load_trainer_state
 
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, steps + 1))
     records = read_jsonl(run_dir / "trained.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
-    trained = [b for r in records for b in r["batch_index"]]
-    assert len(trained) == len(set(trained)) == steps, f"a batch trained twice: {trained}"
-    stream = load_trainer_state(Checkpointer(run_dir).latest())["env"]
-    assert set(range(stream["next_index"])) | set(stream["consumed"]) == set(trained), (trained, stream)
+    trained = assert_groups_trained_once(run_dir)
     cfg = OmegaConf.merge(OmegaConf.structured(GRPOConfig), OmegaConf.from_dotlist(overrides))
+    per_batch = cfg.env.prompts_per_step
+    assert len(trained) == steps * per_batch, trained
     env = make_env(cfg, load_tokenizer(cfg.model.name))
-    draws = [[int(i) for i in env.reset()["prompt_index"]] for _ in range(max(trained) + 1)]
+    draws = [int(i) for _ in range(max(trained) // per_batch + 1) for i in env.reset()["prompt_index"]]
     for r in records:
-        assert r["group_prompt_index"] == [p for b in r["batch_index"] for p in draws[b]], r
+        assert r["group_prompt_index"] == [draws[g] for g in r["group_group_index"]], r
     return trained
 
 

@@ -1,17 +1,18 @@
 """The buffer's admission (grpo_rl.distributed.buffer.RolloutBuffer.admit) over random schedules: 1 to 4 producers
-that load pushes late and finish in any order, staleness bounds 0 to 2, 1 or 2 policy versions per batch. Against the
+that load pushes late and finish in any order, staleness bounds 0 to 2, 1 or 2 policy versions per batch, 1 to 3
+groups per batch. Against the
 real buffer, no sample is ever dropped as stale, every trained sample is within the bound, and nobody waits forever.
 
 The schedule is a single thread that steps the roles as the asynchronous loop runs them
 (grpo_rl.distributed.actors.CollectorWorker.run, grpo_rl.distributed.pipeline.AsyncRollouts.next_batch), each call
 non-blocking (``timeout=0``), one at a time in a random order:
 
-* a producer loads the newest push it was delivered, asks to be admitted for its next batch (replica ``r`` of ``N``
-  makes batches ``r, r + N, ...``), loads again, generates with the weights it then holds, and puts the batch,
+* a producer loads the newest push it was delivered, asks to be admitted for its next group (replica ``r`` of ``N``
+  makes groups ``r, r + N, ...``), loads again, generates with the weights it then holds, and puts the group,
   retrying while the buffer is full;
 * each push reaches each producer after its own delay (the object store's ``set_weights`` calls);
-* the learner reports the version of its next take, takes, reports what it consumed, trains (``E`` versions) and
-  pushes.
+* the learner reports the version of its next take, takes (``P`` groups, gathered over as many calls as it takes),
+  reports what it consumed, trains (``E`` versions) and pushes.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ class Producer:
     version: int = 0  # the weights its engine holds
     delivered: int | None = None  # the newest push that reached it, not loaded yet
     in_transit: list[int] = field(default_factory=list)  # pushes on their way to it
-    index: int | None = None  # the batch it asks admission for, or was admitted for
+    index: int | None = None  # the group it asks admission for, or was admitted for
     admitted: bool = False
-    made: TensorDict | None = None  # a batch waiting for space
+    made: TensorDict | None = None  # a group waiting for space
 
     def load(self) -> None:
         if self.delivered is not None:
@@ -45,12 +46,12 @@ class Producer:
 
 
 def rows(index: int, version: int) -> TensorDict:
-    """A batch of one group of two answers, generated with the weights of ``version``."""
+    """Group ``index``, two answers, generated with the weights of ``version``."""
     return TensorDict(
         {
             "policy_version": torch.full((2,), version),
             "group_id": torch.zeros(2, dtype=torch.long),
-            "batch_index": torch.full((2,), index),
+            "group_index": torch.full((2,), index),
         },
         batch_size=[2],
     )
@@ -59,9 +60,13 @@ def rows(index: int, version: int) -> TensorDict:
 def run_schedule(seed: int) -> dict:
     """One random schedule; its settings and what happened."""
     rng = random.Random(seed)
-    n, bound, per_batch = rng.randint(1, 4), rng.randint(0, 2), rng.choice([1, 2])
+    n, bound, per_batch, groups = rng.randint(1, 4), rng.randint(0, 2), rng.choice([1, 2]), rng.randint(1, 3)
     buffer = RolloutBuffer(
-        capacity=rng.randint(1, 3), max_staleness=bound, admit_staleness=bound, versions_per_batch=per_batch
+        capacity=rng.randint(1, 3) * groups,
+        max_staleness=bound,
+        admit_staleness=bound,
+        versions_per_batch=per_batch,
+        groups_per_batch=groups,
     )
     producers = [Producer(r, index=r) for r in range(n)]
     version, trained, training, dropped, staleness = 0, 0, False, 0, []
@@ -85,7 +90,7 @@ def run_schedule(seed: int) -> dict:
                 p.in_transit.append(version)
             return
         buffer.learner_progress(version)
-        result = buffer.take(version, timeout=0)
+        result = buffer.take(version, timeout=0, groups=groups)
         dropped += result.dropped
         if result.consumed:
             buffer.learner_progress(version + (per_batch if result.batch is not None else 0), result.consumed)
@@ -110,6 +115,7 @@ def run_schedule(seed: int) -> dict:
         "producers": n,
         "bound": bound,
         "per_batch": per_batch,
+        "groups": groups,
         "trained": trained,
         "dropped": dropped,
         "buffer_dropped": buffer.stats()["dropped_samples"],
@@ -129,4 +135,5 @@ def test_random_schedules_never_drop_and_stay_within_the_bound():
     assert {(r["producers"], r["bound"], r["per_batch"]) for r in runs} == {
         (n, b, e) for n in range(1, 5) for b in range(3) for e in (1, 2)
     }
+    assert {r["groups"] for r in runs} == {1, 2, 3}
     assert any(s == r["bound"] > 0 for r in runs for s in r["staleness"])

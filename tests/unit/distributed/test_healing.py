@@ -15,12 +15,13 @@ from grpo_rl.distributed.buffer import RolloutBuffer
 from grpo_rl.distributed.healing import Restarts, died_how, record_pids
 
 
-def indexed(index: int, version: int = 0, n: int = 4) -> TensorDict:
+def indexed(index: int, version: int = 0, n: int = 2) -> TensorDict:
+    """Group ``index`` of the stream, ``n`` answers."""
     return TensorDict(
         {
-            "batch_index": torch.full((n,), index),
+            "group_index": torch.full((n,), index),
             "policy_version": torch.full((n,), version),
-            "group_id": torch.arange(n) // 2,
+            "group_id": torch.zeros(n, dtype=torch.long),
         },
         batch_size=[n],
     )
@@ -63,7 +64,7 @@ def test_record_pids_keeps_the_other_roles(tmp_path):
     assert json.loads((tmp_path / "processes.json").read_text()) == {"collector": [1, 5], "learner": [3]}
 
 
-def test_a_second_copy_of_a_batch_index_is_dropped_even_after_it_was_consumed():
+def test_a_second_copy_of_a_group_is_dropped_even_after_it_was_consumed():
     buf = RolloutBuffer(capacity=4, max_staleness=2)
     assert buf.put(indexed(0), timeout=0) and buf.put(indexed(1), timeout=0)
     assert buf.put(indexed(1, version=1), timeout=0)  # a late put of a replaced producer: accepted, not stored
@@ -76,8 +77,8 @@ def test_a_second_copy_of_a_batch_index_is_dropped_even_after_it_was_consumed():
 
 
 def test_a_replacement_takes_over_its_predecessors_admission():
-    """A producer admitted for batch 0 is lost; the admission it left behind must not hold its replacement back:
-    admitting the same index again replaces it (with one pending batch allowed, the second would wait forever)."""
+    """A producer admitted for group 0 is lost; the admission it left behind must not hold its replacement back:
+    admitting the same index again replaces it (with one pending group allowed, the second would wait forever)."""
     buf = RolloutBuffer(capacity=2, max_staleness=0, admit_staleness=0)
     assert buf.admit(0, engine_version=0, timeout=0)
     assert not buf.admit(1, engine_version=0, timeout=0.01)  # two pending at staleness 0: the second waits
@@ -89,7 +90,7 @@ def test_reset_forgets_entries_admissions_and_deliveries():
     assert buf.admit(0, 0, timeout=0) and buf.put(indexed(0), timeout=0)
     buf.reset()
     assert len(buf) == 0 and buf.delivered() == []
-    assert buf.put(indexed(0), timeout=0) and len(buf) == 1  # the stream went back: batch 0 is made again
+    assert buf.put(indexed(0), timeout=0) and len(buf) == 1  # the stream went back: group 0 is made again
 
 
 def test_a_collector_whose_inflight_push_failed_raises_while_it_waits_for_admission():

@@ -3,17 +3,18 @@ exactly-once, the replicas' share of the stream, and the asynchronous loop's rat
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 
 from grpo_rl.config.schema import GRPOConfig
-from grpo_rl.distributed.actors import replica_indices
 from grpo_rl.distributed.pipeline import combine_reports, step_rates
 from grpo_rl.placement.context import plan_placement
 from grpo_rl.placement.devices import allocate_devices
-from grpo_rl.rollout.source import InProcessRollouts, StreamPosition
+from grpo_rl.rollout.source import InProcessRollouts, StreamPosition, owed_groups
+from tests.unit.rollout.streams import CountingEnv, StreamingCollector
 
 
 def _counters(**values) -> dict[str, float]:
@@ -169,66 +170,48 @@ def test_an_actor_slice_places_the_reward_model_on_the_actors_device(tiny_model_
     assert spec(None).enter().devices.reward_model == ()
 
 
-class _Env:
-    """A prompt stream whose state is the number of resets."""
-
-    def __init__(self):
-        self.position = 0
-
-    def reset(self):
-        self.position += 1
-
-    def state_dict(self):
-        return {"position": self.position}
-
-    def load_state_dict(self, state):
-        self.position = state["position"]
-
-
-def test_stream_position_moves_its_watermark_over_consumed_batches():
-    pos = StreamPosition(_Env())
-    pos.consume([1, 3])  # replicas finish out of order
-    assert (pos.next_index, sorted(pos.consumed)) == (0, [1, 3])
+def test_stream_position_moves_its_watermark_over_consumed_groups():
+    pos = StreamPosition(CountingEnv(prompts_per_step=2))
+    pos.consume([1, 3])  # groups finish out of order
+    assert (pos.next_group, sorted(pos.consumed), pos.state_dict()["resets"]) == (0, [1, 3], 0)
     pos.consume([0])
-    assert (pos.next_index, sorted(pos.consumed), pos.env.position) == (2, [3], 2)  # env at the watermark
-    with pytest.raises(RuntimeError, match="batch 3 .* twice"):
+    assert (pos.next_group, sorted(pos.consumed)) == (2, [3])
+    assert pos.state_dict()["resets"] == 1  # the env at the start of the watermark's batch (groups 2 and 3)
+    with pytest.raises(RuntimeError, match="group 3 .* twice"):
         pos.consume([3])
-    resumed = StreamPosition(_Env())
+    resumed = StreamPosition(CountingEnv(prompts_per_step=2))
     resumed.load_state_dict(pos.state_dict())
-    assert (resumed.next_index, resumed.consumed, resumed.env.position) == (2, {3}, 2)
+    assert (resumed.next_group, resumed.consumed, resumed.state_dict()) == (2, {3}, pos.state_dict())
+    assert resumed.prompts(resumed.env).row(3)["prompt_index"].tolist() == [3]
+
+
+def test_a_position_that_counted_batches_is_read_in_groups():
+    pos = StreamPosition(CountingEnv(prompts_per_step=2))
+    pos.load_state_dict({"resets": 2, "next_index": 2, "consumed": [3]})  # batches 0, 1 and 3 consumed
+    assert (pos.next_group, sorted(pos.consumed), pos.state_dict()["resets"]) == (4, [6, 7], 2)
 
 
 def test_replicas_share_the_stream_and_skip_what_was_consumed():
     def first(position, replica, replicas, n=4):
-        gen = replica_indices(position, replica, replicas)
-        return [i for i, own in (next(gen) for _ in range(n * replicas + 4)) if own][:n]
+        return list(itertools.islice(owed_groups(position, replica, replicas), n))
 
     assert first(None, 0, 2) == [0, 2, 4, 6] and first(None, 1, 2) == [1, 3, 5, 7]
-    resumed = {"next_index": 4, "consumed": [5, 8]}
+    resumed = {"next_group": 4, "consumed_groups": [5, 8]}
     assert first(resumed, 0, 1) == [4, 6, 7, 9]  # 5 and 8 were trained on before the stop; 4, 6, 7 were not
     assert first(resumed, 1, 2) == [7, 9, 11, 13]
 
 
-def test_in_process_source_numbers_its_batches_and_resumes_in_order():
-    from grpo_rl.rollout.collector import CollectStats
-
-    class Collector:
-        env = _Env()
-
-        def collect(self, step, version):
-            self.env.reset()
-            n = 4
-            batch = TensorDict({"policy_version": torch.full((n,), version)}, batch_size=[n])
-            return batch, CollectStats(generation_seconds=1.0, num_tokens=10, failure_examples=[{"e": 1}])
-
-    source = InProcessRollouts(Collector())
+def test_in_process_source_collects_the_next_p_groups_in_order_and_skips_consumed_ones():
+    source = InProcessRollouts(StreamingCollector(prompts_per_step=2))
     rollouts = [source.next_batch(version=v) for v in range(3)]
-    assert [int(r.batch["batch_index"][0]) for r in rollouts] == [0, 1, 2]
-    assert rollouts[0].metrics["generation_tokens_per_second"] == pytest.approx(10.0)
-    assert rollouts[0].failure_examples == [{"e": 1}]
-    assert source.state_dict() == {"position": 3, "next_index": 3, "consumed": []}
-    with pytest.raises(ValueError, match="sota/grpo-async.py"):
-        source.load_state_dict({"position": 3, "next_index": 3, "consumed": [5]})
+    assert [r.batch["group_index"].tolist() for r in rollouts] == [[0, 0, 1, 1], [2, 2, 3, 3], [4, 4, 5, 5]]
+    assert rollouts[1].batch["policy_version"].tolist() == [1, 1, 1, 1]
+    assert rollouts[0].metrics["generation_tokens_per_second"] == pytest.approx(2.0)
+    assert rollouts[0].failure_examples == [{"group": 0}, {"group": 1}]
+    assert source.state_dict() == {"resets": 3, "next_group": 6, "consumed_groups": []}
+    resumed = InProcessRollouts(StreamingCollector(prompts_per_step=2))
+    resumed.load_state_dict({"resets": 3, "next_group": 6, "consumed_groups": [7]})  # an asynchronous run's
+    assert resumed.next_batch(3).batch["group_index"].tolist() == [6, 6, 8, 8]
 
 
 def test_a_learner_group_step_takes_as_long_as_its_slowest_rank():

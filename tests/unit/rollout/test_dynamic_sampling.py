@@ -1,15 +1,19 @@
-"""DAPO's dynamic sampling: which groups vary, how rounds are drawn, cut and bounded, how batches of different
-padding are joined, and that every drawn batch is consumed exactly once."""
+"""DAPO's dynamic sampling, group by group: which groups vary, a flat group replaced the moment it finishes, the
+bound on groups drawn, the metrics, how groups of different padding are joined, and that every group drawn is
+consumed exactly once (the synchronous source; the asynchronous buffer's part is in tests/unit/distributed)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
 from grpo_rl.engines.base import concat_batches
-from grpo_rl.rollout.dynamic_sampling import DynamicSampling, combine_round_metrics, varied_groups
-from grpo_rl.rollout.source import InProcessRollouts, Rollout
+from grpo_rl.rollout.dynamic_sampling import DynamicSampling, varied_groups
+from grpo_rl.rollout.source import InProcessRollouts
+from tests.unit.rollout.streams import StreamingCollector, make_group
 
 G = 2  # answers per group
 
@@ -44,66 +48,65 @@ def make_batch(
     )
 
 
-class ScriptedSource:
-    """Hands out the given batches in order, as a rollout source does, and records what it was asked."""
-
-    def __init__(self, batches):
-        self.batches = list(batches)
-        self.calls = 0
-
-    def next_batch(self, version, *args):
-        batch = self.batches[self.calls]
-        self.calls += 1
-        return Rollout(
-            batch=batch,
-            metrics={"generation_seconds": 1.0, "staleness_max": float(self.calls)},
-            failure_examples=[{"call": self.calls}],
-        )
-
-
 def test_varied_groups_marks_whole_groups_whose_rewards_differ():
     batch = make_batch([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.25]])
     assert varied_groups(batch).tolist() == [False, False, True, True, False, False, True, True]
 
 
-def test_draws_until_enough_varied_groups_and_cuts_to_prompts_per_step():
-    rounds = [
-        make_batch([[1, 1], [0, 1]], index=0),  # 1 varied
-        make_batch([[0, 0], [0, 0]], index=1),  # 0 varied
-        make_batch([[1, 0], [0, 1]], index=2),  # 2 varied: 3 in all, 2 wanted
-        make_batch([[1, 0], [1, 0]], index=3),
-    ]  # never drawn
-    source = ScriptedSource(rounds)
-    rollout = DynamicSampling(source, groups=2, max_extra_rounds=5, pad_id=0).next_batch(0)
-    assert source.calls == 3
-    batch = rollout.batch
-    assert batch["batch_index"].tolist() == [0, 0, 2, 2]  # the varied group of round 0, the first of round 2
-    assert list(batch["response_text"]) == ["b0r2", "b0r3", "b2r0", "b2r1"]
-    assert len(set(batch["group_id"].tolist())) == 2
+def _source(rewards, *, P=2, extra_rounds=3, **kwargs):
+    collector = StreamingCollector(rewards, prompts_per_step=P, **kwargs)
+    return InProcessRollouts(collector, dynamic=DynamicSampling(groups=P, max_extra_rounds=extra_rounds)), collector
+
+
+def test_a_flat_group_is_replaced_as_it_finishes_and_never_more_than_p_are_in_flight():
+    varied = {2, 4, 7}
+    source, collector = _source(lambda g: [0.0, 1.0] if g in varied else [1.0, 1.0])
+    rollout = source.next_batch(0)
+    assert rollout.batch["group_index"].tolist() == [2, 2, 4, 4]  # in stream order
+    assert collector.drawn == [0, 1, 2, 3, 4] and collector.most_in_flight == 2  # one refill per flat group
     m = rollout.metrics
-    assert m["sampling_rounds"] == 3 and m["dynamic_sampling_groups"] == 2 and m["dynamic_sampling_short"] == 0
-    assert m["dynamic_sampling_dropped_groups"] == 4  # 6 groups drawn, 2 trained
-    assert m["reward_mean"] == pytest.approx(5 / 12)  # every answer drawn: 1+1+0+1 + 0 + 1+0+0+1 over 12
-    assert m["reward_correct_mean"] == pytest.approx(5 / 12)
-    assert m["reward_mean_trained"] == pytest.approx(0.5)
-    assert m["generation_seconds"] == 3.0 and m["staleness_max"] == 3.0  # summed, maximum
-    assert len(rollout.failure_examples) == 3
+    assert (m["sampling_rounds"], m["dynamic_sampling_groups"], m["dynamic_sampling_dropped_groups"]) == (2.5, 2, 3)
+    assert m["dynamic_sampling_short"] == 0.0 and m["reward_mean_trained"] == 0.5
+    assert m["reward_mean"] == pytest.approx((4 * 0.5 + 6 * 1.0) / 10)  # every answer sampled for the step
+    assert source.state_dict()["next_group"] == 5  # all five consumed, the dropped ones too
+    following = source.next_batch(1)  # from group 5 on, only 7 varies: short after (1 + 3) * P draws
+    assert following.batch["group_index"].tolist() == [7, 7] and collector.drawn[5:] == list(range(5, 13))
 
 
-def test_stops_at_the_round_bound_and_trains_on_what_varies():
-    source = ScriptedSource([make_batch([[1, 1], [0, 1]], index=i) for i in range(10)])
-    rollout = DynamicSampling(source, groups=3, max_extra_rounds=1, pad_id=0).next_batch(0)
-    assert source.calls == 2  # the first batch and 1 more
-    assert rollout.metrics["dynamic_sampling_short"] == 1 and rollout.metrics["dynamic_sampling_groups"] == 2
-    assert rollout.batch["batch_index"].tolist() == [0, 0, 1, 1]  # the varied group of each round
+def test_the_bound_on_draws_ends_the_step_short_with_what_varies():
+    source, collector = _source(lambda g: [0.0, 1.0] if g == 1 else [0.0, 0.0], extra_rounds=1)
+    rollout = source.next_batch(0)
+    assert collector.drawn == [0, 1, 2, 3]  # (1 + 1) * P draws at most
+    assert rollout.batch["group_index"].tolist() == [1, 1]
+    assert rollout.metrics["dynamic_sampling_short"] == 1.0 and rollout.metrics["dynamic_sampling_groups"] == 1
 
 
-def test_no_varied_group_hands_on_the_first_rounds_flat_groups():
-    source = ScriptedSource([make_batch([[1, 1], [0, 0]], index=i) for i in range(3)])
-    rollout = DynamicSampling(source, groups=2, max_extra_rounds=2, pad_id=0).next_batch(0)
-    assert source.calls == 3
-    assert rollout.batch["batch_index"].tolist() == [0, 0, 0, 0]
-    assert rollout.metrics["dynamic_sampling_groups"] == 0 and rollout.metrics["dynamic_sampling_short"] == 1
+def test_no_varied_group_hands_on_the_first_flat_ones():
+    source, _ = _source(lambda g: [1.0, 1.0], extra_rounds=1)
+    rollout = source.next_batch(0)
+    assert rollout.batch["group_index"].tolist() == [0, 0, 1, 1]
+    assert rollout.metrics["dynamic_sampling_groups"] == 0 and math.isnan(rollout.metrics["reward_mean_trained"])
+
+
+def test_groups_that_finish_out_of_order_are_trained_in_stream_order_and_resume_after_them():
+    reverse = lambda drawn: drawn[::-1]  # noqa: E731 - the last drawn finishes first
+    source, _ = _source(lambda g: [0.0, 1.0] if g % 3 else [1.0, 1.0], order=reverse)
+    first = source.next_batch(0)
+    assert first.batch["group_index"].tolist() == [1, 1, 2, 2]
+    state = source.state_dict()
+    assert state["next_group"] == 3 and state["consumed_groups"] == []
+    resumed, collector = _source(lambda g: [0.0, 1.0], order=reverse)
+    resumed.load_state_dict(state)
+    assert resumed.next_batch(1).batch["group_index"].tolist() == [3, 3, 4, 4]
+    assert collector.prompts == [3, 4]  # the prompts of the stream's groups 3 and 4: the env was moved there
+
+
+def test_step_batch_trains_the_varied_groups_and_counts_the_flat_ones():
+    kept = [make_group(0, [0.0, 1.0]), make_group(3, [1.0, 0.0], answer_len=4)]
+    flat = [make_group(1, [1.0, 1.0]), make_group(2, [0.0, 0.0])]
+    batch, m = DynamicSampling(groups=2, max_extra_rounds=3).step_batch(kept, flat, pad_id=0)
+    assert batch["group_id"].tolist() == [0, 0, 1, 1] and batch["response_ids"].shape == (4, 4)
+    assert (m["sampling_rounds"], m["dynamic_sampling_dropped_groups"], m["dynamic_sampling_short"]) == (2.0, 2, 0.0)
 
 
 def test_concat_pads_prompts_left_and_answers_right():
@@ -117,56 +120,3 @@ def test_concat_pads_prompts_left_and_answers_right():
     assert joined["behavior_logprobs"][0].tolist() == [-1.0, 0.0, 0.0]
     assert joined["group_id"].tolist() == [0, 0, 1, 1]
     assert list(joined["response_text"]) == ["b0r0", "b0r1", "b1r0", "b1r1"]
-
-
-def test_combine_round_metrics_sums_maxima_and_row_weighted_means():
-    m = combine_round_metrics(
-        [
-            ({"reward_seconds": 1.0, "staleness_max": 2.0, "staleness_mean": 1.0}, 4),
-            ({"reward_seconds": 2.0, "staleness_max": 1.0, "staleness_mean": 4.0}, 2),
-        ]
-    )
-    assert m == {"reward_seconds": 3.0, "staleness_max": 2.0, "staleness_mean": 2.0}
-
-
-class FakeEnv:
-    """An environment whose state is the number of resets (what StreamPosition tracks)."""
-
-    def __init__(self):
-        self.resets = 0
-
-    def reset(self):
-        self.resets += 1
-
-    def state_dict(self):
-        return {"resets": self.resets}
-
-    def load_state_dict(self, state):
-        self.resets = state["resets"]
-
-
-class FakeCollector:
-    """Batch ``b`` of the stream: varied groups only from batch 2 on."""
-
-    def __init__(self):
-        self.env = FakeEnv()
-
-    def collect(self, index, version):
-        from grpo_rl.rollout.collector import CollectStats
-
-        self.env.reset()
-        batch = make_batch([[1, 0], [0, 1]] if index >= 2 else [[0, 0], [0, 0]], index=index)
-        del batch["batch_index"]  # the source sets it
-        return batch, CollectStats()
-
-
-def test_extra_rounds_consume_the_stream_in_order_and_resume_after_them():
-    source = InProcessRollouts(FakeCollector())
-    dynamic = DynamicSampling(source, groups=2, max_extra_rounds=4, pad_id=0)
-    first = dynamic.next_batch(0)
-    assert first.batch["batch_index"].tolist() == [2, 2, 2, 2] and first.metrics["sampling_rounds"] == 3
-    state = dynamic.state_dict()
-    assert state["next_index"] == 3 and state["resets"] == 3  # batches 0, 1 dropped, 2 trained: all consumed
-    resumed = DynamicSampling(InProcessRollouts(FakeCollector()), groups=2, max_extra_rounds=4, pad_id=0)
-    resumed.load_state_dict(state)
-    assert resumed.next_batch(1).batch["batch_index"].tolist() == [3, 3, 3, 3]

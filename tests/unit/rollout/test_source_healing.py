@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from grpo_rl.distributed.healing import Restarts
 from grpo_rl.engines.server import ServerFleet
@@ -16,56 +15,30 @@ from grpo_rl.errors import RoleFailed
 from grpo_rl.rollout.collector import CollectStats
 from grpo_rl.rollout.source import InProcessRollouts
 from grpo_rl.run.roles import served_healer
+from tests.unit.rollout.streams import CountingEnv, StreamingCollector
 
 
-class CountingEnv:
-    """An environment whose state is how many resets it had (each reset draws a batch of prompts)."""
-
-    def __init__(self):
-        self.resets = 0
-
-    def reset(self):
-        self.resets += 1
-
-    def state_dict(self) -> dict:
-        return {"resets": self.resets}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.resets = state["resets"]
-
-
-class FailingCollector:
-    """Fails its first ``failures`` collections after drawing the prompts (as a lost server does mid-batch)."""
-
-    def __init__(self, failures: int):
-        self.env, self.failures, self.drawn = CountingEnv(), failures, []
-
-    def collect(self, index: int, version: int):
-        self.env.reset()
-        self.drawn.append(self.env.resets)
-        if self.failures:
-            self.failures -= 1
-            raise RoleFailed("engine server http://127.0.0.1:1 is not reachable")
-        batch = TensorDict({"x": torch.zeros(2)}, batch_size=[2])
-        return batch, CollectStats()
+def failing_collector(failures: int) -> StreamingCollector:
+    """Fails its first ``failures`` collections after the first group (as a lost server does mid-batch)."""
+    return StreamingCollector(fail=failures, error=RoleFailed("engine server http://127.0.0.1:1 is not reachable"))
 
 
 def test_a_healed_collection_is_made_again_from_the_same_position():
-    collector = FailingCollector(failures=1)
+    collector = failing_collector(failures=1)
     healed = []
     source = InProcessRollouts(collector, heal=lambda e: healed.append(str(e)) or True)
     rollout = source.next_batch(0)
     assert healed == ["engine server http://127.0.0.1:1 is not reachable"]
-    assert collector.drawn == [1, 1]  # the second attempt drew the same prompts
-    assert rollout.batch["batch_index"].tolist() == [0, 0] and source.position.next_index == 1
-    assert collector.env.resets == 1
+    assert collector.prompts == [0, 1, 0, 1]  # the second attempt drew the same prompts
+    assert rollout.batch["group_index"].tolist() == [0, 0, 1, 1] and source.position.next_group == 2
+    assert source.state_dict()["resets"] == 1
 
 
 def test_without_healing_or_when_it_declines_the_failure_ends_the_run():
     with pytest.raises(RoleFailed):
-        InProcessRollouts(FailingCollector(failures=1)).next_batch(0)
+        InProcessRollouts(failing_collector(failures=1)).next_batch(0)
     with pytest.raises(RoleFailed):
-        InProcessRollouts(FailingCollector(failures=1), heal=lambda e: False).next_batch(0)
+        InProcessRollouts(failing_collector(failures=1), heal=lambda e: False).next_batch(0)
 
 
 class FakeFleet:
@@ -133,16 +106,20 @@ class StandInFleet:
 
 
 class GeneratingCollector:
-    """Collects with the engine for real (two prompts: one per server)."""
+    """Streams with the engine for real (group ``g``'s prompt is ``[10 + g]``, one answer each)."""
 
     def __init__(self, engine):
         self.env, self.engine = CountingEnv(), engine
+        self.tokenizer = SimpleNamespace(pad_token_id=0)
 
-    def collect(self, index: int, version: int):
-        from grpo_rl.engines.base import SamplingSpec
+    def stream(self, groups, prompts, version, max_in_flight):
+        from grpo_rl.engines.base import GroupRequest, Live, SamplingSpec
 
-        self.env.reset()
-        return self.engine.generate([[10], [20]], 1, SamplingSpec(max_new_tokens=2, seed=index)), CollectStats()
+        pending = iter(groups)
+        requests = Live(lambda: None if (g := next(pending, None)) is None else GroupRequest(g, [10 + g], seed=g))
+        for g, group in self.engine.stream(requests, 1, SamplingSpec(max_new_tokens=2), max_in_flight):
+            group.set("group_index", torch.full((1,), g))
+            yield g, group, CollectStats()
 
 
 def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_weights(tmp_path):
@@ -177,8 +154,8 @@ def test_a_lost_server_of_a_synchronous_run_is_started_again_with_the_newest_wei
             assert all(torch.equal(server.weights[k], v) for k, v in newest.items())
         assert new.weight_dir == fleet.servers[0].weight_dir and Path(new.weight_dir).parent == tmp_path / "weights"
         # the batch was made again, from the same stream position, with the new server's answer among it
-        assert rollout.batch["batch_index"].tolist() == [1, 1] and source.position.next_index == 2
-        assert [p for p, _ in new.calls].count("/inference/v1/generate") == 1
+        assert rollout.batch["group_index"].tolist() == [2, 3] and source.position.next_group == 4
+        assert [p for p, _ in new.calls].count("/inference/v1/generate") >= 1
         assert engine.version == 2
     finally:
         engine.shutdown()
