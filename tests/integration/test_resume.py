@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import assert_groups_trained_once, trained_groups
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,6 +210,9 @@ def test_stop_and_resume_matches_uninterrupted_run(
             assert rb[key] == pytest.approx(ra[key], rel=1e-6, abs=1e-6), (
                 f"step {ra['step']}: {key} differs after resume ({rb[key]} vs {ra[key]})"
             )
+    # the stream, group by group: the same groups, each once, in the same steps
+    assert trained_groups(b_dir) == trained_groups(uninterrupted) == list(range(2 * STEPS))
+    assert_groups_trained_once(b_dir)
     samples_b = [json.loads(line)["step"] for line in (b_dir / "samples.jsonl").read_text().splitlines()]
     assert samples_b == sorted(samples_b) and len(samples_b) == len(set(samples_b)) * 2
 

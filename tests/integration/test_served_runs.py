@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import ROOT, assert_groups_trained_once, run_script, script_env, tiny_overrides
+from tests.integration.helpers import ROOT, run_script, script_env, tiny_overrides, trained_groups
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -159,8 +159,8 @@ def test_async_served_run_replaces_a_killed_server_and_leaves_none_when_the_driv
     assert first_answers(run_dir) == in_process_answers
     (restart,) = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
     assert restart["role"] == "collector" and "failed" in restart["cause"], restart
-    trained = assert_groups_trained_once(run_dir)
-    assert len(trained) >= 2 * (steps_then + 2), trained
+    trained = trained_groups(run_dir)  # the driver was killed: no final checkpoint to hold them against
+    assert len(trained) == len(set(trained)) >= 2 * (steps_then + 2), trained
     assert (run_dir / "engine_server_0.1.log").exists()  # the replacement's log beside the first one
 
 
