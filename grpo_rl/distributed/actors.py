@@ -240,10 +240,10 @@ class CollectorWorker:
         self._stats["wait_for_space_seconds"] += time.perf_counter() - t0
         trace.record("wait for space", w0, trace.now_us())
 
-    def _admitted(self, index: int, wait: bool = True) -> bool:
-        """Whether the buffer admits group ``index`` generated with the newest weights (they are loaded while
-        waiting, so a push that lands meanwhile counts). ``wait``: until it does, or the collector stops (False);
-        else ask once."""
+    def _admitted(self, index: int | list[int], wait: bool = True) -> bool:
+        """Whether the buffer admits group ``index`` (or the groups ``index``, together) generated with the newest
+        weights (they are loaded while waiting, so a push that lands meanwhile counts). ``wait``: until it does, or
+        the collector stops (False); else ask once."""
         import ray
 
         while not self._stop.is_set():
@@ -292,8 +292,9 @@ class _AdmittedGroups:
     Drawn by the engine's stream on the collector's loop thread, which holds the engine lock; with no group in
     flight it releases the lock while it waits for admission, so that evaluation and weight loads take their turn.
     With groups in flight it never waits: it asks the buffer (after a no, not again for :attr:`ASK_SECONDS`) and has
-    nothing while the answer is no, while weights wait to be loaded (without in-flight updates an engine's weights change
-    only between its groups) or an evaluation waits, or, with whole batches, until the batch is done.
+    nothing while the answer is no, while weights wait to be loaded (without in-flight updates an engine's weights
+    change only between its groups) or an evaluation waits, or, with whole batches, until the batch is done (whose
+    ``P`` groups are admitted together).
     """
 
     ASK_SECONDS = 0.05
@@ -302,7 +303,7 @@ class _AdmittedGroups:
         self.worker, self.owed, self.per_batch = worker, owed, per_batch
         self.in_flight = 0
         self._ready: deque[int] = deque()
-        self._next: int | None = None  # an owed group not admitted yet
+        self._next: list[int] = []  # owed groups not admitted yet
         self._refused = -float("inf")  # time.monotonic() of the last admission refused
 
     def draw(self) -> int | None:
@@ -322,30 +323,30 @@ class _AdmittedGroups:
     def _admit_some(self) -> None:
         w = self.worker
         want = self.per_batch if w.whole_batches else 1
-        while len(self._ready) < want:
-            if self._next is None:
-                self._next = next(self.owed)
-            if self.in_flight:  # the engine is busy: ask, never wait (and not again at once after a no)
-                if time.monotonic() - self._refused < self.ASK_SECONDS:
-                    return
-                if not w._admitted(self._next, wait=False):
-                    self._refused = time.monotonic()
-                    return
-            else:
-                w._engine_lock.release()  # the engine is idle: let evaluation and weight loads in while waiting
-                w._engine_call_started = None
-                try:
-                    with trace.span("wait for admission", group=self._next):
-                        admitted = w._admitted(self._next)
-                finally:
-                    while w._evaluating.is_set() and not w._stop.is_set():  # an evaluation waiting goes first
-                        time.sleep(0.01)
-                    w._engine_lock.acquire()
-                    w._engine_call_started = time.monotonic()
-                if not admitted:
-                    return
-            self._ready.append(self._next)
-            self._next = None
+        while len(self._next) < want:  # a whole batch's groups are admitted together
+            self._next.append(next(self.owed))
+        ask = self._next if w.whole_batches else self._next[0]
+        if self.in_flight:  # the engine is busy: ask, never wait (and not again at once after a no)
+            if time.monotonic() - self._refused < self.ASK_SECONDS:
+                return
+            if not w._admitted(ask, wait=False):
+                self._refused = time.monotonic()
+                return
+        else:
+            w._engine_lock.release()  # the engine is idle: let evaluation and weight loads in while waiting
+            w._engine_call_started = None
+            try:
+                with trace.span("wait for admission", group=self._next[0]):
+                    admitted = w._admitted(ask)
+            finally:
+                while w._evaluating.is_set() and not w._stop.is_set():  # an evaluation waiting goes first
+                    time.sleep(0.01)
+                w._engine_lock.acquire()
+                w._engine_call_started = time.monotonic()
+            if not admitted:
+                return
+        self._ready.extend(self._next)
+        self._next = []
 
 
 class RefWorker:

@@ -256,24 +256,27 @@ class RolloutBuffer:
                 self._flat_consumed.append(g)
         return batch[varied]
 
-    def admit(self, index: int, engine_version: int, timeout: float | None = None) -> bool:
-        """Wait until group ``index``, started now with the weights of ``engine_version``, can be admitted without
-        any pending group going stale (module docstring); False if closed or timed out first (the caller loads
-        newer weights, if any arrived, and asks again; ``timeout=0`` asks without waiting)."""
+    def admit(self, index: int | list[int], engine_version: int, timeout: float | None = None) -> bool:
+        """Wait until group ``index`` (or the groups ``index``, together), started now with the weights of
+        ``engine_version``, can be admitted without any pending group going stale (module docstring); False if closed
+        or timed out first (the caller loads newer weights, if any arrived, and asks again; ``timeout=0`` asks without
+        waiting). Groups that are to be generated together are admitted together: a producer that held some while it
+        waited for the rest could hold everyone back."""
+        indices = [int(i) for i in (index if isinstance(index, list) else [index])]
         with self._cond:
             # A group admitted again was owed by a producer that was lost before it delivered: its replacement.
-            if self._pending.pop(int(index), None) is not None:
+            if any([self._pending.pop(i, None) is not None for i in indices]):
                 self._cond.notify_all()
-            ok = self._cond.wait_for(lambda: self._closed or self._fits(engine_version), timeout)
+            ok = self._cond.wait_for(lambda: self._closed or self._fits(engine_version, len(indices)), timeout)
             if self._closed or not ok:
                 return False
-            self._pending[int(index)] = engine_version
+            self._pending.update(dict.fromkeys(indices, engine_version))
             return True
 
-    def _fits(self, engine_version: int) -> bool:
+    def _fits(self, engine_version: int, count: int = 1) -> bool:
         if self.admit_staleness is None:
             return True
-        pending = len(self._pending) + 1  # with the new group
+        pending = len(self._pending) + count  # with the new groups
         oldest = min([engine_version, *self._pending.values()])
         takes = -(-pending // self.groups_per_batch)  # the takes within which all of them are consumed
         latest_take = self._learner_version + (takes - 1) * self.versions_per_batch

@@ -22,10 +22,10 @@ class Worker:
         self._outbox: list = []
         self._engine_lock = threading.Lock()
         self._engine_call_started = None
-        self.asked: list[tuple[int, bool, bool]] = []  # (group, wait, engine lock held while asking)
+        self.asked: list[tuple] = []  # (group or groups, wait, engine lock held while asking)
 
-    def _admitted(self, g: int, wait: bool = True) -> bool:
-        self.asked.append((g, wait, self._engine_lock.locked()))
+    def _admitted(self, g, wait: bool = True) -> bool:
+        self.asked.append((list(g) if isinstance(g, list) else g, wait, self._engine_lock.locked()))
         return self.admit(g, wait)
 
 
@@ -95,7 +95,8 @@ def test_whole_batches_draw_p_groups_at_once_and_none_until_they_are_done():
         assert groups.draw() is None  # the batch is not done
         groups.in_flight = 0
         assert groups.draw() == 3
-    assert [wait for _, wait, _ in worker.asked] == [True] * 6  # two batches of 3, never asked with groups in flight
+    # each batch's groups admitted together, never asked for with groups in flight
+    assert [(groups, wait) for groups, wait, _ in worker.asked] == [([0, 1, 2], True), ([3, 4, 5], True)]
 
 
 def test_a_stop_ends_the_stream():

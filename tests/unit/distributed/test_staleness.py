@@ -183,3 +183,15 @@ def test_a_waiting_producer_is_admitted_when_the_learner_moves_on():
     assert admitted == [True]
     buf.close()
     assert not buf.admit(2, 5, timeout=30)  # closed: no wait
+
+
+def test_groups_generated_together_are_admitted_together_or_not_at_all():
+    """A producer that held some groups of a batch while it waited for the rest could hold everyone back (each
+    holds a part, none can start): a batch's groups are admitted in one call."""
+    buf = RolloutBuffer(capacity=8, max_staleness=1, admit_staleness=1, groups_per_batch=2)
+    buf.learner_progress(1)
+    assert buf.admit([0, 1], engine_version=0, timeout=0)  # latest take 1 + 0, oldest 0: within 1
+    assert not buf.admit([2, 3], engine_version=0, timeout=0)  # 4 pending: the second batch's take at 2, 2 - 0 > 1
+    assert sorted(buf._pending) == [0, 1]  # nothing of the refused batch is held
+    buf.learner_progress(2, [0, 1])
+    assert buf.admit([2, 3], engine_version=1, timeout=0)
