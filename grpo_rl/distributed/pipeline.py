@@ -102,7 +102,7 @@ class AsyncRollouts:
         )
         buffer = ray.remote(BufferActor).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here)
         self.buffer = buffer.remote(
-            p.buffer_capacity * self.per_batch,  # entries are groups
+            p.buffer_capacity * (1 if p.whole_batches else self.per_batch),  # as many groups, whatever an entry holds
             None if reference is not None else p.max_staleness,
             "buffer",
             admit_staleness=p.max_staleness,
