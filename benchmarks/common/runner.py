@@ -8,6 +8,7 @@ with its folder, wall time, exit status, output and peak RSS. Before the first r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,3 +141,16 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+@contextlib.contextmanager
+def checkout(rev: str, folder: Path) -> Iterator[Path]:
+    """Commit ``rev`` of this repository checked out into a git worktree at ``folder`` (removed afterwards), to run
+    another commit's scripts beside this checkout's (``run_script(..., root=...)``)."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), rev], check=True, capture_output=True
+    )
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)], check=False)

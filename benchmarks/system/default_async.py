@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections import defaultdict
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import ROOT  # noqa: E402
 from benchmarks.common.machine import cpu_line  # noqa: E402
-from benchmarks.common.runner import run_script  # noqa: E402
+from benchmarks.common.runner import checkout, run_script  # noqa: E402
 
 
 def trace_phases(path: Path) -> dict[str, dict[str, float]]:
@@ -63,21 +62,13 @@ def main() -> None:
     overrides = [f"train.steps={args.steps}", f"seed={args.seed}", "logger.backend=none", *args.overrides]
     results = {}
     with tempfile.TemporaryDirectory(prefix="default-async-") as tmp:
-        base_root = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base_root), args.base],
-            check=True,
-            capture_output=True,
-        )
-        try:
+        with checkout(args.base, Path(tmp) / "base") as base_root:
             for side, root in (("base", base_root), ("head", ROOT)):
                 run_dir = Path(tmp) / side
                 rows = run_script("grpo-async.py", overrides, run_dir=run_dir, root=root).rows
                 results[side] = summary(rows)
                 trace = run_dir / "trace.json"
                 results[side]["phases"] = trace_phases(trace) if trace.exists() else {}
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], check=False)
     for side, r in results.items():
         print(
             f"{side}: {r['samples_per_second']:.2f} trained samples/s, step {r['step_seconds']:.1f} s, learner idle "

@@ -15,7 +15,6 @@ differ; exits 1 when one does. Never asserts a time.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import ROOT  # noqa: E402  (the checkout's root on sys.path first)
-from benchmarks.common.runner import run_script  # noqa: E402
+from benchmarks.common.runner import checkout, run_script  # noqa: E402
 
 SCRIPTS = ("grpo.py", "grpo-async.py")
 TIMING_SUFFIXES = ("_seconds", "per_second", "busy_fraction", "idle_fraction")
@@ -67,13 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     failed = False
     with tempfile.TemporaryDirectory(prefix="same-metrics-") as tmp:
-        base_root = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base_root), args.base],
-            check=True,
-            capture_output=True,
-        )
-        try:
+        with checkout(args.base, Path(tmp) / "base") as base_root:
             for script in SCRIPTS:
                 runs = [
                     run_script(
@@ -90,8 +83,6 @@ def main() -> int:
                 for d in differ[:20]:
                     print("   ", d)
                 failed |= bool(differ) or not compared
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_root)], check=False)
     return 1 if failed else 0
 
 
