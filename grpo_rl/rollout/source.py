@@ -147,11 +147,6 @@ def owed_groups(position: dict | None, replica: int = 0, num_replicas: int = 1) 
         g += 1
 
 
-def group_indices(batch: TensorDict) -> list[int]:
-    """The distinct ``group_index`` values of ``batch``'s rows, in order."""
-    return sorted(set(batch["group_index"].tolist())) if batch.batch_size[0] else []
-
-
 class InProcessRollouts:
     """The synchronous loop's source: collect the next ``P`` groups with ``collector`` when asked, with the current
     weights, all ``P`` in flight on the engine at once.
