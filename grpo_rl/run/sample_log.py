@@ -83,6 +83,8 @@ def sample_record(step: int, batch: TensorDict, i: int, reward_keys: list[str]) 
     row.update({k: float(batch[k][i]) for k in reward_keys})
     if "group_id" in keys:
         row["group"] = int(batch["group_id"][i])
+    if "group_index" in keys:  # the group's place in the prompt stream (groups arrive as they finish)
+        row["group_index"] = int(batch["group_index"][i])
     if "reference" in keys:
         row["reference"] = _plain_json(batch["reference"][i])
     if "advantage" in keys:

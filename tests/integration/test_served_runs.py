@@ -25,9 +25,10 @@ RUN_KEY = "a-key-of-thirty-two-characters-at-least"
 
 
 def first_answers(run_dir: Path) -> list[str]:
-    """The answers logged for step 1 (the first answer of each examined group)."""
+    """The answers logged for step 1 (the first answer of each examined group), in stream order: the
+    asynchronous run's batch holds its groups as they finished."""
     rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
-    return [r["response"] for r in rows if r["step"] == 1]
+    return [r["response"] for r in sorted((r for r in rows if r["step"] == 1), key=lambda r: r["group_index"])]
 
 
 def server_sessions(log: str) -> list[int]:

@@ -26,6 +26,7 @@ def _batch(groups: int = 4, group_size: int = 2) -> TensorDict:
     return TensorDict(
         {
             "group_id": group_id,
+            "group_index": 40 + group_id.flip(0),  # the stream's groups, here as if they arrived last first
             "prompt": NonTensorStack(
                 *[f"<|im_start|>user\nQuestion {g}?<|im_end|>\n<|im_start|>assistant\n" for g in group_id.tolist()]
             ),
@@ -93,10 +94,12 @@ def test_log_samples_writes_and_prints_one_answer_per_group(tmp_path, caplog):
         "reward",
         "reward_correct",
         "group",
+        "group_index",
         "reference",
         "advantage",
     ]
     assert rows[1]["step"] == 5 and rows[1]["reward"] == 6.0 and rows[1]["group"] == 3
+    assert [r["group_index"] for r in rows] == [43, 40]
     assert rows[1]["reference"] == "3" and abs(rows[1]["advantage"] - (-1 + 2 * 6 / 7)) < 1e-6
     printed = caplog.text
     assert "samples at step 5 (first answer of 2 of 4 groups)" in printed
@@ -170,7 +173,7 @@ def test_wandb_settings_come_from_the_config(tmp_path, monkeypatch):
     [(record, step)] = logger._wandb.logged
     logger.close()
     assert inits[0]["name"] == "baseline" and inits[0]["tags"] == ["a", "b"] and type(inits[0]["tags"]) is list
-    assert step == 1 and record["samples"]["columns"][-3:] == ["group", "reference", "advantage"]
+    assert step == 1 and record["samples"]["columns"][-4:] == ["group", "group_index", "reference", "advantage"]
     assert json.dumps(record["samples"]["data"])  # plain values only
 
 
