@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/micro/learner_levers.py step       # packed SmolLM2 policy fwd + bwd and reference fwd
     .venv/bin/python benchmarks/micro/learner_levers.py attention  # packed attention: dense-mask SDPA vs flex_attention
     .venv/bin/python benchmarks/micro/learner_levers.py weights    # bf16 autocast over fp32 weights vs bf16 weights
+    .venv/bin/python benchmarks/micro/learner_levers.py prefix     # packed passes: dense mask vs shared-prefix parts
     .venv/bin/python benchmarks/micro/learner_levers.py profile    # where one Learner.train_step's time goes, by op
     .venv/bin/python benchmarks/micro/learner_levers.py all --repeats 5
 
@@ -23,7 +24,10 @@ packed policy forward + backward and the reference forward under bf16 autocast o
 ``train_model.precision=bfloat16`` does) against the same passes over a bf16 copy of the model without autocast,
 charging the bf16 arm what fp32 master copies would add to a step: the gradients cast into fp32 and the updated
 masters rounded back into the bf16 weights (the optimizer's own arithmetic is the same on both sides). It reports
-how far the bf16-weight log-probs fall from the autocast ones. ``profile`` runs the learner's whole
+how far the bf16-weight log-probs fall from the autocast ones. ``prefix`` runs the packed policy forward + backward and
+the reference forward with ``train.packed_attention`` dense (SDPA over the dense packed mask) against prefix (the
+three parts of :mod:`grpo_rl.model.prefix_attention`), fp32 and bf16 autocast, at group sizes 4, 8 and 16 (the
+answers of 4 prompts), and reports the largest log-prob difference between the two. ``profile`` runs the learner's whole
 ``train_step`` on the micro-batch (loss, backward, gradient clipping, fused AdamW; bf16 autocast and fp32), three
 times to warm up and once under ``torch.profiler``, and prints the ops by their own CPU time.
 """
@@ -163,7 +167,7 @@ def vocab(repeats: int) -> list[dict]:
     return out
 
 
-def _batch():
+def _batch(group_size: int = GROUP_SIZE):
     """The workload's packed micro-batch (GSM8K prompts; random answer ids)."""
     from tensordict import TensorDict
 
@@ -179,11 +183,11 @@ def _batch():
         for r in records
     ]
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    b, lp = GROUPS * GROUP_SIZE, max(map(len, prompts))
+    b, lp = GROUPS * group_size, max(map(len, prompts))
     prompt_ids = torch.zeros(b, lp, dtype=torch.long)
     prompt_mask = torch.zeros_like(prompt_ids)
     for i in range(b):
-        p = prompts[i // GROUP_SIZE]
+        p = prompts[i // group_size]
         prompt_ids[i, lp - len(p) :] = torch.tensor(p)
         prompt_mask[i, lp - len(p) :] = 1
     g = torch.Generator().manual_seed(0)
@@ -193,7 +197,7 @@ def _batch():
             "prompt_mask": prompt_mask,
             "response_ids": torch.randint(100, VOCAB, (b, ANSWER), generator=g),
             "response_mask": torch.ones(b, ANSWER, dtype=torch.long),
-            "group_id": torch.arange(GROUPS).repeat_interleave(GROUP_SIZE),
+            "group_id": torch.arange(GROUPS).repeat_interleave(group_size),
         },
         [b],
     )
@@ -237,6 +241,39 @@ def step(repeats: int) -> list[dict]:
             {"before": lambda: reference(PerChunkTokenLogprob), "now": lambda: reference(current)}, repeats
         )
         out.append(row(f"packed reference fwd, {name}", times))
+    return out
+
+
+def prefix(repeats: int) -> list[dict]:
+    """The packed policy forward + backward (with entropy) and the reference forward: dense mask vs prefix parts."""
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.model.logprobs import sequence_logprobs
+
+    out = []
+    model = load_causal_lm(_batch()[0], torch.device("cpu"))
+    for group_size in (4, 8, 16):
+        _, batch, prompt_lengths = _batch(group_size)
+        print(f"  prompt lengths {prompt_lengths}, {group_size} answers x {ANSWER} tokens each")
+        for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
+
+            def policy(attention, bf16=bf16, batch=batch):
+                model.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    res = sequence_logprobs(model, batch, with_entropy=True, share_prompt=True, attention=attention)
+                res.logprobs.sum().backward()
+                return res.logprobs.detach()
+
+            def reference(attention, bf16=bf16, batch=batch):
+                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    return sequence_logprobs(model, batch, share_prompt=True, attention=attention).logprobs
+
+            diff = float((policy("dense") - policy("prefix")).abs().max())
+            extra = {"group_size": group_size, "max_abs_logprob_diff": diff}
+            times = alternate({"dense": lambda: policy("dense"), "prefix": lambda: policy("prefix")}, repeats)
+            out.append(row(f"G={group_size} packed policy fwd+bwd, {name}", times, extra))
+            times = alternate({"dense": lambda: reference("dense"), "prefix": lambda: reference("prefix")}, repeats)
+            out.append(row(f"G={group_size} packed reference fwd, {name}", times, extra))
+            print(f"  max |dense - prefix| log-prob: {diff:.2e}")
     return out
 
 
@@ -420,19 +457,18 @@ def profile(repeats: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "profile", "all"))
+    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "prefix", "profile", "all"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     set_threads(args.threads)
-    todo = ("vocab", "step", "attention", "weights") if args.what == "all" else (args.what,)
+    todo = ("vocab", "step", "attention", "weights", "prefix") if args.what == "all" else (args.what,)
     report = {"conditions_before": conditions(), "repeats": args.repeats}
     print(f"conditions: {report['conditions_before']}")
     print("| what | A median | B median | A / B |\n|---|---|---|---|")
     for what in todo:
-        report[what] = {"vocab": vocab, "step": step, "attention": attention, "weights": weights, "profile": profile}[
-            what
-        ](args.repeats)
+        levers = {"vocab": vocab, "step": step, "attention": attention, "weights": weights, "prefix": prefix}
+        report[what] = {**levers, "profile": profile}[what](args.repeats)
     report["conditions_after"] = conditions()
     print(f"conditions after: {report['conditions_after']}")
     RESULTS.mkdir(exist_ok=True)

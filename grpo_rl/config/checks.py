@@ -83,6 +83,12 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
         _choice(f"{role}.precision", getattr(cfg, role).precision, ("auto", "float32", "bfloat16"))
     _choice("train_model.sharding", cfg.train_model.sharding, ("none", "fsdp"))
     _choice("train.compile", parse_compile_mode(cfg.train.compile), COMPILE_MODES)
+    _choice("train.packed_attention", cfg.train.packed_attention, ("auto", "prefix", "dense"))
+    if cfg.train.packed_attention == "prefix" and parse_compile_mode(cfg.train.compile) != "false":
+        raise ConfigError(
+            "train.packed_attention=prefix runs only in layers that are not compiled; set train.compile=false, "
+            "or train.packed_attention=auto (prefix while eager, the dense mask once compiled)"
+        )
     _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
     for role in ("train_model", "ref_model"):
         if getattr(cfg, role).dtype is not None:

@@ -486,6 +486,11 @@ class TrainConfig:
     share_prompt: bool = True
     """Run each group's shared prompt once in the reference and policy passes (one packed row per group,
     see grpo_rl/model/packing.py) instead of once per answer; same log-probs, about (G-1)/G fewer prompt tokens."""
+    packed_attention: str = "auto"
+    """How a packed group row is attended: prefix | dense | auto. prefix: the prompt, the answers against the prompt
+    and the answers against themselves as three unmasked (or causal) flash attentions merged by their log-sum-exps
+    (grpo_rl/model/prefix_attention.py; torch's CPU flash kernel, layers not compiled); dense: one attention over
+    the packed mask, quadratic in the row's length. auto: prefix where it runs, dense elsewhere. Same log-probs."""
     compile: str = "false"
     """torch.compile the decoder layers of the learner and the reference: false | true | auto. auto starts eager
     and compiles after the first steps when the time it expects to save over the steps left exceeds the time

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from grpo_rl.model import prefix_attention
 from grpo_rl.model.packing import pack_groups
 from grpo_rl.model.vocab import token_logprobs
 
@@ -48,6 +49,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     share_prompt: bool = False,
+    attention: str = "auto",
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> TokenLogprobs:
@@ -58,6 +60,7 @@ def sequence_logprobs(
         batch: holds ``prompt_ids``/``prompt_mask`` ``[B, Lp]`` and ``response_ids``/``response_mask`` ``[B, Lr]``.
         entropy_grad: give the entropy a gradient (an entropy bonus in the loss); otherwise it is detached.
         share_prompt: run each group's prompt once (:func:`packed_sequence_logprobs`).
+        attention: how a packed row is attended (:func:`packed_attention`).
     """
     if share_prompt:
         return packed_sequence_logprobs(
@@ -66,6 +69,7 @@ def sequence_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            attention=attention,
             top_p=top_p,
             top_k=top_k,
         )
@@ -113,6 +117,34 @@ def _packed_mask(model: torch.nn.Module, mask_bool: torch.Tensor, dtype: torch.d
     )
 
 
+ATTENTION = ("auto", "prefix", "dense")
+
+
+def packed_attention(model: torch.nn.Module, setting: str, device: torch.device) -> str:
+    """``prefix`` or ``dense``: how ``model`` attends a packed row on ``device`` for ``train.packed_attention``.
+
+    ``prefix`` is the shared-prefix kernel (:mod:`grpo_rl.model.prefix_attention`), ``dense`` the packed mask through
+    the model's own attention. ``auto`` takes ``prefix`` where it runs (torch's CPU flash kernel, an ``sdpa`` model
+    whose layers are not compiled: a compiled layer would be traced again for every layout) and ``dense`` elsewhere.
+    """
+    if setting not in ATTENTION:
+        raise ValueError(f"train.packed_attention={setting!r}: choose one of {', '.join(ATTENTION)}")
+    backbone, _ = _backbone_and_head(model)
+    compiled = any(getattr(m, "_compiled_call_impl", None) is not None for m in backbone.modules())
+    runs = (
+        prefix_attention.supported(device)
+        and getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+        and not compiled
+    )
+    if setting == "prefix" and not runs:
+        raise ValueError(
+            "train.packed_attention=prefix needs a CPU, an 'sdpa' model and layers that are not compiled; "
+            f"here: {device.type}, {getattr(model.config, '_attn_implementation', None)!r}, compiled={compiled}. "
+            "Set train.packed_attention=auto"
+        )
+    return "prefix" if setting == "prefix" or (setting == "auto" and runs) else "dense"
+
+
 def packed_sequence_logprobs(
     model: torch.nn.Module,
     batch: TensorDict,
@@ -120,20 +152,32 @@ def packed_sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    attention: str = "auto",
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> TokenLogprobs:
     """:func:`sequence_logprobs` with each group's prompt run once (:mod:`grpo_rl.model.packing`); rows with the
     same prompt must be consecutive, as every engine returns them."""
     response_ids = batch["response_ids"]  # [B, Lr]
-    packed = pack_groups(batch)
     backbone, head = _backbone_and_head(model)
-    dtype = next(model.parameters()).dtype
-    hidden = backbone(
-        input_ids=packed.input_ids,
-        attention_mask=_packed_mask(model, packed.attention_mask, dtype),
-        position_ids=packed.position_ids,
-    ).last_hidden_state  # [R, S, H]
+    if packed_attention(model, attention, response_ids.device) == "prefix":
+        packed = pack_groups(batch, dense_mask=False)
+        layout = prefix_attention.PrefixLayout.build(
+            packed.prompt_len, packed.answer_lens, packed.input_ids.shape[1], packed.input_ids.device
+        )
+        with prefix_attention.prefix_attention_for(model):
+            hidden = backbone(
+                input_ids=packed.input_ids, position_ids=packed.position_ids, prefix_layout=layout
+            ).last_hidden_state  # [R, S, H]
+    else:
+        packed = pack_groups(batch)
+        assert packed.attention_mask is not None
+        dtype = next(model.parameters()).dtype
+        hidden = backbone(
+            input_ids=packed.input_ids,
+            attention_mask=_packed_mask(model, packed.attention_mask, dtype),
+            position_ids=packed.position_ids,
+        ).last_hidden_state  # [R, S, H]
     hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.source_index)  # [T, H]
     token_lp, token_ent, token_out = token_logprobs(
         hidden,

@@ -43,11 +43,13 @@ class PackedGroups:
 
     input_ids: torch.Tensor  # [R, S] prompt, then every answer of the group, then padding
     position_ids: torch.Tensor  # [R, S] 0..Lp-1 on the prompt, Lp.. again on every answer
-    attention_mask: torch.Tensor  # [R, 1, S, S] bool, True where the query (dim 2) may attend the key (dim 3)
+    attention_mask: torch.Tensor | None  # [R, 1, S, S] bool, True where the query (dim 2) may attend the key (dim 3)
     source_index: torch.Tensor  # [T] index into the flattened [R * S] hidden states predicting each answer token
     target_row: torch.Tensor  # [T] row of the answer token in the unpacked [B, Lr] layout
     target_col: torch.Tensor  # [T] its column
     target_ids: torch.Tensor  # [T] the answer token itself
+    prompt_len: list[int]  # [R] each group's prompt length
+    answer_lens: list[list[int]]  # [R][G_r] each group's answer lengths, in row order
 
     @property
     def num_tokens(self) -> int:
@@ -86,10 +88,11 @@ def packed_lengths(batch: TensorDict, spans: list[tuple[int, int]]) -> list[int]
     return [int(p_len[s]) + int(r_len[s:e].sum()) for s, e in spans]
 
 
-def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
+def pack_groups(batch: TensorDict, pad_id: int = 0, dense_mask: bool = True) -> PackedGroups:
     """Lay ``batch`` out as one row per group (module docstring); ``batch`` holds ``prompt_ids``/``prompt_mask``
     ``[B, Lp]`` (left-padded), ``response_ids``/``response_mask`` ``[B, Lr]`` (right-padded) and ``group_id``
-    ``[B]``; ``pad_id`` fills packed padding, which no real token attends."""
+    ``[B]``; ``pad_id`` fills packed padding, which no real token attends. ``dense_mask=False`` leaves the mask
+    out (shared-prefix attention, :mod:`grpo_rl.model.prefix_attention`, needs only the lengths)."""
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]  # [B, Lp]
     response_ids, response_mask = batch["response_ids"], batch["response_mask"]  # [B, Lr]
     device = prompt_ids.device
@@ -102,12 +105,15 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
     segment = torch.full((r, s), -1, dtype=torch.long, device=device)  # 0 prompt, i + 1 answer i, -1 padding
     r_len = response_mask.sum(-1).tolist()  # [B]
     source, rows, cols = [], [], []
+    prompt_lens, answer_lens = [], []
     for g, (start, end) in enumerate(spans):
         prompt = prompt_ids[start][prompt_mask[start].bool()]  # [Lp_g]
         lp = prompt.numel()
         if lp == 0:
             raise ValueError(f"row {start} has an empty prompt: its first answer token has no predicting position")
         input_ids[g, :lp] = prompt
+        prompt_lens.append(lp)
+        answer_lens.append([int(n) for n in r_len[start:end]])
         position_ids[g, :lp] = torch.arange(lp, device=device)
         segment[g, :lp] = 0
         offset = lp
@@ -127,12 +133,7 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
             rows.append(torch.full((n,), row, dtype=torch.long, device=device))
             cols.append(torch.arange(n, device=device))
             offset += n
-    seg_q, seg_k = segment.unsqueeze(2), segment.unsqueeze(1)  # [R, S, 1], [R, 1, S]
-    idx = torch.arange(s, device=device)
-    causal = idx.unsqueeze(1) >= idx.unsqueeze(0)  # [S, S]
-    allowed = causal & ((seg_k == 0) | (seg_k == seg_q)) & (seg_k >= 0) & (seg_q >= 0)  # [R, S, S]
-    # A padding query attends to itself only, so no softmax row is empty (an empty row gives NaN in sdpa).
-    allowed |= torch.eye(s, dtype=torch.bool, device=device) & (seg_q < 0)
+    allowed = _dense_mask(segment) if dense_mask else None
     empty = torch.zeros(0, dtype=torch.long, device=device)
     source_index = torch.cat(source) if source else empty
     target_row = torch.cat(rows) if rows else empty
@@ -140,12 +141,26 @@ def pack_groups(batch: TensorDict, pad_id: int = 0) -> PackedGroups:
     return PackedGroups(
         input_ids=input_ids,
         position_ids=position_ids,
-        attention_mask=allowed.unsqueeze(1),
+        attention_mask=allowed,
         source_index=source_index,
         target_row=target_row,
         target_col=target_col,
         target_ids=response_ids[target_row, target_col],
+        prompt_len=prompt_lens,
+        answer_lens=answer_lens,
     )
+
+
+def _dense_mask(segment: torch.Tensor) -> torch.Tensor:
+    """``[R, 1, S, S]`` bool from ``segment`` ``[R, S]`` (0 prompt, ``i + 1`` answer ``i``, -1 padding)."""
+    s = segment.shape[1]
+    seg_q, seg_k = segment.unsqueeze(2), segment.unsqueeze(1)  # [R, S, 1], [R, 1, S]
+    idx = torch.arange(s, device=segment.device)
+    causal = idx.unsqueeze(1) >= idx.unsqueeze(0)  # [S, S]
+    allowed = causal & ((seg_k == 0) | (seg_k == seg_q)) & (seg_k >= 0) & (seg_q >= 0)  # [R, S, S]
+    # A padding query attends to itself only, so no softmax row is empty (an empty row gives NaN in sdpa).
+    allowed |= torch.eye(s, dtype=torch.bool, device=segment.device) & (seg_q < 0)
+    return allowed.unsqueeze(1)
 
 
 def micro_batches(batch: TensorDict, token_budget: int) -> list[TensorDict]:

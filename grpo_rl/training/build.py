@@ -71,6 +71,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         bf16_autocast=run.precision.train.bf16,
         gradient_checkpointing=cfg.train_model.gradient_checkpointing,
         share_prompt=cfg.train.share_prompt,
+        attention=cfg.train.packed_attention,
         compile=cfg.train.compile,
         total_steps=cfg.train.steps,
     )
@@ -135,6 +136,7 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
             micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
             bf16_autocast=run.precision.ref.bf16,
             share_prompt=run.cfg.train.share_prompt,
+            attention=run.cfg.train.packed_attention,
         )
     device = run.devices.ref[0]
     path = str(Path(run.cfg.ref_model.path).expanduser()) if run.cfg.ref_model.path else run.model_path
@@ -146,4 +148,5 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
         micro_batch_tokens=2 * run.cfg.train.micro_batch_tokens,
         bf16_autocast=run.precision.ref.bf16,
         share_prompt=run.cfg.train.share_prompt,
+        attention=run.cfg.train.packed_attention,
     )

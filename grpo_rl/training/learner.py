@@ -58,6 +58,8 @@ class Learner:
         epochs: optimizer steps per batch.
         share_prompt: run each group's prompt once per forward (:mod:`grpo_rl.model.packing`); micro-batches then
             hold whole groups and ``micro_batch_tokens`` counts packed tokens.
+        attention: how a packed row is attended: auto | prefix | dense
+            (:func:`~grpo_rl.model.logprobs.packed_attention`).
         compile: auto | true | false (:mod:`grpo_rl.model.compile`); ``total_steps`` feeds auto's estimate.
     """
 
@@ -79,6 +81,7 @@ class Learner:
         bf16_autocast: bool = False,
         gradient_checkpointing: bool = False,
         share_prompt: bool = False,
+        attention: str = "auto",
         compile: str = "false",
         total_steps: int = 0,
     ):
@@ -90,6 +93,7 @@ class Learner:
         self.epochs = epochs
         self.bf16_autocast = bf16_autocast
         self.share_prompt = share_prompt
+        self.attention = attention
         self.sharded = isinstance(model, FSDPModule)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -142,6 +146,7 @@ class Learner:
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
                 share_prompt=self.share_prompt,
+                attention=self.attention,
                 top_p=self.loss.top_p,
                 top_k=self.loss.top_k,
             )

@@ -35,8 +35,10 @@ class RefScorer:
         micro_batch_tokens: int = 8192,
         bf16_autocast: bool = False,
         share_prompt: bool = False,
+        attention: str = "auto",
     ):
         self.model = model
+        self.attention = attention
         self.device = device
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
@@ -62,7 +64,13 @@ class RefScorer:
             ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16_autocast else nullcontext()
             with ctx:
                 lp = (
-                    sequence_logprobs(self.model, mb, temperature=self.temperature, share_prompt=self.share_prompt)
+                    sequence_logprobs(
+                        self.model,
+                        mb,
+                        temperature=self.temperature,
+                        share_prompt=self.share_prompt,
+                        attention=self.attention,
+                    )
                     .logprobs.float()
                     .cpu()
                 )
