@@ -26,10 +26,13 @@ torch.set_num_threads(int(os.environ.get("GRPO_TEST_THREADS", "1")))
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (scripts/test.sh): one worker per core this process may use (CPU affinity and a cgroup quota
-    counted, as the runs count them), not xdist's count of the host's physical cores."""
+    counted, as the runs count them), not xdist's count of the host's physical cores, and one more: the integration
+    tests spend much of their time waiting on process start-ups and on each other (with one worker per core, a
+    2-core run's user + system time was 45 minutes over 42 of wall time, the CPU idle nearly half of it), and every
+    process runs one thread, so a third worker fills the gaps without OpenMP threads spinning against each other."""
     from grpo_rl.placement.devices import available_cpus
 
-    return available_cpus()
+    return available_cpus() + 1
 
 
 @pytest.fixture(autouse=True)

@@ -27,8 +27,10 @@ elsewhere the dense mask is used (:func:`supported`, ``train.packed_attention``)
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -252,17 +254,30 @@ def register() -> None:
     _registered = True
 
 
+_switch_lock = threading.Lock()
+_switched: dict[int, tuple[Any, str, int]] = {}  # id(config) -> (config, its own implementation, forwards inside)
+
+
 @contextlib.contextmanager
 def prefix_attention_for(model: torch.nn.Module) -> Iterator[None]:
-    """Run ``model`` (an ``sdpa`` HF model) with ``grpo_prefix`` attention inside the block."""
+    """Run ``model`` (an ``sdpa`` HF model) with ``grpo_prefix`` attention inside the block. Counted per config, so
+    two threads' packed forwards of one model (a LoRA reference beside its learner) leave it switched until both
+    are done; a forward of another kind meanwhile fails loudly (no layout) rather than attending wrongly."""
     register()
     configs = [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
     configs = list({id(c): c for c in configs}.values())
-    before = [c._attn_implementation for c in configs]
-    try:
+    with _switch_lock:
         for c in configs:
+            _, own, inside = _switched.get(id(c), (c, c._attn_implementation, 0))
+            _switched[id(c)] = (c, own, inside + 1)
             c._attn_implementation = NAME
+    try:
         yield
     finally:
-        for c, impl in zip(configs, before, strict=True):
-            c._attn_implementation = impl
+        with _switch_lock:
+            for c in configs:
+                _, own, inside = _switched.pop(id(c))
+                if inside > 1:
+                    _switched[id(c)] = (c, own, inside - 1)
+                else:
+                    c._attn_implementation = own

@@ -137,3 +137,15 @@ def test_auto_takes_the_dense_mask_where_the_parts_do_not_run(tiny_model):
         packed_attention(tiny_model, "prefix", torch.device("cpu"))
     with pytest.raises(ValueError, match="choose one of auto, prefix, dense"):
         packed_attention(tiny_model, "flash", torch.device("cpu"))
+
+
+def test_the_switch_is_counted_and_restored(tiny_model):
+    from grpo_rl.model.prefix_attention import NAME, prefix_attention_for
+
+    with prefix_attention_for(tiny_model):
+        with prefix_attention_for(tiny_model):  # a second thread's packed forward of the same model
+            assert tiny_model.config._attn_implementation == NAME
+        assert tiny_model.config._attn_implementation == NAME  # the first is still inside
+        with pytest.raises(ValueError, match="needs the packed rows' layout"):
+            tiny_model(input_ids=torch.tensor([[1, 2, 3]]))  # an unpacked forward meanwhile fails, never attends wrong
+    assert tiny_model.config._attn_implementation == "sdpa"
