@@ -249,12 +249,18 @@ def prefix(repeats: int) -> list[dict]:
     from grpo_rl.model.loading import load_causal_lm
     from grpo_rl.model.logprobs import sequence_logprobs
 
+    from grpo_rl.model.precision import probe_bf16
+
     out = []
     model = load_causal_lm(_batch()[0], torch.device("cpu"))
+    probe = probe_bf16(torch.device("cpu"))
+    precisions = (("bf16 autocast", True), ("fp32", False)) if probe.fast else (("fp32", False),)
+    if not probe.fast:  # e.g. AVX2 alone: a bf16 matmul about 50x slower than fp32, minutes a pass
+        print(f"  bf16 skipped: {probe.reason}")
     for group_size in (4, 8, 16):
         _, batch, prompt_lengths = _batch(group_size)
         print(f"  prompt lengths {prompt_lengths}, {group_size} answers x {ANSWER} tokens each")
-        for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
+        for name, bf16 in precisions:
 
             def policy(attention, bf16=bf16, batch=batch):
                 model.zero_grad(set_to_none=True)
