@@ -248,7 +248,6 @@ def prefix(repeats: int) -> list[dict]:
     """The packed policy forward + backward (with entropy) and the reference forward: dense mask vs prefix parts."""
     from grpo_rl.model.loading import load_causal_lm
     from grpo_rl.model.logprobs import sequence_logprobs
-
     from grpo_rl.model.precision import probe_bf16
 
     out = []
