@@ -26,13 +26,12 @@ torch.set_num_threads(int(os.environ.get("GRPO_TEST_THREADS", "1")))
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (scripts/test.sh): one worker per core this process may use (CPU affinity and a cgroup quota
-    counted, as the runs count them), not xdist's count of the host's physical cores, and one more: the integration
-    tests spend much of their time waiting on process start-ups and on each other (with one worker per core, a
-    2-core run's user + system time was 45 minutes over 42 of wall time, the CPU idle nearly half of it), and every
-    process runs one thread, so a third worker fills the gaps without OpenMP threads spinning against each other."""
+    counted, as the runs count them), not xdist's count of the host's physical cores. One more worker than cores was
+    tried on 2 cores: 33 minutes instead of 36, but runs that wait on Ray and on timeouts then failed (a push past
+    its timeout, a run that found two Ray clusters, a silent-collector timeout)."""
     from grpo_rl.placement.devices import available_cpus
 
-    return available_cpus() + 1
+    return available_cpus()
 
 
 @pytest.fixture(autouse=True)

@@ -125,22 +125,26 @@ def packed_attention(model: torch.nn.Module, setting: str, device: torch.device)
 
     ``prefix`` is the shared-prefix kernel (:mod:`grpo_rl.model.prefix_attention`), ``dense`` the packed mask through
     the model's own attention. ``auto`` takes ``prefix`` where it runs (torch's CPU flash kernel, an ``sdpa`` model
-    whose layers are not compiled: a compiled layer would be traced again for every layout) and ``dense`` elsewhere.
+    whose layers are neither compiled, which would trace them again for every layout, nor checkpointed, whose
+    recomputation runs outside the forward) and ``dense`` elsewhere.
     """
     if setting not in ATTENTION:
         raise ValueError(f"train.packed_attention={setting!r}: choose one of {', '.join(ATTENTION)}")
     backbone, _ = _backbone_and_head(model)
     compiled = any(getattr(m, "_compiled_call_impl", None) is not None for m in backbone.modules())
+    # Gradient checkpointing recomputes a layer during the backward, outside the forward's switch of the attention.
+    recomputed = any(getattr(m, "gradient_checkpointing", False) is True for m in backbone.modules())
     runs = (
         prefix_attention.supported(device)
         and getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
         and not compiled
+        and not recomputed
     )
     if setting == "prefix" and not runs:
         raise ValueError(
-            "train.packed_attention=prefix needs a CPU, an 'sdpa' model and layers that are not compiled; "
-            f"here: {device.type}, {getattr(model.config, '_attn_implementation', None)!r}, compiled={compiled}. "
-            "Set train.packed_attention=auto"
+            "train.packed_attention=prefix needs a CPU, an 'sdpa' model and layers neither compiled nor "
+            f"checkpointed; here: {device.type}, {getattr(model.config, '_attn_implementation', None)!r}, "
+            f"compiled={compiled}, gradient checkpointing={recomputed}. Set train.packed_attention=auto"
         )
     return "prefix" if setting == "prefix" or (setting == "auto" and runs) else "dense"
 

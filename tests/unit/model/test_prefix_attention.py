@@ -131,6 +131,10 @@ def test_under_bf16_autocast_the_parts_agree_with_the_dense_mask(tiny_model):
 def test_auto_takes_the_dense_mask_where_the_parts_do_not_run(tiny_model):
     assert packed_attention(tiny_model, "dense", torch.device("cpu")) == "dense"
     assert packed_attention(tiny_model, "auto", torch.device("cuda")) == "dense"
+    tiny_model.gradient_checkpointing_enable()  # its recomputation runs outside the forward's switch
+    assert packed_attention(tiny_model, "auto", torch.device("cpu")) == "dense"
+    tiny_model.gradient_checkpointing_disable()
+    assert packed_attention(tiny_model, "auto", torch.device("cpu")) == "prefix"
     tiny_model.config._attn_implementation = "eager"
     assert packed_attention(tiny_model, "auto", torch.device("cpu")) == "dense"
     with pytest.raises(ValueError, match="train.packed_attention=prefix needs"):
@@ -149,3 +153,17 @@ def test_the_switch_is_counted_and_restored(tiny_model):
         with pytest.raises(ValueError, match="needs the packed rows' layout"):
             tiny_model(input_ids=torch.tensor([[1, 2, 3]]))  # an unpacked forward meanwhile fails, never attends wrong
     assert tiny_model.config._attn_implementation == "sdpa"
+
+
+def test_a_checkpointed_learner_trains_through_the_dense_mask(tiny_model):
+    """Gradient checkpointing (the lowmem preset) recomputes layers in the backward: auto keeps the dense mask."""
+    from grpo_rl.training.learner import Learner, LossSettings
+    from tests.unit.training.test_learner import _accum_batch
+
+    learner = Learner(
+        tiny_model, torch.device("cpu"), LossSettings(), lr=1e-3, gradient_checkpointing=True, share_prompt=True
+    )
+    batch = _accum_batch(tiny_model)
+    batch["group_id"] = torch.arange(batch.batch_size[0])  # groups of one answer
+    metrics = learner.train_step(batch)
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
