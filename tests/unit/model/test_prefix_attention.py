@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_rl.model.logprobs import packed_attention, sequence_logprobs
+from grpo_rl.model.packing import _dense_mask
 from grpo_rl.model.prefix_attention import PrefixLayout, shared_prefix_attention
 from tests.unit.model.test_packing import GROUPS, grouped_batch
 
@@ -34,14 +35,6 @@ def _segments(prompt_len: list[int], answer_lens: list[list[int]], s: int) -> to
     return seg
 
 
-def _dense(seg: torch.Tensor) -> torch.Tensor:
-    s = seg.shape[1]
-    idx = torch.arange(s)
-    sq, sk = seg[:, :, None], seg[:, None, :]
-    allowed = (idx[:, None] >= idx[None]) & ((sk == 0) | (sk == sq)) & (sk >= 0) & (sq >= 0)
-    return (allowed | (torch.eye(s, dtype=torch.bool) & (sq < 0)))[:, None]
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
 def test_the_parts_equal_the_dense_mask_forward_and_backward(layout, dtype, tol):
@@ -59,7 +52,8 @@ def test_the_parts_equal_the_dense_mask_forward_and_backward(layout, dtype, tol)
         (out.double() * w).sum().backward()
         return [out.detach().double() * real] + [t.grad.double() for t in leaves]
 
-    want = run(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, attn_mask=_dense(seg)), dtype)
+    mask = _dense_mask(seg)  # the packed mask the dense path gives sdpa (test_packing.py checks it by hand)
+    want = run(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, attn_mask=mask), dtype)
     lay = PrefixLayout.build(prompt_len, answer_lens, s, torch.device("cpu"))
     got = run(lambda a, b, c: shared_prefix_attention(a, b, c, lay, 16**-0.5), dtype)
     for name, g, x in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
