@@ -30,6 +30,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# Byte-compile the package: an editable install leaves that to the first import, and where PYTHONDONTWRITEBYTECODE is
+# set no import ever writes it, so every process of a run (the driver, each Ray actor) would compile it again.
+"$PY" -m compileall -q grpo_rl
 "$PY" -c "import torch, vllm, grpo_rl" 2>/dev/null || { echo "setup: the environment in $VENV does not import; remove $VENV and rerun" >&2; exit 1; }
 # Convert the embedded model into an HF folder once (~20 s; cached in \$GRPO_CACHE_DIR or ~/.cache/grpo_rl).
 HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} "$PY" -c "from grpo_rl.model.loading import resolve_model; print('model:', resolve_model('embedded:smollm2-135m-instruct'))"

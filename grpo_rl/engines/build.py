@@ -55,7 +55,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
 
     if cfg.share_weights and policy is not None:
         return TransformersEngine.sharing(policy, run.tokenizer, device, **kwargs)
-    return TransformersEngine(run.model_path, device, compile=cfg.compile, **kwargs)
+    return TransformersEngine(run.model_path, device, compile=cfg.compile, tokenizer=run.tokenizer, **kwargs)
 
 
 def weight_transfer(run: RunContext) -> str:

@@ -55,6 +55,8 @@ def start_ray(
         ray.init(address=ray_cfg.address, **common)
         log.info("joined Ray cluster at %s: %s", ray_cfg.address, ray.cluster_resources())
         return False
+    if os.environ.get("RAY_ADDRESS"):
+        log.info("RAY_ADDRESS is set but not used: a run joins a Ray cluster by ray.address only")
     num_cpus = max(ray_cfg.num_cpus or available_cpus(), min_cpus)
     # only these, so Ray never places an actor on a GPU of a role that runs in the driver, such as the learner
     gpu_ids = sorted({d.index for d in actor_gpus if d.type == "cuda"})
@@ -65,8 +67,12 @@ def start_ray(
         else os.environ.get("CUDA_VISIBLE_DEVICES"),
         **{name: None for name in withhold},
     }
+    # No idle workers started ahead (Ray starts num_cpus of them, each a Python start of about 0.8 s of CPU, while
+    # the actors import): the role actors carry their own runtime_env and could take none over; the buffer, which
+    # could, starts one on demand.
+    no_prestart = {"prestart_worker_first_driver": False, "enable_worker_prestart": False}
     with _environment(inherited):
-        _init_on_loopback(num_cpus=num_cpus, num_gpus=len(gpu_ids), **common)
+        _init_on_loopback(num_cpus=num_cpus, num_gpus=len(gpu_ids), _system_config=no_prestart, **common)
     log.info("started a local Ray instance: %d CPUs, GPUs %s for actors", num_cpus, gpu_ids or "none")
     return True
 
@@ -109,7 +115,8 @@ def _init_on_loopback(**init_kwargs) -> None:
     before_env, before_flag = os.environ.get(_RAY_LOCAL_ONLY), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[_RAY_LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
     try:
-        ray.init(_node_ip_address=LOOPBACK, **init_kwargs)
+        # "local": an instance of its own, never one that RAY_ADDRESS or another process's `ray start` points at
+        ray.init(address="local", _node_ip_address=LOOPBACK, **init_kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before_flag
         if before_env is None:

@@ -158,6 +158,8 @@ def test_local_ray_instance_and_its_rendezvous_listen_on_loopback(monkeypatch):
     flag = ray_constants.ENABLE_RAY_CLUSTER
     secret = f"GRPO_WITHHELD={uuid.uuid4().hex}"
     monkeypatch.setenv("GRPO_WITHHELD", secret.split("=")[1])  # a key only some actors may get
+    # another Ray instance in view (as a `ray start` cluster of this machine would be): the run still starts its own
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
     started = start_ray(OmegaConf.structured(RayConfig(num_cpus=1)), withhold=("GRPO_WITHHELD",))
     try:
         assert started and node_address() == LOOPBACK
