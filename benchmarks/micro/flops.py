@@ -109,7 +109,14 @@ def _time_best(fn, repeats: int) -> float:
     return best
 
 
-def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, decode_rows: int | None = None) -> dict:
+def matmul_rates(
+    cfg: dict,
+    threads: int,
+    tokens: int = 512,
+    repeats: int = 5,
+    decode_rows: int | None = None,
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+) -> dict:
     """Best-of-``repeats`` FLOP/s of the model's own matmul shapes at ``tokens`` rows, fp32 and bf16 (``fp32``,
     ``bf16``); with ``decode_rows``, also of one decoding step at that many rows (``fp32_decode``,
     ``bf16_decode``): every linear layer of every decoder layer, then the LM head, each weight its own tensor in
@@ -126,6 +133,8 @@ def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, d
     rates = {"threads": threads}
     try:
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            if name not in precisions:  # e.g. bf16 on a CPU without bf16 matmuls: minutes for nothing
+                continue
             pairs = [(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for m, k, n in shapes]
             work = sum(2 * m * k * n for m, k, n in shapes)
 
@@ -154,17 +163,19 @@ def matmul_rates(cfg: dict, threads: int, tokens: int = 512, repeats: int = 5, d
     return rates
 
 
-def best_rates(cfg: dict, threads: int, decode_rows: int | None = None) -> dict:
+def best_rates(
+    cfg: dict, threads: int, decode_rows: int | None = None, precisions: tuple[str, ...] = ("fp32", "bf16")
+) -> dict:
     """The machine's best :func:`matmul_rates`: per shape, the better of this process's and those of a fresh
     process whose OpenMP threads spin between parallel regions (``OMP_WAIT_POLICY=ACTIVE``). Our runs default to
     sleeping threads (``grpo_rl.OPENMP_DEFAULTS``), which costs an idle machine up to a third of the rate of a
     decoding step's small matmuls (2-core AMD EPYC: fp32 40-43 against 55-58 GFLOP/s); a lower bound must not
     carry that choice."""
-    here = matmul_rates(cfg, threads, decode_rows=decode_rows)
+    here = matmul_rates(cfg, threads, decode_rows=decode_rows, precisions=precisions)
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); from flops import matmul_rates; "
         "print(json.dumps(matmul_rates(json.loads(sys.argv[2]), int(sys.argv[3]), "
-        "decode_rows=json.loads(sys.argv[4]))))"
+        "decode_rows=json.loads(sys.argv[4]), precisions=tuple(json.loads(sys.argv[5])))))"
     )
     env = dict(os.environ, OMP_WAIT_POLICY="ACTIVE")
     env.pop("GOMP_SPINCOUNT", None)
@@ -177,6 +188,7 @@ def best_rates(cfg: dict, threads: int, decode_rows: int | None = None) -> dict:
             json.dumps(cfg),
             str(threads),
             json.dumps(decode_rows),
+            json.dumps(list(precisions)),
         ],
         env=env,
         capture_output=True,

@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/micro/learner_levers.py attention  # packed attention: dense-mask SDPA vs flex_attention
     .venv/bin/python benchmarks/micro/learner_levers.py weights    # bf16 autocast over fp32 weights vs bf16 weights
     .venv/bin/python benchmarks/micro/learner_levers.py prefix     # packed passes: dense mask vs shared-prefix parts
+    .venv/bin/python benchmarks/micro/learner_levers.py fused      # q/k/v and gate/up: separate vs fused matmuls
     .venv/bin/python benchmarks/micro/learner_levers.py profile    # where one Learner.train_step's time goes, by op
     .venv/bin/python benchmarks/micro/learner_levers.py all --repeats 5
 
@@ -27,9 +28,11 @@ masters rounded back into the bf16 weights (the optimizer's own arithmetic is th
 how far the bf16-weight log-probs fall from the autocast ones. ``prefix`` runs the packed policy forward + backward and
 the reference forward with ``train.packed_attention`` dense (SDPA over the dense packed mask) against prefix (the
 three parts of :mod:`grpo_rl.model.prefix_attention`), fp32 and bf16 autocast, at group sizes 4, 8 and 16 (the
-answers of 4 prompts), and reports the largest log-prob difference between the two. ``profile`` runs the learner's whole
-``train_step`` on the micro-batch (loss, backward, gradient clipping, fused AdamW; bf16 autocast and fp32), three
-times to warm up and once under ``torch.profiler``, and prints the ops by their own CPU time.
+answers of 4 prompts), and reports the largest log-prob difference between the two. ``fused`` runs the same two
+passes over the model as loaded against a copy with its projections fused (:mod:`grpo_rl.model.fused`).
+``profile`` runs the learner's whole ``train_step`` on the micro-batch (loss, backward, gradient clipping, fused
+AdamW; bf16 autocast and fp32), three times to warm up and once under ``torch.profiler``, and prints the ops by their
+own CPU time.
 """
 
 from __future__ import annotations
@@ -282,6 +285,50 @@ def prefix(repeats: int) -> list[dict]:
     return out
 
 
+def fused(repeats: int) -> list[dict]:
+    """The packed policy forward + backward (with entropy) and the reference forward: q, k, v and gate, up as
+    separate matmuls vs fused (grpo_rl/model/fused.py), the same weights."""
+    import copy
+
+    from grpo_rl.model.fused import fuse_projections
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.model.logprobs import sequence_logprobs
+    from grpo_rl.model.precision import probe_bf16
+
+    path, batch, prompt_lengths = _batch()
+    print(f"  prompt lengths {prompt_lengths}, {GROUP_SIZE} answers x {ANSWER} tokens each")
+    models = {"separate": load_causal_lm(path, torch.device("cpu"))}
+    models["fused"] = copy.deepcopy(models["separate"])
+    print(f"  fused groups: {fuse_projections(models['fused'])}")
+    probe = probe_bf16(torch.device("cpu"))
+    precisions = (("bf16 autocast", True), ("fp32", False)) if probe.fast else (("fp32", False),)
+    if not probe.fast:
+        print(f"  bf16 skipped: {probe.reason}")
+    out = []
+    for name, bf16 in precisions:
+
+        def policy(which, bf16=bf16):
+            model = models[which]
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                res = sequence_logprobs(model, batch, with_entropy=True, share_prompt=True)
+            res.logprobs.sum().backward()
+            return res.logprobs.detach()
+
+        def reference(which, bf16=bf16):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                return sequence_logprobs(models[which], batch, share_prompt=True).logprobs
+
+        diff = float((policy("separate") - policy("fused")).abs().max())
+        extra = {"max_abs_logprob_diff": diff}
+        times = alternate({"separate": lambda: policy("separate"), "fused": lambda: policy("fused")}, repeats)
+        out.append(row(f"packed policy fwd+bwd, {name}", times, extra))
+        times = alternate({"separate": lambda: reference("separate"), "fused": lambda: reference("fused")}, repeats)
+        out.append(row(f"packed reference fwd, {name}", times, extra))
+        print(f"  max |separate - fused| log-prob: {diff:.2e}")
+    return out
+
+
 def _sdpa_step(q, k, v, mask, backend):
     """SDPA forward + backward over the dense packed mask with one backend (what the policy pass runs per layer)."""
     from torch.nn.attention import sdpa_kernel
@@ -462,17 +509,24 @@ def profile(repeats: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "prefix", "profile", "all"))
+    parser.add_argument("what", choices=("vocab", "step", "attention", "weights", "prefix", "fused", "profile", "all"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     set_threads(args.threads)
-    todo = ("vocab", "step", "attention", "weights", "prefix") if args.what == "all" else (args.what,)
+    todo = ("vocab", "step", "attention", "weights", "prefix", "fused") if args.what == "all" else (args.what,)
     report = {"conditions_before": conditions(), "repeats": args.repeats}
     print(f"conditions: {report['conditions_before']}")
     print("| what | A median | B median | A / B |\n|---|---|---|---|")
     for what in todo:
-        levers = {"vocab": vocab, "step": step, "attention": attention, "weights": weights, "prefix": prefix}
+        levers = {
+            "vocab": vocab,
+            "step": step,
+            "attention": attention,
+            "weights": weights,
+            "prefix": prefix,
+            "fused": fused,
+        }
         report[what] = {**levers, "profile": profile}[what](args.repeats)
     report["conditions_after"] = conditions()
     print(f"conditions after: {report['conditions_after']}")

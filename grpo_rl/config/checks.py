@@ -89,6 +89,17 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
             "train.packed_attention=prefix runs only in layers that are not compiled; set train.compile=false, "
             "or train.packed_attention=auto (prefix while eager, the dense mask once compiled)"
         )
+    if cfg.train.fused_projections:
+        blockers = {
+            "train.compile": parse_compile_mode(cfg.train.compile) != "false",
+            "model.lora.enabled": cfg.model.lora.enabled,
+            "train_model.sharding=fsdp": cfg.train_model.sharding == "fsdp",
+        }
+        if any(blockers.values()):
+            raise ConfigError(
+                f"train.fused_projections=true cannot run with {', '.join(k for k, v in blockers.items() if v)} "
+                "(compiled, adapter-wrapped or sharded layers); set train.fused_projections=false"
+            )
     _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
     for role in ("train_model", "ref_model"):
         if getattr(cfg, role).dtype is not None:

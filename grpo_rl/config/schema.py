@@ -491,6 +491,13 @@ class TrainConfig:
     and the answers against themselves as three unmasked (or causal) flash attentions merged by their log-sum-exps
     (grpo_rl/model/prefix_attention.py; torch's CPU flash kernel, layers not compiled); dense: one attention over
     the packed mask, quadratic in the row's length. auto: prefix where it runs, dense elsewhere. Same log-probs."""
+    fused_projections: bool = False
+    """One matmul for q, k and v, and one for gate and up, in the learner's and the reference's models (layers run
+    eager, not under LoRA or FSDP). The parameters stay the modules' own: names, shapes, checkpoints, exports and
+    pushes unchanged, outputs equal to fp32 rounding (grpo_rl/model/fused.py). Off by default: in fp32 on an AVX2 CPU
+    the weights' concatenation cost more than the larger matmul saved (0.97x the policy pass, 0.94x the reference's;
+    benchmarks/micro/learner_levers.py fused); what it is for, one cast of the input under bf16 autocast instead of
+    three and two, is not measured yet."""
     compile: str = "false"
     """torch.compile the decoder layers of the learner and the reference: false | true | auto. auto starts eager
     and compiles after the first steps when the time it expects to save over the steps left exceeds the time

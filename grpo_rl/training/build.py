@@ -14,7 +14,9 @@ import numpy as np
 import torch
 
 from grpo_rl.algo.loss import LossSettings
+from grpo_rl.config.schema import parse_compile_mode
 from grpo_rl.errors import ConfigError
+from grpo_rl.model.fused import fuse_projections
 from grpo_rl.model.loading import load_causal_lm
 from grpo_rl.placement.context import RunContext
 from grpo_rl.training.learner import Learner
@@ -47,6 +49,8 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         )
     if shard is not None:
         shard(model)
+    elif fuses_projections(cfg):
+        fuse_projections(model)
     if cfg.model.lora.enabled:
         from grpo_rl.model.lora import apply_lora
 
@@ -74,6 +78,17 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         attention=cfg.train.packed_attention,
         compile=cfg.train.compile,
         total_steps=cfg.train.steps,
+    )
+
+
+def fuses_projections(cfg) -> bool:
+    """Whether the learner's and the reference's projections are fused: ``train.fused_projections`` where the layers
+    run eager and are neither adapter-wrapped nor sharded (the config checks refuse it elsewhere)."""
+    return (
+        bool(cfg.train.fused_projections)
+        and parse_compile_mode(cfg.train.compile) == "false"
+        and not cfg.model.lora.enabled
+        and cfg.train_model.sharding != "fsdp"
     )
 
 
@@ -141,6 +156,8 @@ def make_ref_scorer(run: RunContext, learner: Learner | None = None) -> RefScore
     device = run.devices.ref[0]
     path = str(Path(run.cfg.ref_model.path).expanduser()) if run.cfg.ref_model.path else run.model_path
     model = load_causal_lm(path, device, reference_dtype(run), trainable=False)
+    if fuses_projections(run.cfg):
+        fuse_projections(model)
     return RefScorer(
         model,
         device,
