@@ -247,10 +247,28 @@ def step(repeats: int) -> list[dict]:
     return out
 
 
+def _policy_pass(model, batch, bf16: bool, **kwargs) -> torch.Tensor:
+    """The packed policy forward (with entropy) and backward; the log-probs."""
+    from grpo_rl.model.logprobs import sequence_logprobs
+
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        res = sequence_logprobs(model, batch, with_entropy=True, share_prompt=True, **kwargs)
+    res.logprobs.sum().backward()
+    return res.logprobs.detach()
+
+
+def _reference_pass(model, batch, bf16: bool, **kwargs) -> torch.Tensor:
+    """The packed reference forward; the log-probs."""
+    from grpo_rl.model.logprobs import sequence_logprobs
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        return sequence_logprobs(model, batch, share_prompt=True, **kwargs).logprobs
+
+
 def prefix(repeats: int) -> list[dict]:
     """The packed policy forward + backward (with entropy) and the reference forward: dense mask vs prefix parts."""
     from grpo_rl.model.loading import load_causal_lm
-    from grpo_rl.model.logprobs import sequence_logprobs
     from grpo_rl.model.precision import probe_bf16
 
     out = []
@@ -265,15 +283,10 @@ def prefix(repeats: int) -> list[dict]:
         for name, bf16 in precisions:
 
             def policy(attention, bf16=bf16, batch=batch):
-                model.zero_grad(set_to_none=True)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    res = sequence_logprobs(model, batch, with_entropy=True, share_prompt=True, attention=attention)
-                res.logprobs.sum().backward()
-                return res.logprobs.detach()
+                return _policy_pass(model, batch, bf16, attention=attention)
 
             def reference(attention, bf16=bf16, batch=batch):
-                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    return sequence_logprobs(model, batch, share_prompt=True, attention=attention).logprobs
+                return _reference_pass(model, batch, bf16, attention=attention)
 
             diff = float((policy("dense") - policy("prefix")).abs().max())
             extra = {"group_size": group_size, "max_abs_logprob_diff": diff}
@@ -292,7 +305,6 @@ def fused(repeats: int) -> list[dict]:
 
     from grpo_rl.model.fused import fuse_projections
     from grpo_rl.model.loading import load_causal_lm
-    from grpo_rl.model.logprobs import sequence_logprobs
     from grpo_rl.model.precision import probe_bf16
 
     path, batch, prompt_lengths = _batch()
@@ -308,16 +320,10 @@ def fused(repeats: int) -> list[dict]:
     for name, bf16 in precisions:
 
         def policy(which, bf16=bf16):
-            model = models[which]
-            model.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                res = sequence_logprobs(model, batch, with_entropy=True, share_prompt=True)
-            res.logprobs.sum().backward()
-            return res.logprobs.detach()
+            return _policy_pass(models[which], batch, bf16)
 
         def reference(which, bf16=bf16):
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                return sequence_logprobs(models[which], batch, share_prompt=True).logprobs
+            return _reference_pass(models[which], batch, bf16)
 
         diff = float((policy("separate") - policy("fused")).abs().max())
         extra = {"max_abs_logprob_diff": diff}

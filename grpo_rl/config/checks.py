@@ -73,6 +73,17 @@ def _finite(key: str, value: float) -> None:
         raise ConfigError(f"{key}={value} must be a finite number")
 
 
+def fused_projection_blockers(cfg: Any) -> list[str]:
+    """The settings under which the learner's and the reference's projections cannot be fused (layers compiled,
+    wrapped by LoRA or sharded): grpo_rl/model/fused.py."""
+    blockers = {
+        "train.compile": parse_compile_mode(cfg.train.compile) != "false",
+        "model.lora.enabled": bool(cfg.model.lora.enabled),
+        "train_model.sharding=fsdp": cfg.train_model.sharding == "fsdp",
+    }
+    return [name for name, blocks in blockers.items() if blocks]
+
+
 def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
     """Check values that the schema's types cannot; raise :class:`ConfigError` naming the key and the fix.
     ``rewards``: reward functions given as Python objects (they count as the run's reward)."""
@@ -89,17 +100,12 @@ def check_values(cfg: Any, rewards: Sequence[Any] = ()) -> None:
             "train.packed_attention=prefix runs only in layers that are not compiled; set train.compile=false, "
             "or train.packed_attention=auto (prefix while eager, the dense mask once compiled)"
         )
-    if cfg.train.fused_projections:
-        blockers = {
-            "train.compile": parse_compile_mode(cfg.train.compile) != "false",
-            "model.lora.enabled": cfg.model.lora.enabled,
-            "train_model.sharding=fsdp": cfg.train_model.sharding == "fsdp",
-        }
-        if any(blockers.values()):
-            raise ConfigError(
-                f"train.fused_projections=true cannot run with {', '.join(k for k, v in blockers.items() if v)} "
-                "(compiled, adapter-wrapped or sharded layers); set train.fused_projections=false"
-            )
+    blockers = fused_projection_blockers(cfg)
+    if cfg.train.fused_projections and blockers:
+        raise ConfigError(
+            f"train.fused_projections=true cannot run with {', '.join(blockers)} "
+            "(compiled, adapter-wrapped or sharded layers); set train.fused_projections=false"
+        )
     _choice("optimizer.name", cfg.optimizer.name, OPTIMIZERS)
     for role in ("train_model", "ref_model"):
         if getattr(cfg, role).dtype is not None:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grpo_rl.algo.loss import LossSettings
-from grpo_rl.config.schema import parse_compile_mode
+from grpo_rl.config.checks import fused_projection_blockers
 from grpo_rl.errors import ConfigError
 from grpo_rl.model.fused import fuse_projections
 from grpo_rl.model.loading import load_causal_lm
@@ -84,12 +84,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
 def fuses_projections(cfg) -> bool:
     """Whether the learner's and the reference's projections are fused: ``train.fused_projections`` where the layers
     run eager and are neither adapter-wrapped nor sharded (the config checks refuse it elsewhere)."""
-    return (
-        bool(cfg.train.fused_projections)
-        and parse_compile_mode(cfg.train.compile) == "false"
-        and not cfg.model.lora.enabled
-        and cfg.train_model.sharding != "fsdp"
-    )
+    return bool(cfg.train.fused_projections) and not fused_projection_blockers(cfg)
 
 
 def _role_dtype(setting: str | None, bf16_precision: bool, model_dtype: str) -> str:
