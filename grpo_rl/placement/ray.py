@@ -116,7 +116,7 @@ def _init_on_loopback(**init_kwargs) -> None:
     os.environ[_RAY_LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
     try:
         # "local": an instance of its own, never one that RAY_ADDRESS or another process's `ray start` points at
-        ray.init(address="local", _node_ip_address=LOOPBACK, **init_kwargs)
+        _init_with_retries(lambda: ray.init(address="local", _node_ip_address=LOOPBACK, **init_kwargs))
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before_flag
         if before_env is None:
@@ -130,6 +130,50 @@ def _init_on_loopback(**init_kwargs) -> None:
             f"the local Ray instance took the node address {found}, not loopback: its servers would "
             f"listen beyond this machine (ray {ray.__version__}; see grpo_rl/placement/ray.py)"
         )
+
+
+START_ATTEMPTS = 3
+
+
+def _init_with_retries(init, attempts: int = START_ATTEMPTS) -> None:
+    """``init()``, started again where Ray's node did not come up in time.
+
+    Ray gives its raylet a fixed 30 s to register with its GCS; on a machine whose cores are all busy (another
+    run's import, a compile) it can take longer, and ``ray.init`` then raises with the processes it started still
+    running. Those are stopped before the next attempt, which picks new ports and a new session folder.
+    """
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, attempts + 1):
+        before = {p.pid for p in me.children(recursive=True)}
+        try:
+            init()
+            return
+        except Exception as e:
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            _stop_processes([p for p in me.children(recursive=True) if p.pid not in before])
+            log.warning(
+                "Ray's node did not start in time on a busy machine (%s); starting it again, %d of %d",
+                e,
+                attempt + 1,
+                attempts,
+            )
+
+
+def _stop_processes(processes) -> None:
+    """SIGTERM, then SIGKILL whatever is left after 5 s."""
+    import psutil
+
+    for p in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def stop_ray(started: bool) -> None:

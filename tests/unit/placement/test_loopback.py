@@ -197,3 +197,43 @@ def test_local_ray_instance_and_its_rendezvous_listen_on_loopback(monkeypatch):
             sync.close()
     finally:
         stop_ray(started)
+
+
+TIMED_OUT = "The current node timed out during startup. This could happen because some of the raylet failed to startup"
+
+
+def test_a_ray_start_that_timed_out_is_stopped_and_started_again(caplog):
+    """Ray's node start that overran Ray's fixed wait (a busy machine) leaves processes behind: they are stopped,
+    and the start is tried again; any other failure, or the last attempt's, is raised as it is."""
+    from grpo_rl.placement.ray import _init_with_retries
+
+    left: list[subprocess.Popen] = []
+
+    def slow_then_fine():
+        if not left:
+            left.append(subprocess.Popen(["sleep", "120"]))  # what the failed start left running
+            raise Exception(TIMED_OUT)
+
+    with caplog.at_level("WARNING", logger="grpo_rl.placement.ray"):
+        _init_with_retries(slow_then_fine)
+    assert left[0].wait(timeout=10) is not None  # stopped before the second start
+    assert "starting it again, 2 of 3" in caplog.text
+
+    calls = []
+
+    def always_slow():
+        calls.append(1)
+        raise Exception(TIMED_OUT)
+
+    with pytest.raises(Exception, match="timed out during startup"):
+        _init_with_retries(always_slow, attempts=2)
+    assert len(calls) == 2
+
+    def broken():
+        calls.append(1)
+        raise ValueError("num_cpus must not be provided")
+
+    calls.clear()
+    with pytest.raises(ValueError):
+        _init_with_retries(broken)
+    assert len(calls) == 1
