@@ -536,6 +536,31 @@ def _validate_env_path(path: Any) -> None:
         raise ConfigError(f"env.path={paths}: {bad[0]!r} is not a file path; list file paths only")
 
 
+def _loads_adapters(cfg: Any) -> bool:
+    return cfg.inference_model.engine == "vllm" and not cfg.simulate.enabled
+
+
+def lora_push(cfg: Any, served: bool, engine_on_gpu: bool) -> str:
+    """``model.lora.push`` resolved for engines that are vLLM servers (``served``) or not, on a GPU or the CPU:
+    ``adapter`` where the engine loads adapters itself (vLLM in the learner's process or a collector's) on a GPU,
+    ``merged`` otherwise. On the CPU vLLM applies an adapter with plain torch ops in every decoding step: with
+    SmolLM2-135M, r=16, an adapter push took 0.20 s against 1.53 s merged, but generation 4.1x as long
+    (benchmarks/micro/lora_push.py), so the CPU's default is merged.
+
+    Raises:
+        ConfigError: ``adapter`` asked of servers (sota/grpo.py serves a vLLM engine on a device of its own).
+    """
+    push = cfg.model.lora.push
+    if push == "adapter" and served:
+        raise ConfigError(
+            "model.lora.push=adapter with vLLM servers (in sota/grpo.py a vLLM engine on a device of its own "
+            "runs as a server), which take merged weights; set model.lora.push=auto"
+        )
+    if push == "auto":
+        return "adapter" if _loads_adapters(cfg) and not served and engine_on_gpu else "merged"
+    return push
+
+
 def _validate_lifecycle(cfg: Any) -> None:
     """LoRA, evaluation and logging settings."""
     lora = cfg.model.lora
@@ -546,6 +571,13 @@ def _validate_lifecycle(cfg: Any) -> None:
             raise ConfigError(f"model.lora.dropout={lora.dropout} must be in [0, 1)")
         if not lora.target_modules:
             raise ConfigError("model.lora.target_modules is empty; name modules (q_proj, v_proj, ...) or [all-linear]")
+        _choice("model.lora.push", lora.push, ("auto", "adapter", "merged"))
+        if lora.push == "adapter" and not _loads_adapters(cfg):
+            raise ConfigError(
+                f"model.lora.push=adapter with inference_model.engine={cfg.inference_model.engine}"
+                f"{' and simulate.enabled=true' if cfg.simulate.enabled else ''}: only a vLLM engine in the "
+                "learner's process or in a collector loads adapters; set model.lora.push=auto (merged weights)"
+            )
     ev = cfg.eval
     _positive("eval.every", ev.every, allow_zero=True)
     _positive("eval.num_prompts", ev.num_prompts)

@@ -28,8 +28,8 @@ def parse_compile_mode(value) -> str:
 @dataclass
 class LoraConfig:
     enabled: bool = False
-    """Train LoRA adapters (peft) instead of every weight; the reference is the base with adapters disabled,
-    and the engine and exports get merged weights. LoRA usually wants a larger optimizer.lr (1e-4 to 1e-3)."""
+    """Train LoRA adapters (peft) instead of every weight; the reference is the base with adapters disabled, and
+    exports get merged weights. LoRA usually wants a larger optimizer.lr (1e-4 to 1e-3)."""
     r: int = 16
     """Adapter rank."""
     alpha: float = 32.0
@@ -40,6 +40,12 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names to adapt, or [all-linear]."""
+    push: str = "auto"
+    """What a weight push carries to the rollout engines: adapter (the adapter alone, which vLLM applies to its
+    base weights: a few MB where the merged model is the whole model) | merged (the weights with the adapter folded
+    in) | auto (adapter where the engine is vLLM on a GPU, in the learner's process or in a collector; merged for
+    vLLM servers, the transformers engine, and on the CPU, where vLLM's adapter kernels made sampling 4.1x slower:
+    benchmarks/micro/lora_push.py)."""
 
 
 @dataclass

@@ -85,12 +85,13 @@ class LearnerRank:
         return {**metrics, "version": self.learner.version, "skipped_steps": self.learner.skipped_steps}
 
     def _full_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """The whole model's weights in HF naming; sharded ranks gather them (every rank must call this)."""
+        """What a push carries (the whole model's weights in HF naming, or a LoRA adapter); sharded ranks gather
+        them (every rank must call this)."""
         if self.sharded:
             from grpo_rl.distributed.sharding import full_named_weights
 
             return full_named_weights(self.learner.model)
-        return [(k, v.detach().to("cpu")) for k, v in self.learner.named_weights()]
+        return [(k, v.detach().to("cpu")) for k, v in self.learner.weights_for_push()]
 
     def weight_packet(self) -> WeightPacket | None:
         """Rank 0 puts the weights into the object store; the other ranks only take part in the gather."""

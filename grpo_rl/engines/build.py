@@ -38,8 +38,12 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
         return make_served_engine(run, fleet.urls if fleet is not None else None)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
-        from grpo_rl.engines.vllm_engine import VLLMEngine
+        from grpo_rl.engines.vllm_engine import AdapterSlots, VLLMEngine
 
+        lora = run.cfg.model.lora
+        # versions in use at once: one, or as many as the staleness bound lets be in flight
+        slots = run.cfg.pipeline.max_staleness + 1 if run.mode == "async" else 1
+        adapters = AdapterSlots(lora.alpha, lora.r, slots) if lora.enabled and lora.push == "adapter" else None
         return VLLMEngine(
             run.model_path,
             device,
@@ -49,6 +53,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            adapters=adapters,
             **kwargs,
         )
     from grpo_rl.engines.transformers_engine import TransformersEngine

@@ -19,6 +19,11 @@ old weights would otherwise be reused for shared prompt prefixes. Each reload ma
 cache was not in the weights (it is a buffer; vLLM keeps its own, the correct result): :mod:`grpo_rl.quiet`
 drops that line with the other known start-up noise.
 
+A LoRA run whose pushes carry the adapter alone (``model.lora.push``, :mod:`grpo_rl.model.lora`) starts the engine
+with ``enable_lora``: each push becomes a new adapter version (:class:`AdapterVersions`), every request added after
+it samples with it, and a request keeps the version it started with to its end, so an answer never changes adapter
+part-way (the slots hold as many versions as the staleness bound lets be in flight at once).
+
 Log-probs are ``processed_logprobs``: log-softmax of the logits the sampler drew from, temperature-scaled and
 then truncated by top-k and top-p (tokens outside get -inf, the kept ones are renormalised), which is what the
 learner recomputes (``logits / temperature`` under the same truncation, :mod:`grpo_rl.model.vocab`).
@@ -29,14 +34,20 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
 from grpo_rl import quiet
 from grpo_rl.engines.base import GroupRequest, SamplingSpec, check_room, pack_rollouts
+from grpo_rl.engines.weight_folder import RunFolder, default_parent
+from grpo_rl.model.lora import is_adapter_push, write_adapter
 from grpo_rl.placement.ray import on_loopback
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
+        adapters: AdapterSlots | None = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -82,6 +94,9 @@ class VLLMEngine:
         # collections the walk over them: SmolLM2-135M's engine started in 5.3 s instead of 6.9 on a 2-core AMD EPYC
         # with AVX2 (benchmarks/micro/engine_start.py).
         gc.freeze()
+        lora = {}
+        if adapters is not None:
+            lora = dict(enable_lora=True, max_lora_rank=adapters.max_rank, max_loras=adapters.slots)
         with on_loopback():  # vLLM's one-rank group listens only on loopback, whatever the host name resolves to
             self.llm = LLM(
                 model=model_path,
@@ -99,7 +114,9 @@ class VLLMEngine:
                 enable_chunked_prefill=False,
                 max_num_batched_tokens=max(8192, max_model_len),
                 use_tqdm_on_load=quiet.verbose(),
+                **lora,
             )
+        self.adapters = AdapterVersions(adapters) if adapters is not None else None
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -108,7 +125,9 @@ class VLLMEngine:
             self._params(n, sampling, None if sampling.seed is None else sampling.seed + i * n)
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False, lora_request=self._adapter()
+        )
         return self._pack(prompts, outputs, n)
 
     def stream(
@@ -129,6 +148,7 @@ class VLLMEngine:
                         prompts=[{"prompt_token_ids": list(request.prompt)}],
                         params=[self._params(n, sampling, request.seed)],
                         use_tqdm=False,
+                        lora_request=self._adapter(),
                     )
                     if not internal.startswith(request_id):
                         raise RuntimeError(f"vLLM named request {request_id} {internal!r}: this vLLM is not supported")
@@ -171,9 +191,21 @@ class VLLMEngine:
                 truncated.append(completion.finish_reason == "length")  # "stop": an end token or stop string
         return pack_rollouts(prompts, responses, logprobs, truncated, n, self.pad_id)
 
+    def _adapter(self):
+        """The newest adapter version's request (None: the base weights, before the first adapter push)."""
+        return self.adapters.newest if self.adapters is not None else None
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         # In the engine's dtype: a bf16 engine gets bf16 tensors (half the bytes, and no per-tensor dtype warning).
         weights = [(name, t.detach().to(self.dtype)) for name, t in named_tensors]
+        if is_adapter_push(name for name, _ in weights):
+            if self.adapters is None:
+                raise RuntimeError("an adapter push reached a vLLM engine started without adapters (model.lora.push)")
+            # loaded now, not by the first request that names it
+            self.llm.llm_engine.add_lora(self.adapters.add(weights, version))
+            if self.adapters.pushes == 1:
+                log.info("weight pushes carry the LoRA adapter alone: %.1f MB a push", self.adapters.bytes / 1e6)
+            return
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
 
@@ -185,3 +217,53 @@ class VLLMEngine:
             if core is not None and hasattr(core, "shutdown"):
                 core.shutdown()
             del llm
+        if self.adapters is not None:
+            self.adapters.close()
+
+
+@dataclass(frozen=True)
+class AdapterSlots:
+    """What a vLLM engine that applies pushed adapters is started with: the adapters' ``alpha`` (their config is
+    otherwise read off the tensors), the largest rank, and how many versions may be in use at once."""
+
+    alpha: float
+    rank: int
+    slots: int = 1
+
+    @property
+    def max_rank(self) -> int:
+        """The least rank vLLM accepts as a maximum that holds ``rank``."""
+        return next(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= self.rank)
+
+
+class AdapterVersions:
+    """The adapters pushed to one engine: each a peft folder inside a private folder of the engine's own (a
+    :class:`~grpo_rl.engines.weight_folder.RunFolder`: mode 0700, in memory where ``/dev/shm`` is, swept by a later
+    engine if a killed one left it), named to vLLM by a number that only grows (a version pushed again, as after a
+    resume, is a new adapter to vLLM). The folders of the newest ``2 * slots + 1`` pushes are kept: vLLM reads a
+    folder again when it evicted the adapter from its cache while a request that names it was still waiting."""
+
+    def __init__(self, spec: AdapterSlots):
+        self.spec = spec
+        self._folder = RunFolder(default_parent())
+        self.root = self._folder.path
+        self.pushes = 0
+        self.newest = None
+        self.bytes = 0
+        self._folders: deque[Path] = deque()
+
+    def add(self, weights: list[tuple[str, torch.Tensor]], version: int | None):
+        """Write ``weights`` as the next adapter; the ``LoRARequest`` that names it."""
+        from vllm.lora.request import LoRARequest
+
+        self.pushes += 1
+        folder = self.root / f"{self.pushes:08d}"
+        self.bytes = write_adapter(folder, dict(weights), self.spec.alpha)
+        self._folders.append(folder)
+        while len(self._folders) > 2 * self.spec.slots + 1:
+            shutil.rmtree(self._folders.popleft(), ignore_errors=True)
+        self.newest = LoRARequest(f"policy-{self.pushes}-v{version}", self.pushes, str(folder))
+        return self.newest
+
+    def close(self) -> None:
+        self._folder.close()

@@ -5,10 +5,13 @@
 * The reference model is the same module with its adapters switched off (``PeftModel.disable_adapter()``),
   not a second copy: :class:`AdapterDisabledRefScorer`. Since ``B`` starts at zero, the reference is exactly
   the initial policy, as with a separate frozen copy, and the KL to it starts at 0.
-* The engine and exported folders get merged weights ``W + (alpha / r) B A`` under the plain HF names
-  (:func:`merged_state_dict`). They are computed out of place: the trainable model keeps its adapters and
-  its unmerged base weights bit for bit (peft's ``merge``/``unmerge`` round trip would perturb them by
-  rounding on every push).
+* Exported folders, and engines that cannot apply adapters, get merged weights ``W + (alpha / r) B A`` under the
+  plain HF names (:func:`merged_state_dict`). They are computed out of place: the trainable model keeps its
+  adapters and its unmerged base weights bit for bit (peft's ``merge``/``unmerge`` round trip would perturb them
+  by rounding on every push).
+* A vLLM engine applies the adapter itself (``model.lora.push``): a push then carries the adapter's tensors alone
+  (:func:`adapter_named_weights`, peft's names), which the engine writes as a peft folder
+  (:func:`write_adapter`) and loads as a new LoRA version; its base weights never change.
 
 Departure from the paper: none beyond peft's defaults (Kaiming-uniform ``A``, zero ``B``, dropout on the
 adapter input only). DoRA and adapters on embeddings are not supported by the merge.
@@ -84,6 +87,49 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def hf_named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs in HF naming for a weight push: merged for a LoRA model, the model's own otherwise."""
     return merged_state_dict(model).items()
+
+
+def adapter_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The adapter's ``(name, tensor)`` pairs as peft saves them (``base_model.model.<module>.lora_A.weight``):
+    what an adapter push carries."""
+    from peft.utils import get_peft_model_state_dict
+
+    return [(name, t.detach()) for name, t in get_peft_model_state_dict(model).items()]
+
+
+def is_adapter_push(names: Iterable[str]) -> bool:
+    """Whether a push of tensors named ``names`` carries an adapter (every name a LoRA matrix) and no base weight."""
+    names = list(names)
+    return bool(names) and all(".lora_A." in n or ".lora_B." in n for n in names)
+
+
+def write_adapter(out_dir: str | Path, named: dict[str, torch.Tensor], alpha: float) -> int:
+    """Write the adapter tensors ``named`` (:func:`adapter_named_weights`) as a peft folder that vLLM loads: the
+    weights, and a config whose rank and target modules are read off them; the bytes written."""
+    import json
+
+    from safetensors.torch import save_file
+
+    ranks = {t.shape[0] for n, t in named.items() if ".lora_A." in n}
+    if len(ranks) != 1:
+        raise ValueError(f"adapter tensors of ranks {sorted(ranks)}: one rank expected")
+    targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in named})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": ranks.pop(),
+        "lora_alpha": alpha,
+        "target_modules": targets,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True)
+    save_file({n: t.contiguous() for n, t in named.items()}, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return sum(f.stat().st_size for f in out.iterdir())
 
 
 def save_merged_pretrained(model: torch.nn.Module, out_dir: str | Path) -> None:

@@ -236,11 +236,13 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
         push = PushPolicy(every=None if shared else 1, stop_between_phases=True)
     else:
         # The actors (collectors, reference replicas) start while the driver loads the learner: one wait for all.
+        # A reference in the driver is built after the learner (a LoRA learner's model is its reference).
+        ref_actors = run.placement.reference is not None and run.placement.reference.actors
         rollouts, reference = _collecting_source(
             run,
             env,
             engine=None,
-            reference=make_reference(run, restarts=restarts, wait=False),
+            reference=make_reference(run, restarts=restarts, wait=False) if ref_actors else None,
             evaluator=None,
             fleet=fleet,
             restarts=restarts,
@@ -251,6 +253,8 @@ def make_roles(run: RunContext, env, eval_env, cleanup: contextlib.ExitStack) ->
         seed_everything(cfg.seed)
         learner = make_learner(run)
         cleanup.callback(learner.shutdown)
+        if not ref_actors:
+            reference = make_reference(run, learner)
         rollouts.wait_started()  # and its reference stage, and the weight sync to its collectors
         weight_sync = rollouts.weight_sync
         push = PushPolicy(every=cfg.pipeline.push_every, stop_between_phases=False)

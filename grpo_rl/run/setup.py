@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from grpo_rl.config.checks import lora_push
 from grpo_rl.config.schema import needs_reference_model
 from grpo_rl.config.torchrl_keys import describe_torchrl_keys, resolve_torchrl_keys
 from grpo_rl.envs import make_env
@@ -53,6 +54,9 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     precision = resolve_run_precision(cfg, devices)
     check_roles(cfg, devices, precision, mode)
     placement = plan_placement(cfg, devices, mode)
+    if cfg.model.lora.enabled:  # auto -> what the engines take: the learner pushes it, the engines expect it
+        engine_on_gpu = devices.inference[0].type == "cuda"
+        cfg.model.lora.push = lora_push(cfg, served=placement.served, engine_on_gpu=engine_on_gpu)
     run_dir = Path(run_dir)
     check_run_folder(cfg, run_dir)
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)

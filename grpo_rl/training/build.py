@@ -78,6 +78,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         attention=cfg.train.packed_attention,
         compile=cfg.train.compile,
         total_steps=cfg.train.steps,
+        push_adapter=cfg.model.lora.enabled and cfg.model.lora.push == "adapter",  # resolved by make_run
     )
 
 

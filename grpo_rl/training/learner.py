@@ -32,7 +32,7 @@ from grpo_rl.algo.loss import LossSettings, grpo_loss
 from grpo_rl.config.schema import parse_compile_mode
 from grpo_rl.model.compile import CompileDecision, compile_model
 from grpo_rl.model.logprobs import sequence_logprobs
-from grpo_rl.model.lora import hf_named_weights, is_lora
+from grpo_rl.model.lora import adapter_named_weights, hf_named_weights, is_lora
 from grpo_rl.model.optim import make_optimizer
 from grpo_rl.model.packing import group_micro_batches, micro_batches
 
@@ -84,8 +84,10 @@ class Learner:
         attention: str = "auto",
         compile: str = "false",
         total_steps: int = 0,
+        push_adapter: bool = False,
     ):
         self.model = model
+        self.push_adapter = push_adapter  # a LoRA model's pushes carry its adapter alone (model.lora.push)
         self.device = device
         self.loss = loss
         self.max_grad_norm = max_grad_norm
@@ -273,9 +275,9 @@ class Learner:
         return hf_named_weights(self.model)
 
     def weights_for_push(self):
-        """What a :class:`~grpo_rl.weights.sync.WeightSync` pushes: :meth:`named_weights` (a data-parallel group
-        hands over a packet already in the object store instead)."""
-        return self.named_weights()
+        """What a :class:`~grpo_rl.weights.sync.WeightSync` pushes: :meth:`named_weights`, or a LoRA model's adapter
+        alone where the engines apply it (a data-parallel group hands over a packet already in the object store)."""
+        return adapter_named_weights(self.model) if self.push_adapter else self.named_weights()
 
     def state_dict(self) -> dict:
         return {

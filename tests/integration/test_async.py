@@ -65,12 +65,13 @@ def run_script(script: str, overrides: list[str], timeout: float = 240) -> subpr
     return proc
 
 
-@pytest.mark.parametrize("transport", ["object_store", "collective"])
+@pytest.mark.parametrize("transport", ["object_store", "collective", "object_store+lora"])
 def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_path, monkeypatch, transport):
     """Engine log-probs (in the collector actor) equal the learner's own (here) for the same tokens, 1e-4, after
-    pushes through either transport (collective: a gloo broadcast across processes, the code NCCL runs on GPUs);
-    a collector that dies, with no replacements allowed, makes the learner's wait raise, naming it, instead of hang
-    (replacements: tests/integration/test_healing.py)."""
+    pushes through either transport (collective: a gloo broadcast across processes, the code NCCL runs on GPUs),
+    and of a LoRA learner's adapter alone (model.lora.push=adapter, vLLM in a collector); a collector that
+    dies, with no replacements allowed, makes the learner's wait raise, naming it, instead of hang (replacements:
+    tests/integration/test_healing.py)."""
     import contextlib
 
     from omegaconf import OmegaConf
@@ -93,14 +94,21 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
                 **{
                     "pipeline.max_staleness": 0,
                     "pipeline.buffer_capacity": 1,
-                    "pipeline.weight_transport": transport,
+                    "pipeline.weight_transport": transport.split("+")[0],
                     "pipeline.timeout_seconds": 300,
                     "pipeline.max_restarts": 0,
+                    **(
+                        {"model.lora.enabled": True, "model.lora.r": 4, "model.lora.push": "adapter"}
+                        if transport.endswith("+lora")
+                        else {}
+                    ),
                 },
             )
         ),
     )
     run = make_run(cfg, tmp_path, mode="async")
+    lora = transport.endswith("+lora")
+    assert cfg.model.lora.push == ("adapter" if lora else "auto")
     with contextlib.ExitStack() as cleanup:
         start_roles(run, cleanup)
         rollouts, _ = make_rollout_source(run, make_env(cfg, run.tokenizer, devices=run.devices))
@@ -121,9 +129,12 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
             torch.manual_seed(version)
             with torch.no_grad():
                 for p in learner.model.parameters():
-                    p.add_(0.05 * torch.randn_like(p))
+                    if p.requires_grad:  # a LoRA learner's adapter alone: its base stays the engine's
+                        p.add_(0.05 * torch.randn_like(p))
             learner.version = version
-            sync.push(learner.weights_for_push(), version)
+            pushed = learner.weights_for_push()
+            assert all(".lora_" in name for name, _ in pushed) == lora
+            sync.push(pushed, version)
             after = rollouts.next_batch(version).batch  # max_staleness=0: only samples of the pushed version pass
             assert bool((after["policy_version"] == version).all())
             assert max_gap(after) < 1e-4, f"engine and learner disagree after push {version}"
@@ -134,6 +145,39 @@ def test_engine_in_actor_matches_learner_after_each_push(tiny_model_dir, tmp_pat
         ray.kill(rollouts.collectors[0])
         with pytest.raises(RoleFailed, match="collector replica 0"):
             rollouts.next_batch(99)
+
+
+def test_a_lora_run_pushes_its_adapter_to_vllm_in_the_collector(tiny_model_dir, tmp_path):
+    """A LoRA run of the asynchronous script with a KL penalty: its reference is the learner's own model with the
+    adapters off (built after the learner, in the driver), and its pushes carry the adapter alone into the
+    collector's vLLM (model.lora.push=adapter)."""
+    from tests.integration.test_resume import REWARD_FILE  # rewards that vary within a group: the policy moves
+
+    run_dir, reward = tmp_path / "lora", tmp_path / "rewards.py"
+    reward.write_text(REWARD_FILE)
+    run_script(
+        "grpo-async.py",
+        tiny_overrides(
+            tiny_model_dir,
+            run_dir,
+            **{
+                "train.steps": 3,
+                "model.lora.enabled": True,
+                "model.lora.r": 4,
+                "model.lora.push": "adapter",
+                "policy.kl_coef": 0.05,
+                "optimizer.lr": 0.01,  # the adapter moves far in a step: a stale one in the engine would show
+                "pipeline.max_staleness": 0,  # each batch sampled by the policy it trains
+                "reward.path": str(reward),
+                "reward.name": "early_letters",
+            },
+        ),
+    )
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["policy_version"] == 3
+    assert rows[-1]["kl_ref"] > 0  # the reference (adapters off) is no longer the policy
+    # the engine sampled with the learner's adapter (an engine one adapter behind: KL of the order of kl_ref)
+    assert all(abs(r["kl_engine"]) < 1e-5 for r in rows), [r["kl_engine"] for r in rows]
 
 
 def test_async_script_bounds_staleness_and_buffer(tiny_model_dir, tmp_path):

@@ -122,3 +122,71 @@ def test_lora_checkpoint_round_trip(tiny_model, tiny_model_dir, tokenizer, tmp_p
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="LoRA"):
         load_model_weights(path, load_causal_lm(str(tiny_model_dir), CPU))
+
+
+def test_a_written_adapter_is_the_trained_one_to_peft(tiny_model_dir, tmp_path):
+    """An adapter push, written as a peft folder with its config read off the tensors, is the trained adapter:
+    peft loads it onto the base model and computes what the trained model does."""
+    from peft import PeftModel
+
+    from grpo_rl.model.lora import adapter_named_weights, is_adapter_push, write_adapter
+
+    torch.manual_seed(0)
+    model = _lora(load_causal_lm(str(tiny_model_dir), CPU, "float32", trainable=True))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)  # B starts at 0: without this the adapter would change nothing
+    named = adapter_named_weights(model)
+    assert is_adapter_push(n for n, _ in named) and not is_adapter_push(merged_state_dict(model))
+    assert not is_adapter_push([])
+    written = write_adapter(tmp_path / "adapter", dict(named), alpha=8.0)
+    assert written > sum(t.numel() * 4 for _, t in named)  # the fp32 tensors and a config
+    loaded = PeftModel.from_pretrained(load_causal_lm(str(tiny_model_dir), CPU, "float32"), tmp_path / "adapter")
+    ids = torch.tensor([[1, 5, 9, 200, 17, 3]])
+    with torch.no_grad():
+        base = load_causal_lm(str(tiny_model_dir), CPU, "float32")(input_ids=ids).logits
+        want = model.eval()(input_ids=ids).logits
+        got = loaded.eval()(input_ids=ids).logits
+    assert (want - base).abs().max() > 1e-3
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("engine", "served", "on_gpu", "push", "resolved"),
+    [
+        ("vllm", False, True, "auto", "adapter"),
+        ("vllm", False, False, "auto", "merged"),  # vLLM's adapter kernels on the CPU: sampling 4.1x slower
+        ("vllm", True, True, "auto", "merged"),  # sota/grpo.py serves a vLLM engine on a device of its own
+        ("transformers", False, True, "auto", "merged"),
+        ("vllm", False, True, "merged", "merged"),
+        ("vllm", False, False, "adapter", "adapter"),
+    ],
+)
+def test_what_a_lora_push_carries_follows_the_engine(engine, served, on_gpu, push, resolved):
+    from grpo_rl.config.checks import lora_push
+    from tests.unit.helpers import compose_config
+
+    cfg = compose_config(["model.lora.enabled=true", f"inference_model.engine={engine}", f"model.lora.push={push}"])
+    assert lora_push(cfg, served=served, engine_on_gpu=on_gpu) == resolved
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["inference_model.engine=transformers"], "inference_model.engine=transformers"),
+        (["inference_model.engine=vllm_server"], "inference_model.engine=vllm_server"),
+        (["simulate.enabled=true"], "simulate.enabled=true"),
+    ],
+)
+def test_an_adapter_push_to_an_engine_that_cannot_load_one_is_refused(overrides, named):
+    from grpo_rl.config.checks import check_values, lora_push
+    from grpo_rl.errors import ConfigError
+    from tests.unit.helpers import compose_config
+
+    cfg = compose_config(["model.lora.enabled=true", "model.lora.push=adapter", *overrides])
+    with pytest.raises(ConfigError, match=f"model.lora.push=adapter with .*{named.split('=')[1]}.*push=auto"):
+        check_values(cfg)
+    served = compose_config(["model.lora.enabled=true", "model.lora.push=adapter"])
+    with pytest.raises(ConfigError, match="vLLM servers"):
+        lora_push(served, served=True, engine_on_gpu=True)
