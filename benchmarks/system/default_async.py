@@ -2,6 +2,7 @@
 embedded model, GSM8K), seed and steps in both checkouts, and what each trace shows.
 
     python benchmarks/system/default_async.py --base 55844e4 --steps 8
+    python benchmarks/system/default_async.py --base HEAD --base-overrides pipeline.whole_batches=true  # whole batches
 
 ``--base`` is checked out into a temporary git worktree; the two runs go one after the other (base first), each with
 the machine to itself. Per run it prints trained samples per second (the learner's, steps 2 on: the first waits for
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="the commit to compare against (any git revision)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--base-overrides", nargs="*", default=[], help="Hydra overrides for the base run only")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, given to both runs")
     args = parser.parse_args()
     overrides = [f"train.steps={args.steps}", f"seed={args.seed}", "logger.backend=none", *args.overrides]
@@ -65,7 +67,8 @@ def main() -> None:
         with checkout(args.base, Path(tmp) / "base") as base_root:
             for side, root in (("base", base_root), ("head", ROOT)):
                 run_dir = Path(tmp) / side
-                rows = run_script("grpo-async.py", overrides, run_dir=run_dir, root=root).rows
+                own = args.base_overrides if side == "base" else []
+                rows = run_script("grpo-async.py", [*overrides, *own], run_dir=run_dir, root=root).rows
                 results[side] = summary(rows)
                 trace = run_dir / "trace.json"
                 results[side]["phases"] = trace_phases(trace) if trace.exists() else {}
