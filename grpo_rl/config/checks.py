@@ -544,8 +544,9 @@ def lora_push(cfg: Any, served: bool, engine_on_gpu: bool) -> str:
     """``model.lora.push`` resolved for engines that are vLLM servers (``served``) or not, on a GPU or the CPU:
     ``adapter`` where the engine loads adapters itself (vLLM in the learner's process or a collector's) on a GPU,
     ``merged`` otherwise. On the CPU vLLM applies an adapter with plain torch ops in every decoding step: with
-    SmolLM2-135M, r=16, an adapter push took 0.20 s against 1.53 s merged, but generation 4.1x as long
-    (benchmarks/micro/lora_push.py), so the CPU's default is merged.
+    SmolLM2-135M, r=16, on a 2-core AMD EPYC with AVX2, an adapter push took 0.20 s against 1.53 s merged, but
+    generation 4.1x as long (benchmarks/micro/lora_push.py), so the CPU's default is merged (measured on AVX2 only;
+    a push saves about a second where every decoding step pays).
 
     Raises:
         ConfigError: ``adapter`` asked of servers (sota/grpo.py serves a vLLM engine on a device of its own).
@@ -559,6 +560,12 @@ def lora_push(cfg: Any, served: bool, engine_on_gpu: bool) -> str:
     if push == "auto":
         return "adapter" if _loads_adapters(cfg) and not served and engine_on_gpu else "merged"
     return push
+
+
+def pushes_adapter(cfg: Any) -> bool:
+    """Whether the run's weight pushes carry the LoRA adapter alone (``model.lora.push`` as ``make_run`` resolved
+    it): the learner sends what the engines are started to take."""
+    return bool(cfg.model.lora.enabled) and cfg.model.lora.push == "adapter"
 
 
 def _validate_lifecycle(cfg: Any) -> None:

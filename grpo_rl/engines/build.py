@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from grpo_rl.config.checks import pushes_adapter
 from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
 from grpo_rl.engines.server_client import model_identity
 from grpo_rl.engines.vllm_plugin import KEY_ENV
@@ -43,7 +44,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
         lora = run.cfg.model.lora
         # versions in use at once: one, or as many as the staleness bound lets be in flight
         slots = run.cfg.pipeline.max_staleness + 1 if run.mode == "async" else 1
-        adapters = AdapterSlots(lora.alpha, lora.r, slots) if lora.enabled and lora.push == "adapter" else None
+        adapters = AdapterSlots(lora.alpha, lora.r, slots) if pushes_adapter(run.cfg) else None
         return VLLMEngine(
             run.model_path,
             device,

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import get_args
 
 import torch
 from tensordict import TensorDict
@@ -233,7 +234,9 @@ class AdapterSlots:
     @property
     def max_rank(self) -> int:
         """The least rank vLLM accepts as a maximum that holds ``rank``."""
-        return next(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= self.rank)
+        from vllm.config.lora import MaxLoRARanks
+
+        return min(r for r in get_args(MaxLoRARanks) if r >= self.rank)
 
 
 class AdapterVersions:
@@ -246,7 +249,6 @@ class AdapterVersions:
     def __init__(self, spec: AdapterSlots):
         self.spec = spec
         self._folder = RunFolder(default_parent())
-        self.root = self._folder.path
         self.pushes = 0
         self.newest = None
         self.bytes = 0
@@ -257,7 +259,7 @@ class AdapterVersions:
         from vllm.lora.request import LoRARequest
 
         self.pushes += 1
-        folder = self.root / f"{self.pushes:08d}"
+        folder = self._folder.path / f"{self.pushes:08d}"
         self.bytes = write_adapter(folder, dict(weights), self.spec.alpha)
         self._folders.append(folder)
         while len(self._folders) > 2 * self.spec.slots + 1:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grpo_rl.algo.loss import LossSettings
-from grpo_rl.config.checks import fused_projection_blockers
+from grpo_rl.config.checks import fused_projection_blockers, pushes_adapter
 from grpo_rl.errors import ConfigError
 from grpo_rl.model.fused import fuse_projections
 from grpo_rl.model.loading import load_causal_lm
@@ -78,7 +78,7 @@ def make_local_learner(run: RunContext, *, shard=None) -> Learner:
         attention=cfg.train.packed_attention,
         compile=cfg.train.compile,
         total_steps=cfg.train.steps,
-        push_adapter=cfg.model.lora.enabled and cfg.model.lora.push == "adapter",  # resolved by make_run
+        push_adapter=pushes_adapter(cfg),
     )
 
 

@@ -156,7 +156,7 @@ def test_a_written_adapter_is_the_trained_one_to_peft(tiny_model_dir, tmp_path):
     ("engine", "served", "on_gpu", "push", "resolved"),
     [
         ("vllm", False, True, "auto", "adapter"),
-        ("vllm", False, False, "auto", "merged"),  # vLLM's adapter kernels on the CPU: sampling 4.1x slower
+        ("vllm", False, False, "auto", "merged"),  # vLLM's CPU adapter kernels: sampling 4.1x slower (AVX2)
         ("vllm", True, True, "auto", "merged"),  # sota/grpo.py serves a vLLM engine on a device of its own
         ("transformers", False, True, "auto", "merged"),
         ("vllm", False, True, "merged", "merged"),
