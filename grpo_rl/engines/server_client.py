@@ -30,6 +30,12 @@ SERVE_HINT = (
     "(docs/pipeline.md, 'Server mode')"
 )
 
+# How long an idle pooled connection is reused. vLLM's server closes one after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s),
+# httpx's own default is the same 5 s: a request sent on a connection the server is closing at that moment fails
+# with "Server disconnected without sending a response". Dropping idle connections well before the server does
+# costs a reconnect (a Unix socket or a TLS handshake) and removes the race.
+IDLE_CONNECTION_SECONDS = 2.0
+
 
 class ServerClient:
     """One server's HTTP client: every call has a timeout, every failure names the server in one line.
@@ -45,7 +51,9 @@ class ServerClient:
 
         self.url = url.rstrip("/")
         self.key, self.timeout, self.ca_certs = key, timeout, ca_certs
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        limits = httpx.Limits(
+            max_connections=256, max_keepalive_connections=64, keepalive_expiry=IDLE_CONNECTION_SECONDS
+        )
         if self.url.startswith("unix:"):
             transport = httpx.HTTPTransport(uds=self.url[len("unix:") :], limits=limits)
             self._http = httpx.Client(

@@ -287,3 +287,49 @@ def test_nccl_joins_the_learner_and_one_server_only(monkeypatch):
     }
     with pytest.raises(ConfigError, match="joins the learner and one server"):
         check_engine(_cfg(**two), _devices("cuda:0", "cuda:1"))
+
+
+def test_an_idle_connection_is_dropped_before_the_server_would_close_it():
+    """vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); a request the client sends on
+    it just then fails with "Server disconnected without sending a response". The client reuses a connection only
+    while it has been idle for less than ``IDLE_CONNECTION_SECONDS``, well below those 5 s."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from grpo_rl.engines.server_client import IDLE_CONNECTION_SECONDS, ServerClient
+
+    connections = []
+
+    class KeepAlive(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps the connection open between requests, as vLLM's server does
+
+        def setup(self):
+            super().setup()
+            connections.append(self.client_address)
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = ServerClient(f"http://127.0.0.1:{server.server_address[1]}", key=None, timeout=10)
+    try:
+        client.get("/a")
+        client.get("/b")  # at once: the same connection
+        assert len(connections) == 1
+        time.sleep(IDLE_CONNECTION_SECONDS + 0.5)
+        client.get("/c")  # idle past the client's limit, still within the server's 5 s: a new connection
+        assert len(connections) == 2
+        assert IDLE_CONNECTION_SECONDS <= 5 / 2
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
