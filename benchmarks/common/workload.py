@@ -13,7 +13,7 @@ import sys
 
 from benchmarks.common import ROOT
 
-# The workload.
+# The workload both sides run.
 WORKLOAD = dict(
     model="embedded:smollm2-135m-instruct",
     prompts_per_step=4,

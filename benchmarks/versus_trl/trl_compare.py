@@ -6,9 +6,9 @@
     .venv/bin/python benchmarks/versus_trl/trl_compare.py --round ours:fp32-unpacked,ours:fp32   # a lever, ours only
     .venv/bin/python benchmarks/versus_trl/trl_compare.py --round ours:best,ours:fp32 --steps 30 --warmup 0  # curves
 
-Workload (the issue's): SmolLM2-135M-Instruct, seed 0; 4 GSM8K train prompts per step x 4 samples, 64 new
-tokens, temperature 1.0; KL coefficient 0.04 against a reference model; learning rate 1e-6; ``--warmup`` (1)
-untimed step, then ``--steps`` (5) timed optimizer steps. Both sides do the full work of every step: sample,
+Workload: SmolLM2-135M-Instruct, seed 0; 4 GSM8K train prompts per step x 4 samples, 64 new
+tokens, temperature 1.0; KL coefficient 0.04 against a reference model; learning rate 1e-6; ``--warmup`` (3)
+untimed steps, then ``--steps`` (5) timed optimizer steps. Both sides do the full work of every step: sample,
 score with the reward, reference log-probs, policy forward and backward, optimizer step (and, on our side,
 pushing the new weights into the vLLM engine). Both see the same prompts in the same order (checked every
 step) and the same reward: GSM8K correctness (1.0) + the '#### N' format (0.5) + brevity (0.25), see
@@ -417,7 +417,12 @@ def main() -> None:
         help="comma-separated arms alternated step by step (repeatable); default: " + " then ".join(DEFAULT_ROUNDS),
     )
     parser.add_argument("--steps", type=int, default=5, help="timed optimizer steps per arm")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (vLLM compiles on its first)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed steps first: a process runs its first train_step calls slower (system/train_phase.py)",
+    )
     parser.add_argument(
         "--threads",
         type=int,

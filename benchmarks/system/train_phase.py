@@ -1,0 +1,186 @@
+"""The training phase inside a run against the same ``train_step`` out of it: where the run's extra time comes from.
+
+    .venv/bin/python benchmarks/system/train_phase.py                         # bf16 (ours:best), 1 + 4 steps
+    .venv/bin/python benchmarks/system/train_phase.py --precision float32 --steps 6
+    .venv/bin/python benchmarks/system/train_phase.py --flush-denormal        # the same with denormals flushed
+
+Runs ``versus_trl/_ours_worker.py``'s synchronous step (the workload's vLLM engine, reference, learner, weight push)
+and times the learner's ``train_step`` three ways on every step's batch, each from the same learner state (weights,
+AdamW moments and schedule restored between them):
+
+* ``run``: the call the step makes, right after generation and reference scoring (``training_seconds``);
+* ``again``: the same call on the same batch at once, so every kernel, buffer and page it needs is warm;
+* ``random``: the same shapes and masks with random answer ids and advantages (as ``micro/learner_levers.py``
+  times ``train_step`` alone), which keeps the shapes and changes only the values.
+
+``run`` > ``again`` is time spent getting ready for a new batch (kernels built for new shapes, memory faulted in
+after the engine and the reference ran); ``again`` > ``random`` is time the values themselves cost (the kernels'
+speed on the run's log-probs, such as denormal floats). Writes ``benchmarks/results/train_phase.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.common, grpo_rl
+
+from benchmarks.common import RESULTS  # noqa: E402
+from benchmarks.common.machine import announce_machine, machine, set_threads  # noqa: E402
+from benchmarks.common.workload import REWARD_WEIGHTS, brevity  # noqa: E402
+from benchmarks.versus_trl._ours_worker import compose, workload_overrides  # noqa: E402
+from benchmarks.versus_trl.trl_compare import BF16, COMMON_OURS, EAGER, FP32  # noqa: E402
+
+
+def snapshot(learner) -> dict:
+    """The learner's weights and its optimizer and schedule state, copied."""
+    return {
+        "params": [p.detach().clone() for p in learner.model.parameters()],
+        "learner": copy.deepcopy(learner.state_dict()),
+    }
+
+
+def restore(learner, state: dict) -> None:
+    import torch
+
+    with torch.no_grad():
+        for p, saved in zip(learner.model.parameters(), state["params"], strict=True):
+            p.copy_(saved)
+    learner.load_state_dict(copy.deepcopy(state["learner"]))
+
+
+def randomised(batch, seed: int):
+    """The batch's shapes and masks with random answer ids, advantages and log-probs."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = batch.clone()
+    ids = out["response_ids"]
+    out["response_ids"] = torch.where(
+        out["response_mask"].bool(), torch.randint(100, 49152, ids.shape, generator=g), ids
+    )
+    out["advantage"] = torch.randn(out["advantage"].shape, generator=g)
+    for key in ("behavior_logprobs", "ref_logprobs"):
+        if key in out.keys():
+            out[key] = -5 * torch.rand(out[key].shape, generator=g)
+    return out
+
+
+def timed(fn) -> tuple[float, int]:
+    """Seconds and minor page faults (thousands) of ``fn()``: memory the kernel had to hand the process anew."""
+    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) // 1000
+
+
+class Timed:
+    """``learner.train_step`` that keeps its last call's :func:`timed` figures (the run's own call)."""
+
+    def __init__(self, learner):
+        self.learner, self.step, self.last = learner, learner.train_step, (0.0, 0)
+        learner.train_step = self
+
+    def __call__(self, batch):
+        out = {}
+        self.last = timed(lambda: out.update(self.step(batch)))
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precision", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps, after one warm-up step")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--flush-denormal", action="store_true", help="torch.set_flush_denormal(True) first")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
+    args = parser.parse_args()
+    set_threads(args.threads)
+    announce_machine()
+
+    import torch
+
+    from grpo_rl.engines.build import make_engine
+    from grpo_rl.envs import make_env
+    from grpo_rl.envs.rewards.base import RewardComponent
+    from grpo_rl.rollout.collector import make_collector
+    from grpo_rl.run.setup import make_run
+    from grpo_rl.training.build import make_local_learner, make_ref_scorer, seed_everything
+    from grpo_rl.training.step import train_on_batch
+
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormal: this CPU cannot flush denormals")
+    precision = BF16 if args.precision == "bfloat16" else FP32
+    run_dir = tempfile.mkdtemp(prefix="train_phase_")
+    overrides = [*COMMON_OURS, "train.share_prompt=true", *precision, *EAGER, *args.overrides]
+    cfg = compose(workload_overrides(run_dir) + overrides)
+    run = make_run(cfg, run_dir)
+    engine = make_engine(run)
+    seed_everything(cfg.seed)
+    learner = make_local_learner(run)
+    ref = make_ref_scorer(run)
+    env = make_env(cfg, run.tokenizer)
+    env.reward.components.append(RewardComponent("brevity", brevity, REWARD_WEIGHTS["brevity"]))
+    collector = make_collector(run, engine, env=env)
+
+    rows = []
+    print(
+        "| step | tokens | micro-batches | run s | again s | random s | run / again | again / random |"
+        " page faults (k): run, again, random |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    own = Timed(learner)
+    for step in range(args.steps + 1):
+        batch, _ = collector.collect(step, learner.version)
+        before = snapshot(learner)
+        batch, metrics = train_on_batch(learner, ref, batch, run.cfg.policy, run.cfg.sampling.max_new_tokens)
+        after = snapshot(learner)
+        restore(learner, before)
+        run_s, run_faults = own.last
+        again, again_faults = timed(lambda b=batch: own.step(b.clone()))
+        restore(learner, before)
+        shuffled = randomised(batch, step)
+        random, random_faults = timed(lambda s=shuffled: own.step(s))
+        restore(learner, after)
+        engine.update_weights(learner.named_weights())
+        tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+        row = dict(
+            step=step,
+            warm_up=step == 0,
+            tokens=tokens,
+            micro_batches=int(metrics["num_micro_batches"]),
+            run_s=run_s,
+            again_s=again,
+            random_s=random,
+            page_faults_k=dict(run=run_faults, again=again_faults, random=random_faults),
+        )
+        rows.append(row)
+        print(
+            f"| {step}{' (warm-up)' if step == 0 else ''} | {tokens} | {row['micro_batches']} | {row['run_s']:.2f} |"
+            f" {again:.2f} | {random:.2f} | {run_s / again:.2f} | {again / random:.2f} |"
+            f" {run_faults}, {again_faults}, {random_faults} |",
+            flush=True,
+        )
+    engine.shutdown()
+    timed_rows = [r for r in rows if not r["warm_up"]]
+    summary = {k: statistics.median(r[k] for r in timed_rows) for k in ("run_s", "again_s", "random_s")}
+    print(
+        f"median of {len(timed_rows)} steps: run {summary['run_s']:.2f} s, again {summary['again_s']:.2f} s, "
+        f"random {summary['random_s']:.2f} s"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "train_phase.json"
+    out.write_text(
+        json.dumps(dict(machine=machine(), threads=args.threads, args=vars(args), rows=rows, median=summary), indent=1)
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
