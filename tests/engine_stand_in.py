@@ -19,11 +19,13 @@ class StandIn:
     """A tiny HTTP server that answers the routes a served engine uses, and records what it was sent.
 
     ``takes_updates=False`` acknowledges every weight-update call but never changes its version: a server that
-    dropped the update. ``delay`` makes generation slower than the client's timeout.
+    dropped the update. ``delay`` makes generation slower than the client's timeout. ``lora=False``: a server
+    without runtime LoRA loading, which refuses ``/v1/load_lora_adapter``.
 
     Records: ``calls``, ``(path, JSON body)`` of every request; ``queries``, ``(path, query parameters)`` of every
     request (``/pause?mode=keep``); ``weights``, the tensors of the last ``/update_weights`` as read from the file
-    (aliases included, by name); ``weight_dir``, the folder it was told."""
+    (aliases included, by name); ``weight_dir``, the folder it was told; ``adapters``, the LoRA adapters it holds
+    (name to folder)."""
 
     def __init__(
         self,
@@ -33,6 +35,7 @@ class StandIn:
         key: str = "k",
         generations: int | None = None,
         model: dict | None = None,
+        lora: bool = True,
     ):
         self.version, self.calls, self.takes_updates, self.delay, self.key = "default", [], takes_updates, delay, key
         self.generations = generations  # answer this many generation calls, then go away (a server that died)
@@ -41,6 +44,8 @@ class StandIn:
         self.model = dict(model or {})  # what /grpo_rl/model reports
         self.weight_dir: str | None = None
         self.weights: dict = {}
+        self.lora = lora  # loads adapters (a server started with --enable-lora and runtime LoRA updating)
+        self.adapters: dict[str, str] = {}  # name -> folder of the adapters loaded now
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -98,7 +103,16 @@ class StandIn:
             self.weights = self.read_weights(body["update_info"])
         if path == "/update_weight_version" or (path == "/finish_weight_update" and self.takes_updates):
             self.version = body.get("new_version", body.get("weight_version"))
+        if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            if not self.lora:
+                raise RefusedRequest("runtime LoRA updating is off")
+            if path.startswith("/v1/load"):
+                self.adapters[body["lora_name"]] = body["lora_path"]
+            else:
+                self.adapters.pop(body["lora_name"])
         if path == "/inference/v1/generate":
+            if body.get("model") is not None and body["model"] not in self.adapters:
+                raise RefusedRequest(f"no adapter {body['model']}")
             time.sleep(self.delay)
             if self.generations is not None:
                 self.generations -= 1

@@ -97,6 +97,8 @@ def main(args: list[str] | None = None) -> None:
     if problem:
         sys.exit(f"error: {problem}")
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+    if "--enable-lora" in args:  # a run's adapter pushes load through /v1/load_lora_adapter, behind the key
+        os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     import torch
 
     argv = [

@@ -537,28 +537,21 @@ def _validate_env_path(path: Any) -> None:
 
 
 def _loads_adapters(cfg: Any) -> bool:
-    return cfg.inference_model.engine == "vllm" and not cfg.simulate.enabled
+    return cfg.inference_model.engine in ("vllm", "vllm_server") and not cfg.simulate.enabled
 
 
-def lora_push(cfg: Any, served: bool, engine_on_gpu: bool) -> str:
-    """``model.lora.push`` resolved for engines that are vLLM servers (``served``) or not, on a GPU or the CPU:
-    ``adapter`` where the engine loads adapters itself (vLLM in the learner's process or a collector's) on a GPU,
-    ``merged`` otherwise. On the CPU vLLM applies an adapter with plain torch ops in every decoding step: with
-    SmolLM2-135M, r=16, on a 2-core AMD EPYC with AVX2, an adapter push took 0.20 s against 1.53 s merged, but
-    generation 4.1x as long (benchmarks/micro/lora_push.py), so the CPU's default is merged (measured on AVX2 only;
-    a push saves about a second where every decoding step pays).
-
-    Raises:
-        ConfigError: ``adapter`` asked of servers (sota/grpo.py serves a vLLM engine on a device of its own).
-    """
+def lora_push(cfg: Any, engine_on_gpu: bool) -> str:
+    """``model.lora.push`` resolved for engines on a GPU or the CPU: ``adapter`` where the engine loads adapters
+    itself (vLLM, in a process of the run or a server the run starts) on a GPU, ``merged`` otherwise (servers the
+    user gave, ``inference_model.urls``, take adapters only when asked: they must run with ``--enable-lora``). On the
+    CPU vLLM applies an adapter with plain torch ops in every decoding step: with SmolLM2-135M, r=16, on a 2-core AMD
+    EPYC with AVX2, an adapter push took 0.20 s against 1.53 s merged, but generation 4.1x as long
+    (benchmarks/micro/lora_push.py), so the CPU's default is merged (a push saves about a second where every
+    decoding step pays)."""
     push = cfg.model.lora.push
-    if push == "adapter" and served:
-        raise ConfigError(
-            "model.lora.push=adapter with vLLM servers (in sota/grpo.py a vLLM engine on a device of its own "
-            "runs as a server), which take merged weights; set model.lora.push=auto"
-        )
     if push == "auto":
-        return "adapter" if _loads_adapters(cfg) and not served and engine_on_gpu else "merged"
+        given = bool(cfg.inference_model.urls)
+        return "adapter" if _loads_adapters(cfg) and engine_on_gpu and not given else "merged"
     return push
 
 
@@ -583,7 +576,7 @@ def _validate_lifecycle(cfg: Any) -> None:
             raise ConfigError(
                 f"model.lora.push=adapter with inference_model.engine={cfg.inference_model.engine}"
                 f"{' and simulate.enabled=true' if cfg.simulate.enabled else ''}: only a vLLM engine in the "
-                "learner's process or in a collector loads adapters; set model.lora.push=auto (merged weights)"
+                "learner's process, a collector or a server loads adapters; set model.lora.push=auto (merged weights)"
             )
     ev = cfg.eval
     _positive("eval.every", ev.every, allow_zero=True)

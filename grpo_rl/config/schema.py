@@ -43,10 +43,10 @@ class LoraConfig:
     push: str = "auto"
     """What a weight push carries to the rollout engines: adapter (the adapter alone, which vLLM applies to its
     base weights: a few MB where the merged model is the whole model) | merged (the weights with the adapter folded
-    in) | auto (adapter where the engine is vLLM on a GPU, in the learner's process or in a collector; merged for
-    vLLM servers, the transformers engine, and on the CPU, where vLLM's adapter kernels made sampling 4.1x slower on
-    a 2-core AMD EPYC with AVX2:
-    benchmarks/micro/lora_push.py)."""
+    in) | auto (adapter where the engine is vLLM on a GPU, in the learner's process, a collector or a server the run
+    starts; merged for servers the user gave (inference_model.urls: adapter needs them started with --enable-lora),
+    the transformers engine, and on the CPU, where vLLM's adapter kernels made sampling 4.1x slower on a 2-core AMD
+    EPYC with AVX2: benchmarks/micro/lora_push.py)."""
 
 
 @dataclass

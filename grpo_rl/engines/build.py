@@ -11,6 +11,7 @@ import torch
 from grpo_rl.config.checks import pushes_adapter
 from grpo_rl.engines.server import ServerFleet, ServerSpec, engine_args
 from grpo_rl.engines.server_client import model_identity
+from grpo_rl.engines.vllm_engine import AdapterSlots
 from grpo_rl.engines.vllm_plugin import KEY_ENV
 from grpo_rl.placement.context import RunContext
 
@@ -39,12 +40,8 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
         return make_served_engine(run, fleet.urls if fleet is not None else None)
     kwargs = dict(dtype=run.precision.inference.dtype)
     if cfg.engine == "vllm":
-        from grpo_rl.engines.vllm_engine import AdapterSlots, VLLMEngine
+        from grpo_rl.engines.vllm_engine import VLLMEngine
 
-        lora = run.cfg.model.lora
-        # versions in use at once: one, or as many as the staleness bound lets be in flight
-        slots = run.cfg.pipeline.max_staleness + 1 if run.mode == "async" else 1
-        adapters = AdapterSlots(lora.alpha, lora.r, slots) if pushes_adapter(run.cfg) else None
         return VLLMEngine(
             run.model_path,
             device,
@@ -54,7 +51,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager,
             enable_prefix_caching=cfg.enable_prefix_caching,
-            adapters=adapters,
+            adapters=adapter_slots(run),
             **kwargs,
         )
     from grpo_rl.engines.transformers_engine import TransformersEngine
@@ -62,6 +59,16 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
     if cfg.share_weights and policy is not None:
         return TransformersEngine.sharing(policy, run.tokenizer, device, **kwargs)
     return TransformersEngine(run.model_path, device, compile=cfg.compile, tokenizer=run.tokenizer, **kwargs)
+
+
+def adapter_slots(run: RunContext) -> AdapterSlots | None:
+    """What a vLLM engine that loads the pushed LoRA adapters is started with (None: pushes carry whole weights)."""
+    if not pushes_adapter(run.cfg):
+        return None
+    lora = run.cfg.model.lora
+    # versions in use at once: one, or as many as the staleness bound lets be in flight
+    slots = run.cfg.pipeline.max_staleness + 1 if run.mode == "async" else 1
+    return AdapterSlots(lora.alpha, lora.r, slots)
 
 
 def weight_transfer(run: RunContext) -> str:
@@ -94,6 +101,7 @@ def make_served_engine(run: RunContext, urls: tuple[str, ...] | None = None):
         weight_dir=cfg.weight_dir,
         ca_certs=cfg.ssl_ca_certs,
         model=model_identity(run.model_path),
+        adapters=adapter_slots(run),
     )
 
 
@@ -119,6 +127,7 @@ def start_servers(run: RunContext) -> ServerFleet | None:
         enforce_eager=cfg.enforce_eager,
         enable_prefix_caching=cfg.enable_prefix_caching,
         on_cpu=devices[0].type == "cpu",
+        adapters=adapter_slots(run),
     )
     if weight_transfer(run) == "nccl":
         args += ("--weight-transfer-config", '{"backend": "nccl"}')

@@ -17,6 +17,10 @@ in-process one, with the same batch layout and the same sampling:
   GPUs, vLLM's own NCCL trainer engine broadcasts. A push pauses with ``wait`` (nothing is in flight between two
   batches) or, for in-flight updates, with ``keep``: requests freeze, the weights change under them, and they go on
   after ``/resume``; the prefix cache is reset so no new request reuses keys and values of the old weights.
+* **LoRA adapters** (``model.lora.push=adapter``): a push that carries an adapter alone is written as a peft folder
+  beside the weight files and loaded by every server as a new adapter (``/v1/load_lora_adapter``; the servers run
+  with ``--enable-lora``); each generation request names the newest adapter, so an answer keeps the adapter, and
+  the version, it started with, also across a push. Adapters no request may name any more are unloaded.
 * **Verified.** After every push each server's ``/weight_info`` must report the pushed version; a server that did
   not take it ends the run with a message naming it.
 * **Never hangs.** Every request has ``inference_model.request_timeout_s``; a server that does not answer, refuses,
@@ -38,8 +42,10 @@ from tensordict import TensorDict
 
 from grpo_rl.engines.base import GroupRequest, SamplingSpec, check_room, pack_rollouts, split_aliases
 from grpo_rl.engines.server_client import ServerClient
+from grpo_rl.engines.vllm_engine import AdapterSlots, AdapterVersions
 from grpo_rl.engines.weight_folder import RunFolder, check_weight_dir, default_parent
 from grpo_rl.errors import RoleFailed
+from grpo_rl.model.lora import is_adapter_push
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +68,15 @@ class ServedEngine:
         ca_certs: a CA bundle that verifies ``https`` servers' certificates (None: the system's).
         model: what the servers must hold (:func:`~grpo_rl.engines.server_client.model_identity`), checked before
             anything is sent to them (None: not checked).
+        adapters: the LoRA adapters pushes carry (the servers were started with ``--enable-lora``); None: pushes
+            carry whole weights.
     """
 
     # Until __init__ sets them: shutdown() may follow a failed start.
     servers: list[ServerClient] = []
     _pool: ThreadPoolExecutor | None = None
     _weight_folder: RunFolder | None = None
+    _adapters: AdapterVersions | None = None
 
     def __init__(
         self,
@@ -83,6 +92,7 @@ class ServedEngine:
         version: int = 0,
         ca_certs: str | None = None,
         model: dict | None = None,
+        adapters: AdapterSlots | None = None,
     ):
         if not urls:
             raise ValueError("a served engine needs at least one server URL")
@@ -100,6 +110,9 @@ class ServedEngine:
         self._file_ready = False  # the servers were told the weight folder
         self._nccl = None
         self._push_lock = threading.Lock()
+        self._adapter_slots, self._adapters = adapters, None
+        self._adapter: tuple[str, int] | None = None  # the newest adapter's name and version: what requests name
+        self._loaded: list[set[str]] = [set() for _ in urls]  # the adapters each server holds
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="served-engine")
         self._each(self._check)
         self._each(lambda s: s.post("/update_weight_version", json={"new_version": str(version)}))
@@ -122,6 +135,7 @@ class ServedEngine:
         new = ServerClient(url, old.key, old.timeout, old.ca_certs)
         self._check(new)
         self.servers[index] = new
+        self._loaded[index] = set()
         old.close()
         self._file_ready = False
 
@@ -159,7 +173,16 @@ class ServedEngine:
     def _submit(self, i: int, prompt: Sequence[int], n: int, sampling: SamplingSpec, seed: int | None) -> Future:
         """Send one prompt's request to server ``i`` modulo the servers."""
         server = self.servers[i % len(self.servers)]
-        return self._pool.submit(server.post, "/inference/v1/generate", json=self._request(prompt, n, sampling, seed))
+        body = self._request(prompt, n, sampling, seed)
+        adapter = self._adapter
+        if adapter is None:
+            return self._pool.submit(server.post, "/inference/v1/generate", json=body)
+        body["model"] = adapter[0]  # every token of this answer comes from this adapter, whatever is pushed meanwhile
+
+        def post() -> dict:
+            return {**server.post("/inference/v1/generate", json=body), "adapter_version": adapter[1]}
+
+        return self._pool.submit(post)
 
     def _answers(self, reply: dict, n: int) -> list[tuple[list[int], list[float], bool, list[int]]]:
         """A reply's ``n`` answers as ``(token ids, log-probs, truncated, versions)``, in answer order."""
@@ -170,7 +193,10 @@ class ServedEngine:
         for choice in choices:
             ids = list(choice["token_ids"] or [])
             logprobs = [step["logprob"] for step in (choice["logprobs"] or {}).get("content") or []]
-            versions = self._token_versions(choice.get("weight_versions"), len(ids))
+            if "adapter_version" in reply:  # sampled with one adapter from first token to last
+                versions = [reply["adapter_version"]] * len(ids)
+            else:
+                versions = self._token_versions(choice.get("weight_versions"), len(ids))
             out.append((ids, logprobs, choice["finish_reason"] == "length", versions))
         return out
 
@@ -221,6 +247,11 @@ class ServedEngine:
         """Push ``named_tensors`` to every server as ``version`` (default: one past the last) and check it landed."""
         version = self.version + 1 if version is None else version
         with self._push_lock:
+            named_tensors = list(named_tensors)
+            if is_adapter_push(name for name, _ in named_tensors):
+                self._push_adapter(named_tensors, version)
+                self.version = version
+                return
             unique, aliases = split_aliases(named_tensors)
             if self.transport == "nccl":
                 self._push_nccl(unique, aliases, version)
@@ -251,6 +282,40 @@ class ServedEngine:
             )
         finally:
             folder.remove(name)
+
+    def _push_adapter(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Write the adapter as a peft folder the servers read, load it on every server under a new name, unload
+        those no request may name any more, and stamp the servers with ``version``."""
+        if self._adapter_slots is None:
+            raise RuntimeError("an adapter push reached a served engine started without adapters (model.lora.push)")
+        if self._adapters is None:
+            self._adapters = AdapterVersions(self._adapter_slots, self._weight_parent)
+        request = self._adapters.add([(n, t.detach().to("cpu", self.dtype)) for n, t in weights], version)
+        retired = self._adapters.retired
+
+        def load(index: int) -> None:
+            server, loaded = self.servers[index], self._loaded[index]
+            try:
+                server.post(
+                    "/v1/load_lora_adapter", json={"lora_name": request.lora_name, "lora_path": request.lora_path}
+                )
+            except RoleFailed as e:
+                raise RoleFailed(
+                    f"{e}: a server that takes adapter pushes is started with python -m grpo_rl.cli.serve ... "
+                    "--enable-lora (servers a run starts are), or set model.lora.push=merged"
+                ) from e
+            loaded.add(request.lora_name)
+            for name in loaded.intersection(retired):
+                server.post("/v1/unload_lora_adapter", json={"lora_name": name})
+                loaded.discard(name)
+            server.post("/update_weight_version", json={"new_version": str(version)})
+            self._check_version(server, version)
+
+        for future in [self._pool.submit(load, i) for i in range(len(self.servers))]:
+            future.result()
+        self._adapter = (request.lora_name, version)
+        if self._adapters.pushes == 1:
+            log.info("weight pushes carry the LoRA adapter alone: %.1f MB a push", self._adapters.bytes / 1e6)
 
     def _folder(self) -> RunFolder:
         """The run's weight folder, made (and stale ones swept) at the first push; servers that were not told it
@@ -313,6 +378,9 @@ class ServedEngine:
         folder, self._weight_folder = self._weight_folder, None
         if folder is not None:
             folder.close()
+        adapters, self._adapters = self._adapters, None
+        if adapters is not None:
+            adapters.close()
 
 
 def _nccl_sender(server: ServerClient, tensors: dict[str, torch.Tensor]):

@@ -46,6 +46,7 @@ import torch
 
 from grpo_rl.config.checks import is_loopback_host
 from grpo_rl.engines.server_client import ServerClient
+from grpo_rl.engines.vllm_engine import AdapterSlots
 from grpo_rl.engines.vllm_plugin import KEY_ENV, PARENT_ENV
 from grpo_rl.errors import RoleFailed
 from grpo_rl.placement.ray import loopback_env
@@ -84,8 +85,10 @@ def engine_args(
     enforce_eager: bool,
     enable_prefix_caching: bool,
     on_cpu: bool,
+    adapters: AdapterSlots | None = None,
 ) -> tuple[str, ...]:
-    """vLLM engine flags equal to the in-process engine's (:class:`~grpo_rl.engines.vllm_engine.VLLMEngine`)."""
+    """vLLM engine flags equal to the in-process engine's (:class:`~grpo_rl.engines.vllm_engine.VLLMEngine`);
+    ``adapters``: the server loads the LoRA adapters that pushes carry (``model.lora.push=adapter``)."""
     args = [
         "--dtype",
         dtype,
@@ -103,6 +106,8 @@ def engine_args(
         args += ["--kv-cache-memory-bytes", str(int(kv_cache_gb * 2**30))]
     else:
         args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    if adapters is not None:
+        args += ["--enable-lora", "--max-loras", str(adapters.slots), "--max-lora-rank", str(adapters.max_rank)]
     return tuple(args)
 
 
@@ -115,6 +120,7 @@ def server_env(spec: ServerSpec, key: str, base: dict[str, str] | None = None, *
     env[KEY_ENV] = key
     env[PARENT_ENV] = str(os.getpid())  # the server stops when this process is gone (grpo_rl.cli.serve)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # mounts the weight-update routes; RequireKey guards them
+    env["PYTHONUNBUFFERED"] = "1"  # its log is whole up to the moment it stops, even when it is killed
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set for in-process engines; a server wants its own engine process
     if spec.device.type == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = str(spec.device.index or 0)

@@ -112,7 +112,9 @@ class ServerClient:
             raise RoleFailed(
                 f"engine server {self.url} failed {path}: HTTP {response.status_code}{_short_reason(response)}"
             )
-        return response.json() if response.content else {}
+        if not response.content or "json" not in response.headers.get("content-type", ""):
+            return {}  # vLLM answers some routes in plain text ("Success: LoRA adapter ... added")
+        return response.json()
 
     def _request(self, method: str, path: str, **kwargs):
         import httpx

@@ -244,15 +244,19 @@ class AdapterVersions:
     :class:`~grpo_rl.engines.weight_folder.RunFolder`: mode 0700, in memory where ``/dev/shm`` is, swept by a later
     engine if a killed one left it), named to vLLM by a number that only grows (a version pushed again, as after a
     resume, is a new adapter to vLLM). The folders of the newest ``2 * slots + 1`` pushes are kept: vLLM reads a
-    folder again when it evicted the adapter from its cache while a request that names it was still waiting."""
+    folder again when it evicted the adapter from its cache while a request that names it was still waiting.
+    ``parent``: where the private folder goes (default :func:`~grpo_rl.engines.weight_folder.default_parent`; a
+    served engine's is one its servers see too)."""
 
-    def __init__(self, spec: AdapterSlots):
+    def __init__(self, spec: AdapterSlots, parent: Path | None = None):
         self.spec = spec
-        self._folder = RunFolder(default_parent())
+        self._folder = RunFolder(parent or default_parent())
         self.pushes = 0
         self.newest = None
         self.bytes = 0
-        self._folders: deque[Path] = deque()
+        self.retired: list[str] = []
+        """The names whose folders the last :meth:`add` removed: adapters no request may name any more."""
+        self._kept: deque[tuple[str, Path]] = deque()
 
     def add(self, weights: list[tuple[str, torch.Tensor]], version: int | None):
         """Write ``weights`` as the next adapter; the ``LoRARequest`` that names it."""
@@ -261,10 +265,13 @@ class AdapterVersions:
         self.pushes += 1
         folder = self._folder.path / f"{self.pushes:08d}"
         self.bytes = write_adapter(folder, dict(weights), self.spec.alpha)
-        self._folders.append(folder)
-        while len(self._folders) > 2 * self.spec.slots + 1:
-            shutil.rmtree(self._folders.popleft(), ignore_errors=True)
         self.newest = LoRARequest(f"policy-{self.pushes}-v{version}", self.pushes, str(folder))
+        self._kept.append((self.newest.lora_name, folder))
+        self.retired = []
+        while len(self._kept) > 2 * self.spec.slots + 1:
+            name, old = self._kept.popleft()
+            shutil.rmtree(old, ignore_errors=True)
+            self.retired.append(name)
         return self.newest
 
     def close(self) -> None:

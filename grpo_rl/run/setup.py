@@ -56,7 +56,7 @@ def make_run(cfg, run_dir: str | Path, mode: str = "sync", rewards: Sequence[Rew
     placement = plan_placement(cfg, devices, mode)
     if cfg.model.lora.enabled:  # auto -> what the engines take: the learner pushes it, the engines expect it
         engine_on_gpu = devices.inference[0].type == "cuda"
-        cfg.model.lora.push = lora_push(cfg, served=placement.served, engine_on_gpu=engine_on_gpu)
+        cfg.model.lora.push = lora_push(cfg, engine_on_gpu=engine_on_gpu)
     run_dir = Path(run_dir)
     check_run_folder(cfg, run_dir)
     model_path = resolve_model(cfg.model.name, cfg.model.cache_dir)

@@ -333,3 +333,64 @@ def test_an_idle_connection_is_dropped_before_the_server_would_close_it():
         client.close()
         server.shutdown()
         server.server_close()
+
+
+def _adapter(scale: float) -> list[tuple[str, torch.Tensor]]:
+    """An adapter's tensors as peft names them (rank 4 on one q_proj)."""
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    return [(f"{prefix}.lora_A.weight", torch.full((4, 8), scale)), (f"{prefix}.lora_B.weight", torch.ones(8, 4))]
+
+
+def test_an_adapter_push_is_loaded_named_by_each_request_and_retired(stand_in, tmp_path):
+    """``model.lora.push=adapter`` to servers: a push writes a peft folder the server loads as a new adapter; the
+    requests that follow name it, and their tokens carry its version whatever the server's spans say; with one slot
+    the three newest adapters are kept (a waiting request may still name one) and the older are unloaded."""
+    from safetensors.torch import load_file
+
+    from grpo_rl.engines.vllm_engine import AdapterSlots
+
+    engine = ServedEngine(
+        [stand_in.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path), adapters=AdapterSlots(8.0, 4)
+    )
+    try:
+        engine.update_weights(_adapter(0.1), version=1)
+        ((name, folder),) = stand_in.adapters.items()
+        assert json_of(Path(folder) / "adapter_config.json")["r"] == 4
+        assert torch.equal(
+            load_file(Path(folder) / "adapter_model.safetensors")[_adapter(0)[0][0]], _adapter(0.1)[0][1]
+        )
+        assert not any(path == "/update_weights" for path, _ in stand_in.calls)  # no whole-model push
+        batch = engine.generate([[10, 11]], 2, SamplingSpec(max_new_tokens=4, seed=5))
+        (request,) = [body for path, body in stand_in.calls if path == "/inference/v1/generate"]
+        assert request["model"] == name
+        assert set(batch["behavior_version"][batch["response_mask"].bool()].tolist()) == {1}
+        folders = [folder]
+        for version in (2, 3, 4):
+            engine.update_weights(_adapter(0.1 * version), version=version)
+            folders.append(stand_in.adapters[max(stand_in.adapters, key=lambda n: int(n.split("-")[1]))])
+        assert stand_in.version == "4" and len(stand_in.adapters) == 3 and name not in stand_in.adapters
+        assert not Path(folders[0]).exists() and all(Path(f).is_dir() for f in folders[1:])
+    finally:
+        engine.shutdown()
+    assert not Path(folders[-1]).exists()  # the adapters' folder goes with the engine
+
+
+def test_a_server_without_runtime_adapters_is_named_with_the_fix(tmp_path):
+    from grpo_rl.engines.vllm_engine import AdapterSlots
+
+    server = StandIn(lora=False)
+    engine = ServedEngine(
+        [server.url], key="k", pad_id=0, timeout=10, weight_dir=str(tmp_path), adapters=AdapterSlots(8.0, 4)
+    )
+    try:
+        with pytest.raises(RoleFailed, match="grpo_rl.cli.serve .*--enable-lora.*push=merged"):
+            engine.update_weights(_adapter(0.1), version=1)
+    finally:
+        engine.shutdown()
+        server.close()
+
+
+def json_of(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())

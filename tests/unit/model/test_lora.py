@@ -153,40 +153,41 @@ def test_a_written_adapter_is_the_trained_one_to_peft(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("engine", "served", "on_gpu", "push", "resolved"),
+    ("engine", "given", "on_gpu", "push", "resolved"),
     [
-        ("vllm", False, True, "auto", "adapter"),
+        ("vllm", False, True, "auto", "adapter"),  # in the learner's process, a collector, or a server the run starts
+        ("vllm_server", False, True, "auto", "adapter"),
         ("vllm", False, False, "auto", "merged"),  # vLLM's CPU adapter kernels: sampling 4.1x slower (AVX2)
-        ("vllm", True, True, "auto", "merged"),  # sota/grpo.py serves a vLLM engine on a device of its own
+        ("vllm_server", True, True, "auto", "merged"),  # the user's servers may run without --enable-lora
+        ("vllm_server", True, True, "adapter", "adapter"),  # ... unless the user says they do
         ("transformers", False, True, "auto", "merged"),
         ("vllm", False, True, "merged", "merged"),
         ("vllm", False, False, "adapter", "adapter"),
     ],
 )
-def test_what_a_lora_push_carries_follows_the_engine(engine, served, on_gpu, push, resolved):
+def test_what_a_lora_push_carries_follows_the_engine(engine, given, on_gpu, push, resolved):
     from grpo_rl.config.checks import lora_push
     from tests.unit.helpers import compose_config
 
-    cfg = compose_config(["model.lora.enabled=true", f"inference_model.engine={engine}", f"model.lora.push={push}"])
-    assert lora_push(cfg, served=served, engine_on_gpu=on_gpu) == resolved
+    urls = ["inference_model.urls=[http://127.0.0.1:8000]"] if given else []
+    cfg = compose_config(
+        ["model.lora.enabled=true", f"inference_model.engine={engine}", f"model.lora.push={push}", *urls]
+    )
+    assert lora_push(cfg, engine_on_gpu=on_gpu) == resolved
 
 
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
         (["inference_model.engine=transformers"], "inference_model.engine=transformers"),
-        (["inference_model.engine=vllm_server"], "inference_model.engine=vllm_server"),
         (["simulate.enabled=true"], "simulate.enabled=true"),
     ],
 )
 def test_an_adapter_push_to_an_engine_that_cannot_load_one_is_refused(overrides, named):
-    from grpo_rl.config.checks import check_values, lora_push
+    from grpo_rl.config.checks import check_values
     from grpo_rl.errors import ConfigError
     from tests.unit.helpers import compose_config
 
     cfg = compose_config(["model.lora.enabled=true", "model.lora.push=adapter", *overrides])
     with pytest.raises(ConfigError, match=f"model.lora.push=adapter with .*{named.split('=')[1]}.*push=auto"):
         check_values(cfg)
-    served = compose_config(["model.lora.enabled=true", "model.lora.push=adapter"])
-    with pytest.raises(ConfigError, match="vLLM servers"):
-        lora_push(served, served=True, engine_on_gpu=True)
