@@ -80,6 +80,27 @@ def timed(fn) -> tuple[float, int]:
     return time.perf_counter() - t0, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) // 1000
 
 
+def fault_cost() -> dict:
+    """What faulting memory in costs here: 1 GiB freshly allocated and filled against the same filled again, best of
+    3; the difference per page is the price of a page fault."""
+    import torch
+
+    fresh, warm, faults = [], [], 0
+    for _ in range(3):
+        (seconds, faults_k) = timed(lambda: torch.empty(2**28).fill_(1.0))
+        fresh.append(seconds)
+        faults = faults_k
+        x = torch.empty(2**28).fill_(1.0)
+        warm.append(timed(lambda x=x: x.fill_(2.0))[0])
+        del x
+    per_page_us = (min(fresh) - min(warm)) / max(faults * 1000, 1) * 1e6
+    print(
+        f"1 GiB freshly faulted in and filled {min(fresh):.3f} s ({faults} thousand faults), filled again "
+        f"{min(warm):.3f} s: {per_page_us:.2f} us a page fault"
+    )
+    return dict(fresh_s=min(fresh), warm_s=min(warm), faults_k=faults, per_fault_us=per_page_us)
+
+
 class Timed:
     """``learner.train_step`` that keeps its last call's :func:`timed` figures (the run's own call)."""
 
@@ -114,6 +135,7 @@ def main() -> None:
     from grpo_rl.training.build import make_local_learner, make_ref_scorer, seed_everything
     from grpo_rl.training.step import train_on_batch
 
+    faulting = fault_cost()
     if args.flush_denormal and not torch.set_flush_denormal(True):
         raise SystemExit("--flush-denormal: this CPU cannot flush denormals")
     precision = BF16 if args.precision == "bfloat16" else FP32
@@ -177,7 +199,12 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "train_phase.json"
     out.write_text(
-        json.dumps(dict(machine=machine(), threads=args.threads, args=vars(args), rows=rows, median=summary), indent=1)
+        json.dumps(
+            dict(
+                machine=machine(), threads=args.threads, args=vars(args), rows=rows, median=summary, faulting=faulting
+            ),
+            indent=1,
+        )
     )
     print(f"wrote {out}")
 

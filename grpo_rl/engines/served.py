@@ -314,8 +314,6 @@ class ServedEngine:
         for future in [self._pool.submit(load, i) for i in range(len(self.servers))]:
             future.result()
         self._adapter = (request.lora_name, version)
-        if self._adapters.pushes == 1:
-            log.info("weight pushes carry the LoRA adapter alone: %.1f MB a push", self._adapters.bytes / 1e6)
 
     def _folder(self) -> RunFolder:
         """The run's weight folder, made (and stale ones swept) at the first push; servers that were not told it

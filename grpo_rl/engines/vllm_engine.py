@@ -204,8 +204,6 @@ class VLLMEngine:
                 raise RuntimeError("an adapter push reached a vLLM engine started without adapters (model.lora.push)")
             # loaded now, not by the first request that names it
             self.llm.llm_engine.add_lora(self.adapters.add(weights, version))
-            if self.adapters.pushes == 1:
-                log.info("weight pushes carry the LoRA adapter alone: %.1f MB a push", self.adapters.bytes / 1e6)
             return
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
@@ -265,6 +263,8 @@ class AdapterVersions:
         self.pushes += 1
         folder = self._folder.path / f"{self.pushes:08d}"
         self.bytes = write_adapter(folder, dict(weights), self.spec.alpha)
+        if self.pushes == 1:
+            log.info("weight pushes carry the LoRA adapter alone: %.1f MB a push", self.bytes / 1e6)
         self.newest = LoRARequest(f"policy-{self.pushes}-v{version}", self.pushes, str(folder))
         self._kept.append((self.newest.lora_name, folder))
         self.retired = []

@@ -154,3 +154,52 @@ def assert_groups_trained_once(run_dir: Path) -> list[int]:
     stream = load_trainer_state(Checkpointer(run_dir).latest())["env"]
     assert set(range(stream["next_group"])) | set(stream["consumed_groups"]) == set(trained), (trained, stream)
     return trained
+
+
+def lora_learner(model_dir: Path):
+    """A tiny LoRA learner (r=4, alpha=8 on q, v and down) that pushes its adapter alone: ``(model, learner)``."""
+    import torch
+
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.model.lora import apply_lora
+    from grpo_rl.training.learner import Learner, LossSettings
+
+    torch.manual_seed(0)
+    model = load_causal_lm(str(model_dir), torch.device("cpu"), "float32", trainable=True)
+    model = apply_lora(model, r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    return model, Learner(model, torch.device("cpu"), LossSettings(), lr=1e-3, push_adapter=True)
+
+
+def follow_adapter_pushes(engine, push, model, learner, prompts: list[list[int]]) -> list:
+    """Generate with ``engine`` before and after each of two adapter pushes (``push(weights, version)``) of
+    ``learner``'s perturbed adapter: every batch's log-probs must be the LoRA model's (1e-4, fp32), and each push
+    must change them. Returns the batches after the pushes (versions 1 and 2)."""
+    import torch
+
+    from grpo_rl.engines.base import SamplingSpec
+    from grpo_rl.model.logprobs import sequence_logprobs
+
+    spec = SamplingSpec(max_new_tokens=24, temperature=0.8, seed=3)
+
+    def gap(batch) -> float:
+        with torch.no_grad():
+            mine = sequence_logprobs(model, batch, temperature=0.8).logprobs
+        return float(((mine - batch["behavior_logprobs"]).abs() * batch["response_mask"]).max())
+
+    base = engine.generate(prompts, 3, spec)
+    assert gap(base) < 1e-4  # B = 0: the adapter changes nothing yet
+    afters = []
+    for version in (1, 2):
+        torch.manual_seed(version)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.add_(0.05 * torch.randn_like(p))
+        pushed = learner.weights_for_push()
+        assert all(".lora_" in name for name, _ in pushed)
+        push(pushed, version)
+        after = engine.generate(prompts, 3, spec)  # the same prompts and seed: only the adapter differs
+        assert gap(after) < 1e-4, f"engine and learner disagree after adapter push {version}"
+        assert not torch.equal(base["behavior_logprobs"], after["behavior_logprobs"])
+        afters.append(after)
+    return afters

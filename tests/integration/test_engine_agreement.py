@@ -56,41 +56,16 @@ def test_engine_matches_a_lora_learner_after_each_adapter_push(tiny_model_dir, t
     in-place sync: after each of two pushes the engine samples with the new adapter on its unchanged base weights,
     its log-probs the learner's (1e-4, fp32), and a push carries the adapter's bytes, not the model's."""
     from grpo_rl.engines.vllm_engine import AdapterSlots, VLLMEngine
-    from grpo_rl.model.lora import apply_lora
-    from grpo_rl.training.learner import Learner, LossSettings
     from grpo_rl.weights.sync import InPlaceWeightSync
+    from tests.integration.helpers import follow_adapter_pushes, lora_learner
 
-    torch.manual_seed(0)
-    model = load_causal_lm(str(tiny_model_dir), torch.device("cpu"), "float32", trainable=True)
-    model = apply_lora(model, r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
-    learner = Learner(model, torch.device("cpu"), LossSettings(), lr=1e-3, push_adapter=True)
+    model, learner = lora_learner(tiny_model_dir)
     engine = VLLMEngine(
         str(tiny_model_dir), torch.device("cpu"), max_model_len=1024, kv_cache_gb=1, adapters=AdapterSlots(8.0, 4)
     )
-    sync = InPlaceWeightSync(engine)
     prompts = [tokenizer.encode("The quick brown fox " * 80, add_special_tokens=False), [1, 2, 3]]
-    spec = SamplingSpec(max_new_tokens=24, temperature=0.8, seed=3)
-
-    def gap(batch) -> float:
-        with torch.no_grad():
-            mine = sequence_logprobs(model, batch, temperature=0.8).logprobs
-        return float(((mine - batch["behavior_logprobs"]).abs() * batch["response_mask"]).max())
-
     try:
-        base = engine.generate(prompts, 3, spec)
-        assert gap(base) < 1e-4  # B = 0: the adapter changes nothing yet
-        for version in (1, 2):
-            torch.manual_seed(version)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "lora_" in name:
-                        p.add_(0.05 * torch.randn_like(p))
-            pushed = learner.weights_for_push()
-            assert all(".lora_" in name for name, _ in pushed)
-            sync.push(pushed, version)
-            after = engine.generate(prompts, 3, spec)  # the same prompts and seed: only the adapter differs
-            assert gap(after) < 1e-4, f"engine and learner disagree after adapter push {version}"
-            assert not torch.equal(base["behavior_logprobs"], after["behavior_logprobs"])
+        follow_adapter_pushes(engine, InPlaceWeightSync(engine).push, model, learner, prompts)
         model_bytes = sum(t.numel() * t.element_size() for t in model.get_base_model().state_dict().values())
         assert 0 < engine.adapters.bytes < model_bytes / 10
     finally:

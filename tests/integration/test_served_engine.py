@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow
 MAX_MODEL_LEN = 1024
 
 
-@pytest.fixture(scope="module")
-def fleet(tiny_model_dir, tmp_path_factory):
-    args = engine_args(
+def cpu_engine_args(adapters=None) -> tuple[str, ...]:
+    """The engine flags of the tiny model's CPU server (``adapters``: it loads pushed LoRA adapters)."""
+    return engine_args(
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
         seed=0,
@@ -35,7 +35,13 @@ def fleet(tiny_model_dir, tmp_path_factory):
         enforce_eager=True,
         enable_prefix_caching=True,
         on_cpu=True,
+        adapters=adapters,
     )
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir, tmp_path_factory):
+    args = cpu_engine_args()
     # Four sequences at a time: more requests wait their turn, so a push lands while answers are under way
     # (this model samples a whole answer in well under a second).
     args += ("--max-num-seqs", "4")
@@ -298,52 +304,20 @@ def test_a_server_samples_with_each_pushed_adapter_as_the_lora_learner_scores(ti
     pushes the server samples with the new adapter on its unchanged base weights, its log-probs the learner's (1e-4,
     fp32), each token stamped with the push's version."""
     from grpo_rl.engines.vllm_engine import AdapterSlots
-    from grpo_rl.model.loading import load_causal_lm
-    from grpo_rl.model.logprobs import sequence_logprobs
-    from grpo_rl.model.lora import apply_lora
-    from grpo_rl.training.learner import Learner, LossSettings
+    from tests.integration.helpers import follow_adapter_pushes, lora_learner
 
-    torch.manual_seed(0)
-    model = load_causal_lm(str(tiny_model_dir), torch.device("cpu"), "float32", trainable=True)
-    model = apply_lora(model, r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
-    learner = Learner(model, torch.device("cpu"), LossSettings(), lr=1e-3, push_adapter=True)
+    model, learner = lora_learner(tiny_model_dir)
     slots = AdapterSlots(8.0, 4)
-    args = engine_args(
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        kv_cache_gb=0.25,
-        gpu_memory_utilization=0.5,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        on_cpu=True,
-        adapters=slots,
-    )
     fleet = ServerFleet(
-        [ServerSpec(str(tiny_model_dir), torch.device("cpu"), threads=1, vllm_args=args)], tmp_path, start_timeout=300
+        [ServerSpec(str(tiny_model_dir), torch.device("cpu"), threads=1, vllm_args=cpu_engine_args(slots))],
+        tmp_path,
+        start_timeout=300,
     )
     engine = ServedEngine(fleet.urls, key=fleet.key, pad_id=tokenizer.pad_token_id or 0, timeout=120, adapters=slots)
     prompts = [tokenizer.encode("The quick brown fox " * 20, add_special_tokens=False), [1, 2, 3]]
-    spec = SamplingSpec(max_new_tokens=24, temperature=0.8, seed=3)
-
-    def gap(batch) -> float:
-        with torch.no_grad():
-            mine = sequence_logprobs(model, batch, temperature=0.8).logprobs
-        return float(((mine - batch["behavior_logprobs"]).abs() * batch["response_mask"]).max())
-
     try:
-        base = engine.generate(prompts, 3, spec)
-        assert gap(base) < 1e-4  # B = 0: the adapter changes nothing yet
-        for version in (1, 2):
-            torch.manual_seed(version)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "lora_" in name:
-                        p.add_(0.05 * torch.randn_like(p))
-            engine.update_weights(learner.weights_for_push(), version)
-            after = engine.generate(prompts, 3, spec)  # the same prompts and seed: only the adapter differs
-            assert gap(after) < 1e-4, f"server and learner disagree after adapter push {version}"
-            assert not torch.equal(base["behavior_logprobs"], after["behavior_logprobs"])
+        afters = follow_adapter_pushes(engine, engine.update_weights, model, learner, prompts)
+        for version, after in enumerate(afters, start=1):
             assert set(after["behavior_version"][after["response_mask"].bool()].tolist()) == {version}
         served = {m["id"] for m in engine.servers[0].get("/v1/models")["data"]}
         assert {"policy-1-v1", "policy-2-v2"} <= served  # loaded by the server, as adapters of its one base model
