@@ -14,7 +14,8 @@ through a resume, and its trained.jsonl must show no group trained twice.
 Per size it prints:
 
 * throughput: batches per second over the measured steps, from the wall time between consecutive steps (the first
-  step after each start is not measured: actors start, the pipeline fills);
+  ``--skip`` steps after each start are not measured: actors start, and what the pipeline made while the learner
+  waited for its first batch is trained faster than the steady state makes it; ``collectors + buffer`` skips it all);
 * ideal ``1 / max(stage)`` and the synchronous figure ``1 / sum(stages)``, with the stage times
   generation / collectors, reference, training / ranks;
 * efficiency: throughput / ideal;
@@ -100,9 +101,12 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
     records = read_jsonl(run_dir / "trained.jsonl")
     trained = [g for r in records for g in r["group_index"]]
     # Wall time per step: between the ends of consecutive steps of one process (trained.jsonl's times). The first
-    # step after each start is not measured (actors start, the pipeline fills).
+    # `skip` steps after each start are not measured: actors start, and the pipeline fills; what it made while the
+    # learner waited for its first batch (up to a batch in flight per collector, and the buffer) is trained at the
+    # learner's pace, faster than the steady state can make it.
     ends = {r["step"]: r["time"] for r in records}
-    wall_per_step = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends and s not in (1, args.steps + 1)}
+    skip = max(1, args.skip)
+    wall_per_step = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends and (s - 1) % args.steps >= skip}
     measured = [r for r in rows if r["step"] in wall_per_step]
 
     stage_gen = args.generation / collectors
@@ -166,6 +170,13 @@ def main() -> None:
     )
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--group", type=int, default=4)
+    parser.add_argument(
+        "--skip",
+        type=int,
+        default=1,
+        help="steps after each start not measured (the pipeline filling); collectors + buffer skips all it can "
+        "have made before the first step",
+    )
     parser.add_argument("--max-staleness", type=int, default=4)
     parser.add_argument("--buffer", type=int, default=2)
     parser.add_argument("--long-tail", type=float, default=0.0, help="simulate.long_tail: answer-length spread")
@@ -185,6 +196,8 @@ def main() -> None:
     sizes = [(1, 1), (2, 1)] if args.quick else SIZES
     if args.steps is None:
         args.steps = 4 if args.quick else 6
+    if args.skip >= args.steps - 1:
+        parser.error(f"--skip {args.skip} leaves fewer than two steps of --steps {args.steps} to measure")
     if args.sizes:
         sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
@@ -194,7 +207,8 @@ def main() -> None:
     print(
         f"stage seconds per batch: generation {args.generation} (per collector), reference {args.reference}, "
         f"training {args.training} (one rank), jitter {args.jitter}; {args.steps} + {args.steps} steps "
-        f"(resumed), max_staleness {args.max_staleness}, buffer {args.buffer}; long tail {args.long_tail}, "
+        f"(resumed; the first {max(1, args.skip)} after each start not measured), "
+        f"max_staleness {args.max_staleness}, buffer {args.buffer}; long tail {args.long_tail}, "
         f"in-flight updates {args.inflight}",
         flush=True,
     )
@@ -241,7 +255,12 @@ def main() -> None:
                 rates = " ".join(f"{r['samples_per_second']:.2f}" for r in mine)
                 mean = statistics.mean(r["samples_per_second"] for r in mine)
                 dropped = sum(r["dropped_samples"] for r in mine)
-                print(f"  {collectors}x{ranks} {arm:>16}: {rates}  (mean {mean:.2f}; dropped {dropped})")
+                base = [r for r in results if (r["collectors"], r["ranks"], r["arm"]) == (collectors, ranks, arms[0])]
+                ratio = mean / statistics.mean(r["samples_per_second"] for r in base)
+                print(
+                    f"  {collectors}x{ranks} {arm:>16}: {rates}  (mean {mean:.2f}, {ratio:.2f}x {arms[0]}; "
+                    f"dropped {dropped})"
+                )
     print(cpu_line(), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_line(), "results": results}, indent=2))
