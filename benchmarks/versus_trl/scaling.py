@@ -96,6 +96,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -337,7 +338,7 @@ def kv_cache_gb(cfg: dict, prompts: int, group: int, length: int) -> float:
     return max(0.25, round(1.1 * tokens * per_token / 2**30 + 0.005, 2))
 
 
-def ours_arm(model_dir: Path, cfg: dict, p: Point) -> Arm:
+def ours_arm(model_dir: Path, cfg: dict, p: Point, overrides: Sequence[str] = ()) -> Arm:
     base = parse_arm("ours:fp32")  # trl_compare's preset: fp32 everywhere, shared-prompt packing
     extra = [
         f"model.name={model_dir}",
@@ -346,6 +347,7 @@ def ours_arm(model_dir: Path, cfg: dict, p: Point) -> Arm:
         f"sampling.max_new_tokens={p.length}",
         f"inference_model.max_model_len={MAX_PROMPT_TOKENS + p.length}",
         f"inference_model.kv_cache_gb={kv_cache_gb(cfg, p.prompts, p.group, p.length)}",
+        *overrides,
     ]
     merged = dict(o.split("=", 1) for o in base.overrides + extra)  # later wins
     return Arm("ours", "fp32", [f"{k}={v}" for k, v in merged.items()])
@@ -362,7 +364,7 @@ def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_p
     point_dir = log_dir / p.slug
     point_dir.mkdir(parents=True, exist_ok=True)
     trl_args = ["--group-size", str(p.group), "--max-new-tokens", str(p.length), "--prompts-per-step", str(p.prompts)]
-    arms = {"ours": ours_arm(model_dir, cfg, p), "trl": parse_arm("trl:fp32")}
+    arms = {"ours": ours_arm(model_dir, cfg, p, args.ours_overrides), "trl": parse_arm("trl:fp32")}
     out = {
         "point": p.name,
         "model": p.model,
@@ -579,6 +581,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every worker (1 on a busy machine)")
     parser.add_argument("--sides", default="ours,trl", help="ours,trl (default), or one of them")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON)
+    parser.add_argument(
+        "--ours-overrides",
+        default="",
+        help="Hydra overrides for our side, comma-separated (e.g. train.packed_attention=dense)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--model-root", type=Path, default=RESULTS / "scaling-models")
     parser.add_argument("--dry-run", action="store_true", help="print the points and the time estimate only")
@@ -595,6 +602,7 @@ def parse_args() -> argparse.Namespace:
     args.axes = [a for a in args.axes.split(",") if a]
     args.models = [m for m in args.models.split(",") if m]
     args.sides = [s for s in args.sides.split(",") if s]
+    args.ours_overrides = [o for o in args.ours_overrides.split(",") if o]
     bad = (
         [a for a in args.axes if a not in AXES]
         + [m for m in args.models if m not in ("135m", "360m", "1b")]
@@ -688,6 +696,7 @@ def main() -> None:
         "warmup": args.warmup,
         "threads": args.threads,
         "sides": args.sides,
+        "ours_overrides": args.ours_overrides,
         "smoke": args.smoke,
         "trl_version": trl_version,
         "models": {n: {"path": str(d), "params": c["params"], "shape": cfgs[n]} for n, (d, c) in models.items()},
