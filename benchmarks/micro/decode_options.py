@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))  # the repository: benchmarks.common, grpo_rl
 from benchmarks.common import RESULTS  # noqa: E402
 from benchmarks.common.machine import announce_machine  # noqa: E402
 
-# arm -> (engine arguments over the run's, environment over the run's)
+# arm -> (engine arguments over the run's, environment over the run's); the arms named transformers* run
+# `inference_model.engine=transformers` (TransformersEngine) instead of vLLM
 ARMS: dict[str, tuple[dict, dict]] = {
     "run": ({}, {}),  # the run's engine: eager, vLLM's CPU block size (128), chunked prefill off
     "compiled": ({"enforce_eager": False}, {}),  # vLLM's CPU compilation (dynamo, then inductor)
@@ -36,6 +37,11 @@ ARMS: dict[str, tuple[dict, dict]] = {
     "block256": ({"block_size": 256}, {}),
     "max_seqs32": ({"max_num_seqs": 32}, {}),  # the scheduler sized to the batch (vLLM's CPU default is larger)
     "nobind": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}),  # OpenMP threads left where the OS puts them
+    "transformers": ({}, {}),  # generate with a dynamic KV cache, eager
+    "transformers_static": ({"compile": True}, {}),  # inference_model.compile: a static KV cache (on the CPU, eager)
+    # ... and its decoding step compiled by torch.compile (inductor), which transformers does on the CPU only when
+    # asked (CompileConfig._compile_all_devices)
+    "transformers_compiled": ({"compile": True, "compile_cpu": True}, {}),
 }
 
 PROMPTS, ANSWERS, NEW_TOKENS = 4, 8, 128
@@ -78,13 +84,63 @@ prefill = min(generate(1) for _ in range(repeats))
 print("@@" + json.dumps({"start": start, "full": full, "prefill": prefill}))
 """
 
+# The same measurement of the transformers engine: its own `generate`, forced to full length by `min_new_tokens`.
+CHILD_TRANSFORMERS = """
+import functools, json, sys, time
+import torch
+from transformers import CompileConfig
+from grpo_rl.engines.base import SamplingSpec
+from grpo_rl.engines.transformers_engine import TransformersEngine
+from grpo_rl.model.loading import load_tokenizer, resolve_model
+
+overrides, prompts_per_step, answers, new_tokens, repeats, precision, data = json.loads(sys.argv[1])
+path = resolve_model("embedded:smollm2-135m-instruct")
+tokenizer = load_tokenizer(path)
+rows = [json.loads(line) for line in open(data) if line.strip()][:prompts_per_step]
+texts = [
+    tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
+                                  tokenize=False)
+    for r in rows
+]
+prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+t0 = time.perf_counter()
+engine = TransformersEngine(path, torch.device("cpu"), dtype=precision, compile=overrides.get("compile", False))
+if overrides.get("compile_cpu"):
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True
+    engine.model.generation_config.compile_config = config
+start = time.perf_counter() - t0
+model_generate = engine.model.generate
+
+def full_length(**kw):
+    return model_generate(**kw, min_new_tokens=kw["max_new_tokens"])
+
+engine.model.generate = full_length
+
+def generate(tokens: int) -> float:
+    t = time.perf_counter()
+    out = engine.generate(prompts, answers, SamplingSpec(max_new_tokens=tokens, temperature=1.0, seed=0))
+    seconds = time.perf_counter() - t
+    assert int(out["response_mask"].sum(-1).min()) == tokens, "an answer ended early"
+    return seconds
+
+generate(new_tokens)  # untimed: first-call work (and the compile)
+full = [generate(new_tokens) for _ in range(repeats)]
+prefill = min(generate(1) for _ in range(repeats))
+print("@@" + json.dumps({"start": start, "full": full, "prefill": prefill}))
+"""
+
 
 def run_arm(name: str, args) -> dict:
     overrides, env_extra = ARMS[name]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **env_extra)
     payload = [overrides, PROMPTS, ANSWERS, NEW_TOKENS, args.repeats, args.precision, str(args.data)]
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(payload)], env=env, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-c", CHILD_TRANSFORMERS if name.startswith("transformers") else CHILD, json.dumps(payload)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("@@")]
     if proc.returncode != 0 or not lines:
