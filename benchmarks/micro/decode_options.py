@@ -46,17 +46,14 @@ ARMS: dict[str, tuple[dict, dict]] = {
 
 PROMPTS, ANSWERS, NEW_TOKENS = 4, 8, 128
 
-CHILD = """
+# A child process: the run's prompts as token ids, then the engine's arm (defines `start` and `generate(tokens)`),
+# then the timing.
+PROMPT_IDS = """
 import json, sys, time
 import torch
-import vllm
-from vllm import SamplingParams
-from grpo_rl.engines import vllm_engine
 from grpo_rl.model.loading import load_tokenizer, resolve_model
 
 overrides, prompts_per_step, answers, new_tokens, repeats, precision, data = json.loads(sys.argv[1])
-build = vllm.LLM
-vllm.LLM = lambda **kw: build(**{**kw, **overrides})  # VLLMEngine imports LLM from vllm when it starts one
 path = resolve_model("embedded:smollm2-135m-instruct")
 tokenizer = load_tokenizer(path)
 rows = [json.loads(line) for line in open(data) if line.strip()][:prompts_per_step]
@@ -65,7 +62,17 @@ texts = [
                                   tokenize=False)
     for r in rows
 ]
-prompts = [{"prompt_token_ids": tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
+prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+"""
+
+VLLM_ARM = """
+import vllm
+from vllm import SamplingParams
+from grpo_rl.engines import vllm_engine
+
+build = vllm.LLM
+vllm.LLM = lambda **kw: build(**{**kw, **overrides})  # VLLMEngine imports LLM from vllm when it starts one
+prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
 t0 = time.perf_counter()
 engine = vllm_engine.VLLMEngine(path, torch.device("cpu"), dtype=precision, max_model_len=1024, kv_cache_gb=0.5)
 start = time.perf_counter() - t0
@@ -77,32 +84,14 @@ def generate(tokens: int) -> float:
     seconds = time.perf_counter() - t
     assert all(len(c.token_ids) == tokens for o in outputs for c in o.outputs)
     return seconds
-
-generate(new_tokens)  # untimed: first-call work
-full = [generate(new_tokens) for _ in range(repeats)]
-prefill = min(generate(1) for _ in range(repeats))
-print("@@" + json.dumps({"start": start, "full": full, "prefill": prefill}))
 """
 
-# The same measurement of the transformers engine: its own `generate`, forced to full length by `min_new_tokens`.
-CHILD_TRANSFORMERS = """
-import functools, json, sys, time
-import torch
+# The transformers engine: its own `generate`, forced to full length by `min_new_tokens`.
+TRANSFORMERS_ARM = """
 from transformers import CompileConfig
 from grpo_rl.engines.base import SamplingSpec
 from grpo_rl.engines.transformers_engine import TransformersEngine
-from grpo_rl.model.loading import load_tokenizer, resolve_model
 
-overrides, prompts_per_step, answers, new_tokens, repeats, precision, data = json.loads(sys.argv[1])
-path = resolve_model("embedded:smollm2-135m-instruct")
-tokenizer = load_tokenizer(path)
-rows = [json.loads(line) for line in open(data) if line.strip()][:prompts_per_step]
-texts = [
-    tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], add_generation_prompt=True,
-                                  tokenize=False)
-    for r in rows
-]
-prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 t0 = time.perf_counter()
 engine = TransformersEngine(path, torch.device("cpu"), dtype=precision, compile=overrides.get("compile", False))
 if overrides.get("compile_cpu"):
@@ -119,12 +108,14 @@ engine.model.generate = full_length
 
 def generate(tokens: int) -> float:
     t = time.perf_counter()
-    out = engine.generate(prompts, answers, SamplingSpec(max_new_tokens=tokens, temperature=1.0, seed=0))
+    out = engine.generate(prompt_ids, answers, SamplingSpec(max_new_tokens=tokens, temperature=1.0, seed=0))
     seconds = time.perf_counter() - t
     assert int(out["response_mask"].sum(-1).min()) == tokens, "an answer ended early"
     return seconds
+"""
 
-generate(new_tokens)  # untimed: first-call work (and the compile)
+TIMING = """
+generate(new_tokens)  # untimed: first-call work (and a compile)
 full = [generate(new_tokens) for _ in range(repeats)]
 prefill = min(generate(1) for _ in range(repeats))
 print("@@" + json.dumps({"start": start, "full": full, "prefill": prefill}))
@@ -135,8 +126,9 @@ def run_arm(name: str, args) -> dict:
     overrides, env_extra = ARMS[name]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **env_extra)
     payload = [overrides, PROMPTS, ANSWERS, NEW_TOKENS, args.repeats, args.precision, str(args.data)]
+    arm = TRANSFORMERS_ARM if name.startswith("transformers") else VLLM_ARM
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD_TRANSFORMERS if name.startswith("transformers") else CHILD, json.dumps(payload)],
+        [sys.executable, "-c", PROMPT_IDS + arm + TIMING, json.dumps(payload)],
         env=env,
         capture_output=True,
         text=True,
