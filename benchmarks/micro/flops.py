@@ -197,3 +197,54 @@ def best_rates(
     )
     spinning = json.loads(out.stdout.strip().splitlines()[-1])
     return {k: v if k in ("threads", "decode_rows") else max(v, spinning[k]) for k, v in here.items()}
+
+
+class RateTries:
+    """The machine's matmul rates measured again and again through a run (:func:`best_rates` each time: before it,
+    between its rounds or points, after it), so that a floor means the same from run to run.
+
+    One measurement is a few seconds at one moment: a worker still exiting, or anything else on a core, lowers it
+    (the same point of ``scaling.py`` read fp32 150 and 106 GFLOP/s in two runs on one idle 2-core machine). The
+    floor takes each rate's best try; :meth:`spread` says how far the tries lay apart.
+    """
+
+    RATES = ("fp32", "bf16", "fp32_decode", "bf16_decode")
+
+    def __init__(self, cfg: dict, threads: int, decode_rows: int | None = None, precisions=("fp32", "bf16")):
+        self.cfg, self.threads, self.decode_rows, self.precisions = cfg, threads, decode_rows, tuple(precisions)
+        self.tries: list[dict] = []
+
+    def measure(self) -> dict:
+        """One more try; returns it."""
+        rates = best_rates(self.cfg, self.threads, decode_rows=self.decode_rows, precisions=self.precisions)
+        self.tries.append(rates)
+        return rates
+
+    def best(self) -> dict:
+        """Each rate's best try (``threads`` and ``decode_rows`` as measured)."""
+        if not self.tries:
+            self.measure()
+        first = self.tries[0]
+        return {k: max(t[k] for t in self.tries) if k in self.RATES else v for k, v in first.items()}
+
+    def spread(self) -> dict:
+        """Per rate: ``tries`` (FLOP/s, in order), ``best``, ``worst`` and ``best / worst``."""
+        out = {}
+        for k in self.RATES:
+            values = [t[k] for t in self.tries if k in t]
+            if values:
+                out[k] = {
+                    "tries": values,
+                    "best": max(values),
+                    "worst": min(values),
+                    "ratio": max(values) / min(values),
+                }
+        return out
+
+    def spread_line(self) -> str:
+        """``fp32 150 (127-150, 1.18x) ...``: each rate's best and its range over the tries, in GFLOP/s."""
+        parts = [
+            f"{k} {s['best'] / 1e9:.0f} ({s['worst'] / 1e9:.0f}-{s['best'] / 1e9:.0f}, {s['ratio']:.2f}x)"
+            for k, s in self.spread().items()
+        ]
+        return f"matmul rates over {len(self.tries)} tries, GFLOP/s best (range, best/worst): " + ", ".join(parts)

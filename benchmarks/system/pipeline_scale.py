@@ -28,7 +28,10 @@ Per size it prints:
 ``--inflight`` pushes weights under answers in flight (``pipeline.inflight_updates``; then the mean age of the
 trained tokens, ``token_staleness_mean``, each token's own version, is reported beside the groups' age) and
 ``--whole-batches`` collects ``P`` groups at a time, handed over when the last is done (``pipeline.whole_batches``,
-the pipeline before groups streamed). ``--arms`` runs several of these settings per size, ``--repeat`` times each, in
+the pipeline before groups streamed). The simulated engine runs ``P x G`` answers at once, each for its own length
+(``simulate.max_num_seqs``); ``--groups-in-flight N`` keeps ``N`` groups on it, those beyond its places waiting to
+start as answers end (``pipeline.groups_in_flight``; default ``P``: the engine's places empty as a group's short
+answers end, until its longest does). ``--arms`` runs several of these settings per size, ``--repeat`` times each, in
 turn (so a drift of the machine falls on every arm), and ends with a table of trained samples per second::
 
     python benchmarks/system/pipeline_scale.py --sizes 2x1,4x1 --long-tail 2 --answer-tokens 256 --inflight
@@ -84,6 +87,7 @@ def measure(args, model: Path, collectors: int, ranks: int, out: Path) -> dict:
         f"sampling.max_new_tokens={max(args.answer_tokens, 16)}",
         f"pipeline.inflight_updates={args.inflight}",
         f"pipeline.whole_batches={args.whole_batches}",
+        f"pipeline.groups_in_flight={args.groups_in_flight or 'null'}",
     ]
     if args.reference > 0:
         common += ["policy.kl_coef=0.01", "ref_model.placement=actor"]
@@ -184,8 +188,15 @@ def main() -> None:
     parser.add_argument("--inflight", action="store_true", help="pipeline.inflight_updates=true")
     parser.add_argument("--whole-batches", action="store_true", help="pipeline.whole_batches=true")
     parser.add_argument(
+        "--groups-in-flight",
+        type=int,
+        default=None,
+        help="pipeline.groups_in_flight (default: --prompts); the engine runs prompts x group answers at once",
+    )
+    parser.add_argument(
         "--arms",
-        help="settings to compare per size, e.g. whole,stream,whole+inflight,stream+inflight (overrides the two flags)",
+        help="settings to compare per size, e.g. whole,stream,whole+inflight,stream+inflight,stream+inflight+g8 "
+        "(+gN: N groups in flight a collector; overrides the three flags)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each arm per size (with --arms)")
     parser.add_argument("--sizes", help="collectors x ranks, e.g. 1x1,4x2 (default: all, or the quick ones)")
@@ -227,9 +238,17 @@ def main() -> None:
         runs = [(size, arm, i) for size in sizes for i in range(args.repeat if args.arms else 1) for arm in arms]
         for (collectors, ranks), arm, i in runs:
             if arm is not None:
-                args.whole_batches, args.inflight = arm.startswith("whole"), arm.endswith("+inflight")
+                kind, *options = arm.split("+")
+                args.whole_batches, args.inflight = kind == "whole", "inflight" in options
+                args.groups_in_flight = next((int(o[1:]) for o in options if o.startswith("g")), None)
             r = measure(args, model, collectors, ranks, Path(tmp) / f"{arm or 'run'}{i}")
-            r.update(arm=arm, repeat=i, whole_batches=args.whole_batches, inflight=args.inflight)
+            r.update(
+                arm=arm,
+                repeat=i,
+                whole_batches=args.whole_batches,
+                inflight=args.inflight,
+                groups_in_flight=args.groups_in_flight,
+            )
             results.append(r)
             if arm is not None:
                 print(f"{'':>10} arm {arm}, run {i + 1} of {args.repeat}", flush=True)

@@ -377,6 +377,7 @@ def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_p
         "rounds": {},
         "errors": {},
     }
+    out["_arms"] = arms  # summarized again at the end, with the rates' best tries (dropped before writing)
     for side in args.sides:  # one worker alive at a time: ours, then TRL
         arm = arms[side]
         t = time.perf_counter()
@@ -662,8 +663,8 @@ def main() -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    from benchmarks.micro.flops import best_rates
-    from benchmarks.versus_trl.trl_compare import prepare_prompts
+    from benchmarks.micro.flops import RateTries
+    from benchmarks.versus_trl.trl_compare import prepare_prompts, summarize
     from grpo_rl.model.precision import cpu_flags
 
     t_start = time.perf_counter()
@@ -704,18 +705,24 @@ def main() -> None:
         "matmul_rates": {},
         "points": [],
     }
+    # The floor's rates, per model and decoding rows: tried before every point that uses them and once more at the
+    # end, each rate's best try kept (one try is a few seconds at one moment: the last point's workers still
+    # exiting, or anything else on a core, lowers it), their spread reported; the floors are computed at the end.
+    tries: dict[str, RateTries] = {}
+    arms_of = []
     for i, p in enumerate(points):
         model_dir, cfg = models[p.model]
         rows_key = f"{p.model} x{p.prompts * p.group}"  # one decoding step's rows: prompts x G
-        if rows_key not in result["matmul_rates"]:
-            result["matmul_rates"][rows_key] = best_rates(cfg, args.threads, decode_rows=p.prompts * p.group)
-        rates = result["matmul_rates"][rows_key]
+        tries.setdefault(rows_key, RateTries(cfg, args.threads, decode_rows=p.prompts * p.group)).measure()
+        rates = result["matmul_rates"][rows_key] = tries[rows_key].best()
         print(
             f"\n[{i + 1}/{len(points)}] {p.name} ({fmt_params(cfg['params'])} parameters, axes "
-            f"{','.join(p.axes)}); {load_line()}; fp32 matmul {rates['fp32'] / 1e9:.0f} GFLOP/s",
+            f"{','.join(p.axes)}); {load_line()}; fp32 matmul {rates['fp32'] / 1e9:.0f} GFLOP/s "
+            f"(this try {tries[rows_key].tries[-1]['fp32'] / 1e9:.0f})",
             flush=True,
         )
         point = run_point(p, args, model_dir, cfg, rates, prompts_paths[p.prompts], log_dir)
+        arms_of.append(point.pop("_arms"))
         result["points"].append(point)
         trl_version = trl_version or (_get(point, "trl", "worker") or {}).get("trl")
         result["trl_version"] = trl_version
@@ -732,6 +739,17 @@ def main() -> None:
             )
         json_path.write_text(json.dumps(result, indent=1))
 
+    for rows_key, t in tries.items():
+        t.measure()
+        result["matmul_rates"][rows_key] = t.best()
+        result.setdefault("matmul_rates_spread", {})[rows_key] = t.spread()
+        print(f"{rows_key}: {t.spread_line()}", flush=True)
+    for p, point, arms in zip(points, result["points"], arms_of, strict=True):  # every floor at the best tries
+        model_dir, cfg = models[p.model]
+        rates = result["matmul_rates"][f"{p.model} x{p.prompts * p.group}"]
+        for side in args.sides:
+            if point.get(side):
+                point[side] = summarize(arms[side], args.warmup, rates, cfg)
     result["wall_s"] = time.perf_counter() - t_start
     result["load_end"] = os.getloadavg()
     json_path.write_text(json.dumps(result, indent=1))

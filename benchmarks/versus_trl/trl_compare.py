@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 from benchmarks.common import RESULTS, ROOT  # noqa: E402
 from benchmarks.common.machine import machine  # noqa: E402
 from benchmarks.common.workload import MARK, WORKLOAD  # noqa: E402
-from benchmarks.micro.flops import StepFlops, best_rates, bounds, step_flops  # noqa: E402
+from benchmarks.micro.flops import RateTries, StepFlops, bounds, step_flops  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OURS_WORKER = HERE / "_ours_worker.py"
@@ -457,17 +457,21 @@ def main() -> None:
         flush=True,
     )
     decode_rows = WORKLOAD["prompts_per_step"] * WORKLOAD["group_size"]
-    rates = best_rates(model_cfg, args.threads, decode_rows=decode_rows)
+    # The floor's rates: tried before the rounds, after each and again at the end, each rate's best try kept (one
+    # try is a few seconds at one moment; a worker still exiting lowers it), with their spread reported.
+    tries = RateTries(model_cfg, args.threads, decode_rows=decode_rows)
+    tries.measure()
     round_info = []
     for arms in rounds:
         print(f"round: {', '.join(a.name for a in arms)}", flush=True)
         round_info.append(run_round(arms, args, prompts_path, model_path, log_dir))
-    rates_after = best_rates(model_cfg, args.threads, decode_rows=decode_rows)
-    # The machine's rate is the better of the two measurements (another process may have held a core).
-    rates = {k: max(rates[k], rates_after[k]) if k not in ("threads", "decode_rows") else rates[k] for k in rates}
+        tries.measure()
+    tries.measure()
+    rates = tries.best()
 
     summaries = [summarize(a, args.warmup, rates, model_cfg) for arms in rounds for a in arms]
     print_table(summaries, rates)
+    print(tries.spread_line())
     comp = comparisons(summaries)
     for k, v in comp.items():
         print(f"{k}: {v}")
@@ -483,6 +487,7 @@ def main() -> None:
         "machine": host,
         "command": " ".join(sys.argv),
         "rates_flops_per_s": rates,
+        "rates_spread": tries.spread(),
         "rounds": round_info,
         "arms": summaries,
         "comparisons": comp,

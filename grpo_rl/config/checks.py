@@ -356,6 +356,16 @@ def _validate_pipeline(cfg: Any) -> None:
     for key in ("generation_seconds", "reference_seconds", "training_seconds", "jitter"):
         _positive(f"simulate.{key}", getattr(sim, key), allow_zero=True)
     _positive("simulate.answer_tokens", sim.answer_tokens)
+    if sim.max_num_seqs is not None:
+        _positive("simulate.max_num_seqs", sim.max_num_seqs)
+    if p.groups_in_flight is not None:
+        _positive("pipeline.groups_in_flight", p.groups_in_flight)
+        if p.whole_batches and p.groups_in_flight != cfg.env.prompts_per_step:
+            raise ConfigError(
+                f"pipeline.groups_in_flight={p.groups_in_flight} with pipeline.whole_batches=true: a whole batch is "
+                f"env.prompts_per_step={cfg.env.prompts_per_step} groups; set groups_in_flight=null or "
+                "whole_batches=false"
+            )
     _positive("pipeline.timeout_seconds", p.timeout_seconds)
     _positive("pipeline.start_timeout_seconds", p.start_timeout_seconds)
     if p.max_staleness < p.push_every - 1:

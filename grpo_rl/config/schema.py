@@ -624,6 +624,12 @@ class PipelineConfig:
     pipeline before groups streamed, kept for comparison: benchmarks/system/pipeline_scale.py). Off: each group goes
     to the buffer the moment it is scored and another prompt starts in its place, so the longest answer of a batch
     holds back no other group."""
+    groups_in_flight: int | None = None
+    """Groups a collector keeps on its engine at once (each admitted first, as every group is); null:
+    env.prompts_per_step. More than the engine runs at once wait in its queue (vLLM's scheduler, up to its
+    ``max_num_seqs`` answers) and start as soon as answers end, so the engine stays full while a group's longest
+    answer runs; more also means older groups when trained (the staleness bound still holds). With whole_batches it
+    must stay env.prompts_per_step."""
     inflight_updates: bool = False
     """inference_model.engine=vllm_server: a push lands under answers in flight (the servers pause with ``keep``,
     load, resume), so a long answer does not hold the engines back from the new policy. Each token keeps the
@@ -652,6 +658,10 @@ class SimulateConfig:
     ``answer_tokens * u_i`` long with ``u_i = exp(-long_tail * E_i)``, ``E_i`` exponential, the longest set to 1, and
     takes that share of the batch's time. A batch waits for its longest answer, which is when in-flight updates
     (``pipeline.inflight_updates``) reach the tokens sampled after a push."""
+    max_num_seqs: int | None = None
+    """Answers the simulated engine runs at once when it streams groups; the others wait and start as answers end
+    (vLLM's scheduler does the same with its ``max_num_seqs``). null: env.prompts_per_step * env.group_size, what
+    one batch runs."""
 
 
 @dataclass

@@ -88,6 +88,7 @@ class CollectorWorker:
         self._engine_call_started: float | None = None
         self._stats = dict.fromkeys(COLLECTOR_COUNTERS, 0)
         self.whole_batches = self.run_ctx.cfg.pipeline.whole_batches
+        self.groups_in_flight = self.run_ctx.cfg.pipeline.groups_in_flight
         self._pad_id = self.run_ctx.tokenizer.pad_token_id or 0
         self._evaluating = threading.Event()  # an evaluation waits for the engine: the stream drains
         self._outbox: list = []  # finished groups the buffer had no room for yet: (batch, failure examples, group)
@@ -169,9 +170,9 @@ class CollectorWorker:
 
     def run(self, position: dict | None = None) -> dict:
         """Collect until :meth:`stop` from the stream ``position`` (a :class:`~grpo_rl.rollout.source.StreamPosition`
-        state dict; None: the start): up to ``P`` groups in flight on the engine, each started once the buffer
-        admits it and put in the buffer the moment it is scored (with ``pipeline.whole_batches``, ``P`` at a time,
-        put together when the last of them is done)."""
+        state dict; None: the start): up to ``pipeline.groups_in_flight`` (default ``P``) groups in flight on the
+        engine, each started once the buffer admits it and put in the buffer the moment it is scored (with
+        ``pipeline.whole_batches``, ``P`` at a time, put together when the last of them is done)."""
         env = self.collector.env
         if position is not None:
             env.load_state_dict(position)
@@ -180,7 +181,8 @@ class CollectorWorker:
         draws = _AdmittedGroups(self, owed_groups(position, self.replica, self.num_replicas), per_batch)
         together: list = []
         with self._engine_lock:
-            stream = self.collector.stream(Live(draws.draw), prompts, lambda: self.version, per_batch)
+            room = self.groups_in_flight or per_batch
+            stream = self.collector.stream(Live(draws.draw), prompts, lambda: self.version, room)
             self._engine_call_started = time.monotonic()
             try:
                 for g, group, cs in stream:

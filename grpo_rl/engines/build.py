@@ -35,6 +35,7 @@ def make_engine(run: RunContext, policy: torch.nn.Module | None = None, fleet: S
             answer_tokens=sim.answer_tokens,
             pad_id=run.tokenizer.pad_token_id or 0,
             long_tail=sim.long_tail,
+            max_num_seqs=sim.max_num_seqs or run.cfg.env.prompts_per_step * run.cfg.env.group_size,
         )
     if run.placement is not None and run.placement.served:
         return make_served_engine(run, fleet.urls if fleet is not None else None)

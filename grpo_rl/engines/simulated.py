@@ -7,6 +7,7 @@ import heapq
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 
@@ -22,6 +23,20 @@ def _sleep(seconds: float, jitter: float, rng: random.Random) -> float:
     return took
 
 
+class _Group:
+    """One group in the simulated engine: its answers' relative lengths and seconds, and when each started and
+    ended (inf: not yet) under which weights."""
+
+    def __init__(self, request: GroupRequest, n: int, seconds: float, long_tail: float, jitter: float, rng):
+        self.request, self.drawn = request, time.monotonic()
+        self.shares = [math.exp(-long_tail * rng.expovariate(1.0)) for _ in range(n)]
+        scale = max(0.0, seconds * (1.0 + jitter * rng.gauss(0.0, 1.0)))  # one draw of the spread for the group
+        self.seconds = [scale * u for u in self.shares]
+        self.starts = [0.0] * n
+        self.ends = [math.inf] * n
+        self.versions0 = [0] * n
+
+
 class SimulatedEngine:
     """Sleeps ``seconds`` per batch, then answers every prompt with ``n`` random token sequences.
 
@@ -33,13 +48,23 @@ class SimulatedEngine:
         seconds, jitter: the generation time of one batch and its relative spread.
         answer_tokens: tokens per answer (at most the call's ``max_new_tokens``; of the longest, with a long tail).
         long_tail: spread of answer lengths (``simulate.long_tail``); 0: all of ``answer_tokens``.
+        max_num_seqs: answers run at once when streaming (None: ``max_in_flight`` groups' worth).
     """
 
     def __init__(
-        self, *, vocab_size: int, seconds: float, jitter: float, answer_tokens: int, pad_id: int, long_tail: float = 0.0
+        self,
+        *,
+        vocab_size: int,
+        seconds: float,
+        jitter: float,
+        answer_tokens: int,
+        pad_id: int,
+        long_tail: float = 0.0,
+        max_num_seqs: int | None = None,
     ):
         self.vocab_size, self.seconds, self.jitter = vocab_size, seconds, jitter
         self.answer_tokens, self.pad_id, self.long_tail = answer_tokens, pad_id, long_tail
+        self.max_num_seqs = max_num_seqs
         self.rng = random.Random()  # fresh per process: replicas must not draw the same times
         self.version = 0
         self._pushes: list[tuple[float, int]] = []  # (time, version) of pushes, for the batch under way
@@ -67,33 +92,57 @@ class SimulatedEngine:
     def stream(
         self, requests: Iterable[GroupRequest], n: int, sampling: SamplingSpec, max_in_flight: int
     ) -> Iterator[tuple[int, TensorDict]]:
-        """Continuous batching, simulated: each group runs from when it is drawn for as long as its longest answer
-        takes (a full-length answer takes a batch's ``seconds``), beside the others in flight, and is yielded when
-        it ends; so a group of short answers comes back before a long one drawn earlier."""
+        """Continuous batching, simulated: up to ``max_num_seqs`` answers run at once, each for its own length (a
+        full-length answer takes a batch's ``seconds``), the others wait in order of their group's draw and start as
+        answers end; a group is yielded when its last answer ends, so a group of short answers comes back before a
+        long one drawn earlier, and while a long answer runs the engine fills the other places with the next groups.
+        """
         check_room(max_in_flight)
-        pending, in_flight, order = iter(requests), [], 0
+        pending, groups, order = iter(requests), {}, 0
+        waiting: deque[tuple[int, int]] = deque()  # (group, answer) in the order drawn
+        running: list[tuple[float, int, int]] = []  # heap of (end, group, answer)
+        slots = self.max_num_seqs or max_in_flight * n
         longest = min(self.answer_tokens, sampling.max_new_tokens)
+
+        def begin(at: float) -> None:  # start waiting answers in the free places, at time ``at``
+            while waiting and len(running) < slots:
+                o, i = waiting.popleft()
+                group = groups[o]
+                start = max(at, group.drawn)  # a place freed before the group came: it starts when it came
+                group.starts[i], group.versions0[i] = start, self.version
+                heapq.heappush(running, (start + group.seconds[i], o, i))
+
         while True:
-            for request in islice(pending, max_in_flight - len(in_flight)):
-                shares = [math.exp(-self.long_tail * self.rng.expovariate(1.0)) for _ in range(n)]
-                took = max(0.0, self.seconds * max(shares) * (1.0 + self.jitter * self.rng.gauss(0.0, 1.0)))
-                start = time.monotonic()
-                heapq.heappush(in_flight, (start + took, order, start, self.version, request, shares))
+            for request in islice(pending, max_in_flight - len(groups)):
+                groups[order] = _Group(request, n, self.seconds, self.long_tail, self.jitter, self.rng)
+                waiting.extend((order, i) for i in range(n))
                 order += 1
-            if not in_flight:
+            begin(time.monotonic())
+            if not groups:
                 return
-            end, _, start, version0, request, shares = heapq.heappop(in_flight)
+            end, o, i = heapq.heappop(running)
             time.sleep(max(0.0, end - time.monotonic()))
-            g = torch.Generator().manual_seed(request.seed or 0)
-            responses, versions = [], []
-            for u in shares:
-                length = max(1, round(longest * u))
-                responses.append(torch.randint(0, self.vocab_size, (length,), generator=g).tolist())
-                at = [start + (end - start) * u / max(shares) * (t + 1) / length for t in range(length)]
-                versions.append([max([version0] + [v for t, v in self._history if start < t <= a]) for a in at])
-            logprobs = [[-1.0] * len(r) for r in responses]
-            truncated = [len(r) == sampling.max_new_tokens for r in responses]
-            yield request.key, pack_rollouts([request.prompt], responses, logprobs, truncated, n, self.pad_id, versions)
+            begin(end)  # the place this answer held goes to the next one waiting
+            group = groups[o]
+            group.ends[i] = end
+            if math.inf in group.ends:
+                continue
+            del groups[o]
+            yield group.request.key, self._pack(group, longest, sampling)
+
+    def _pack(self, group: _Group, longest: int, sampling: SamplingSpec) -> TensorDict:
+        g = torch.Generator().manual_seed(group.request.seed or 0)
+        responses, versions = [], []
+        for u, start, end, version0 in zip(group.shares, group.starts, group.ends, group.versions0, strict=True):
+            length = max(1, round(longest * u))
+            responses.append(torch.randint(0, self.vocab_size, (length,), generator=g).tolist())
+            at = [start + (end - start) * (t + 1) / length for t in range(length)]  # when each token was sampled
+            versions.append([max([version0] + [v for t, v in self._history if start < t <= a]) for a in at])
+        logprobs = [[-1.0] * len(r) for r in responses]
+        truncated = [len(r) == sampling.max_new_tokens for r in responses]
+        return pack_rollouts(
+            [group.request.prompt], responses, logprobs, truncated, len(responses), self.pad_id, versions
+        )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         for _ in named_tensors:  # the weights arrive (the transport is real); nothing is loaded

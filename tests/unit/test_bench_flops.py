@@ -70,3 +70,31 @@ def test_best_rates_takes_the_better_of_sleeping_and_spinning_threads():
     rates = best_rates(TINY, threads=1, decode_rows=4)
     assert set(rates) == {"threads", "decode_rows", "fp32", "bf16", "fp32_decode", "bf16_decode"}
     assert rates["decode_rows"] == 4 and all(rates[k] > 0 for k in ("fp32", "bf16", "fp32_decode", "bf16_decode"))
+
+
+def test_rate_tries_keep_each_rates_best_try_and_report_the_spread(monkeypatch):
+    from benchmarks.micro import flops
+
+    tries = iter(
+        [
+            {"threads": 2, "decode_rows": 4, "fp32": 150e9, "bf16": 300e9, "fp32_decode": 50e9, "bf16_decode": 90e9},
+            {"threads": 2, "decode_rows": 4, "fp32": 106e9, "bf16": 340e9, "fp32_decode": 55e9, "bf16_decode": 80e9},
+        ]
+    )
+    monkeypatch.setattr(flops, "best_rates", lambda *a, **k: next(tries))
+    rates = flops.RateTries(TINY, threads=2, decode_rows=4)
+    rates.measure()
+    rates.measure()
+    best = rates.best()
+    assert best == {
+        "threads": 2,
+        "decode_rows": 4,
+        "fp32": 150e9,
+        "bf16": 340e9,
+        "fp32_decode": 55e9,
+        "bf16_decode": 90e9,
+    }
+    spread = rates.spread()
+    assert spread["fp32"]["tries"] == [150e9, 106e9] and spread["fp32"]["worst"] == 106e9
+    assert spread["fp32"]["ratio"] == pytest.approx(150 / 106)
+    assert "fp32 150 (106-150, 1.42x)" in rates.spread_line() and "over 2 tries" in rates.spread_line()

@@ -126,3 +126,69 @@ def test_the_simulated_engine_stamps_tokens_sampled_after_an_inflight_push(clock
     assert oldest_token_version(batch, default=9).tolist() == batch["behavior_version"][:, 0].tolist()
     again = engine.generate([[1]], 2, SamplingSpec(max_new_tokens=40))  # a batch begun after the push
     assert (again["behavior_version"][again["response_mask"].bool()] == 5).all()
+
+
+class _Lengths:
+    """The simulated engine's random draws, chosen: ``expovariate`` answers from ``draws`` (with ``long_tail=1`` an
+    answer's share of the full time is ``exp(-draw)``), ``gauss`` 0 (no jitter)."""
+
+    def __init__(self, *shares: float):
+        import math
+
+        self.draws = [-math.log(u) for u in shares]
+
+    def expovariate(self, rate: float) -> float:
+        return self.draws.pop(0)
+
+    def gauss(self, mu: float, sigma: float) -> float:
+        return 0.0
+
+
+def _stream_ends(clock, engine, groups: int, n: int, max_in_flight: int) -> list[tuple[int, float, list[int]]]:
+    from grpo_rl.engines.base import GroupRequest
+
+    requests = [GroupRequest(key=k, prompt=[1], seed=k) for k in range(groups)]
+    start, out = clock.now, []
+    for key, rows in engine.stream(iter(requests), n, SamplingSpec(max_new_tokens=40), max_in_flight):
+        out.append((key, round(clock.now - start, 6), rows["response_mask"].sum(-1).tolist()))
+    return out
+
+
+def test_a_long_answer_holds_its_own_place_only_the_next_group_takes_the_others(clock):
+    # two places; group 0's answers take 1 s and 0.5 s, group 1's 0.5 s and 0.25 s: group 1 starts in the place of
+    # group 0's short answer and ends before group 0 does, where a group-sized place would start it at 1 s
+    engine = SimulatedEngine(
+        vocab_size=50, seconds=1.0, jitter=0.0, answer_tokens=40, pad_id=0, long_tail=1.0, max_num_seqs=2
+    )
+    engine.rng = _Lengths(1.0, 0.5, 0.5, 0.25)
+    ends = _stream_ends(clock, engine, groups=2, n=2, max_in_flight=2)
+    # group 1's first answer runs 0.5-1.0 s in the place freed at 0.5 s, its second 1.0-1.25 s in the next one
+    assert ends == [(0, 1.0, [40, 20]), (1, 1.25, [20, 10])]
+    engine.rng = _Lengths(1.0, 0.5, 0.5, 0.25)
+    engine.max_num_seqs = 3  # a third place: group 1's short answers both fit beside group 0's long one
+    assert _stream_ends(clock, engine, groups=2, n=2, max_in_flight=2) == [(1, 0.75, [20, 10]), (0, 1.0, [40, 20])]
+
+
+def test_groups_beyond_the_engines_places_wait_their_turn(clock):
+    engine = SimulatedEngine(vocab_size=50, seconds=1.0, jitter=0.0, answer_tokens=8, pad_id=0, max_num_seqs=2)
+    # one group's two answers fill the engine: three groups drawn at once end one after another
+    assert _stream_ends(clock, engine, groups=3, n=2, max_in_flight=3) == [
+        (0, 1.0, [8, 8]),
+        (1, 2.0, [8, 8]),
+        (2, 3.0, [8, 8]),
+    ]
+    engine.max_num_seqs = None  # as many places as the groups in flight have answers: all at once
+    assert [t for _, t, _ in _stream_ends(clock, engine, groups=3, n=2, max_in_flight=3)] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"pipeline.groups_in_flight": 0}, "pipeline.groups_in_flight"),
+        ({"pipeline.groups_in_flight": 8, "pipeline.whole_batches": True}, "pipeline.groups_in_flight=8"),
+        ({"simulate.max_num_seqs": 0}, "simulate.max_num_seqs"),
+    ],
+)
+def test_the_streaming_settings_are_checked(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(_cfg(**overrides))
