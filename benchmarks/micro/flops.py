@@ -214,6 +214,14 @@ class RateTries:
         self.cfg, self.threads, self.decode_rows, self.precisions = cfg, threads, decode_rows, tuple(precisions)
         self.tries: list[dict] = []
 
+    @classmethod
+    def pooled(cls, many: list[RateTries], keys: tuple[str, ...]) -> RateTries:
+        """The tries of ``many`` (of one model) together, for the rates ``keys`` only: the 512-row rates are the
+        same shapes whatever the decoding rows, so every try of them counts."""
+        out = cls(many[0].cfg, many[0].threads, precisions=many[0].precisions)
+        out.tries = [{"threads": t["threads"], **{k: t[k] for k in keys if k in t}} for o in many for t in o.tries]
+        return out
+
     def measure(self) -> dict:
         """One more try; returns it."""
         rates = best_rates(self.cfg, self.threads, decode_rows=self.decode_rows, precisions=self.precisions)

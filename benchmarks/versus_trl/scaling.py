@@ -739,11 +739,19 @@ def main() -> None:
             )
         json_path.write_text(json.dumps(result, indent=1))
 
-    for rows_key, t in tries.items():
+    for t in tries.values():
         t.measure()
-        result["matmul_rates"][rows_key] = t.best()
-        result.setdefault("matmul_rates_spread", {})[rows_key] = t.spread()
+    for rows_key, t in tries.items():
+        # The 512-row rates are the same shapes whatever the decoding rows: every try of the model counts.
+        same_model = [o for k, o in tries.items() if k.split(" x")[0] == rows_key.split(" x")[0]]
+        shared = RateTries.pooled(same_model, ("fp32", "bf16"))
+        result["matmul_rates"][rows_key] = {
+            **t.best(),
+            **{k: v for k, v in shared.best().items() if k in ("fp32", "bf16")},
+        }
+        result.setdefault("matmul_rates_spread", {})[rows_key] = {**t.spread(), **shared.spread()}
         print(f"{rows_key}: {t.spread_line()}", flush=True)
+        print(f"{rows_key}, 512 rows, every try of the model: {shared.spread_line()}", flush=True)
     for p, point, arms in zip(points, result["points"], arms_of, strict=True):  # every floor at the best tries
         model_dir, cfg = models[p.model]
         rates = result["matmul_rates"][f"{p.model} x{p.prompts * p.group}"]

@@ -98,3 +98,10 @@ def test_rate_tries_keep_each_rates_best_try_and_report_the_spread(monkeypatch):
     assert spread["fp32"]["tries"] == [150e9, 106e9] and spread["fp32"]["worst"] == 106e9
     assert spread["fp32"]["ratio"] == pytest.approx(150 / 106)
     assert "fp32 150 (106-150, 1.42x)" in rates.spread_line() and "over 2 tries" in rates.spread_line()
+    other = flops.RateTries(TINY, threads=2, decode_rows=8)
+    other.tries = [
+        {"threads": 2, "decode_rows": 8, "fp32": 161e9, "bf16": 200e9, "fp32_decode": 70e9, "bf16_decode": 1}
+    ]
+    pooled = flops.RateTries.pooled([rates, other], ("fp32", "bf16"))  # the 512-row shapes: every try counts
+    assert pooled.best() == {"threads": 2, "fp32": 161e9, "bf16": 340e9}
+    assert pooled.spread()["fp32"]["tries"] == [150e9, 106e9, 161e9] and set(pooled.spread()) == {"fp32", "bf16"}
