@@ -229,9 +229,7 @@ class RateTries:
         return rates
 
     def best(self) -> dict:
-        """Each rate's best try (``threads`` and ``decode_rows`` as measured)."""
-        if not self.tries:
-            self.measure()
+        """Each rate's best try (``threads`` and ``decode_rows`` as measured); after one :meth:`measure` at least."""
         first = self.tries[0]
         return {k: max(t[k] for t in self.tries) if k in self.RATES else v for k, v in first.items()}
 

@@ -39,24 +39,14 @@ ARMS = ("none", "reference", "own", "alloc")
 def child(arm: str, precision: str, calls: int, threads: int) -> dict:
     import torch
 
-    from benchmarks.micro.learner_levers import _batch
-    from grpo_rl.algo.loss import LossSettings
+    from benchmarks.micro.learner_levers import _learner, _training_batch
     from grpo_rl.model.loading import load_causal_lm
     from grpo_rl.model.logprobs import sequence_logprobs
-    from grpo_rl.training.learner import Learner
 
     torch.set_num_threads(threads)
     bf16 = precision == "bf16"
-    path, batch, _ = _batch()
-    g = torch.Generator().manual_seed(1)
-    n, a = batch["response_ids"].shape
-    batch["advantage"] = torch.randn(n, generator=g)
-    batch["behavior_logprobs"] = -5 * torch.rand(n, a, generator=g)
-    batch["ref_logprobs"] = -5 * torch.rand(n, a, generator=g)
-    model = load_causal_lm(path, torch.device("cpu"), "float32", trainable=True)
-    learner = Learner(
-        model, torch.device("cpu"), LossSettings(kl_coef=0.04), lr=1e-6, bf16_autocast=bf16, share_prompt=True
-    )
+    path, batch = _training_batch()
+    learner = _learner(path, bf16)
     reference = load_causal_lm(path, torch.device("cpu"), "float32") if arm == "reference" else None
 
     def between() -> None:

@@ -473,27 +473,39 @@ def weights(repeats: int) -> list[dict]:
     return out
 
 
-def profile(repeats: int) -> list[dict]:
-    """One ``Learner.train_step`` on the workload's micro-batch, by op (``repeats`` is unused)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    from grpo_rl.algo.loss import LossSettings
-    from grpo_rl.model.loading import load_causal_lm
-    from grpo_rl.training.learner import Learner
-
+def _training_batch():
+    """The workload's micro-batch with random advantages and behaviour and reference log-probs: what
+    ``Learner.train_step`` takes. Returns the model's path and the batch."""
     path, batch, _ = _batch()
     g = torch.Generator().manual_seed(1)
     n, a = batch["response_ids"].shape
     batch["advantage"] = torch.randn(n, generator=g)
     batch["behavior_logprobs"] = -5 * torch.rand(n, a, generator=g)
     batch["ref_logprobs"] = -5 * torch.rand(n, a, generator=g)
+    return path, batch
+
+
+def _learner(path, bf16: bool):
+    """A fresh ``Learner`` of the workload's model (KL 0.04, shared-prompt packing)."""
+    from grpo_rl.algo.loss import LossSettings
+    from grpo_rl.model.loading import load_causal_lm
+    from grpo_rl.training.learner import Learner
+
+    model = load_causal_lm(path, torch.device("cpu"), "float32", trainable=True)
+    return Learner(
+        model, torch.device("cpu"), LossSettings(kl_coef=0.04), lr=1e-6, bf16_autocast=bf16, share_prompt=True
+    )
+
+
+def profile(repeats: int) -> list[dict]:
+    """One ``Learner.train_step`` on the workload's micro-batch, by op (``repeats`` is unused)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    path, batch = _training_batch()
     out = []
     for name, bf16 in (("bf16 autocast", True), ("fp32", False)):
-        model = load_causal_lm(path, torch.device("cpu"), "float32", trainable=True)
-        learner = Learner(
-            model, torch.device("cpu"), LossSettings(kl_coef=0.04), lr=1e-6, bf16_autocast=bf16, share_prompt=True
-        )
+        learner = _learner(path, bf16)
         warm = []
         for _ in range(3):
             t0 = time.perf_counter()

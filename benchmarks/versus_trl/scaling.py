@@ -358,7 +358,11 @@ def load_line() -> str:
     return f"load average {a:.2f} {b:.2f} {c:.2f}"
 
 
-def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_path: Path, log_dir: Path) -> dict:
+def run_point(
+    p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_path: Path, log_dir: Path
+) -> tuple[dict, dict]:
+    """One point, each side in turn: its record, and the arms (summarized again at the end with the rates' best
+    tries)."""
     from benchmarks.versus_trl.trl_compare import run_round, summarize
 
     point_dir = log_dir / p.slug
@@ -377,7 +381,6 @@ def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_p
         "rounds": {},
         "errors": {},
     }
-    out["_arms"] = arms  # summarized again at the end, with the rates' best tries (dropped before writing)
     for side in args.sides:  # one worker alive at a time: ours, then TRL
         arm = arms[side]
         t = time.perf_counter()
@@ -391,7 +394,7 @@ def run_point(p: Point, args, model_dir: Path, cfg: dict, rates: dict, prompts_p
     out["load_after"] = os.getloadavg()
     if out.get("ours") and out.get("trl"):
         out["ratio"] = out["trl"]["s_per_step"] / out["ours"]["s_per_step"]
-    return out
+    return out, arms
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -721,8 +724,8 @@ def main() -> None:
             f"(this try {tries[rows_key].tries[-1]['fp32'] / 1e9:.0f})",
             flush=True,
         )
-        point = run_point(p, args, model_dir, cfg, rates, prompts_paths[p.prompts], log_dir)
-        arms_of.append(point.pop("_arms"))
+        point, arms = run_point(p, args, model_dir, cfg, rates, prompts_paths[p.prompts], log_dir)
+        arms_of.append(arms)
         result["points"].append(point)
         trl_version = trl_version or (_get(point, "trl", "worker") or {}).get("trl")
         result["trl_version"] = trl_version

@@ -457,8 +457,8 @@ def main() -> None:
         flush=True,
     )
     decode_rows = WORKLOAD["prompts_per_step"] * WORKLOAD["group_size"]
-    # The floor's rates: tried before the rounds, after each and again at the end, each rate's best try kept (one
-    # try is a few seconds at one moment; a worker still exiting lowers it), with their spread reported.
+    # The floor's rates: tried before the rounds and after each, each rate's best try kept (one try is a few seconds
+    # at one moment; a worker still exiting lowers it), with their spread reported.
     tries = RateTries(model_cfg, args.threads, decode_rows=decode_rows)
     tries.measure()
     round_info = []
@@ -466,7 +466,6 @@ def main() -> None:
         print(f"round: {', '.join(a.name for a in arms)}", flush=True)
         round_info.append(run_round(arms, args, prompts_path, model_path, log_dir))
         tries.measure()
-    tries.measure()
     rates = tries.best()
 
     summaries = [summarize(a, args.warmup, rates, model_cfg) for arms in rounds for a in arms]
