@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/system/train_phase.py                         # bf16 (ours:best), 1 + 4 steps
     .venv/bin/python benchmarks/system/train_phase.py --precision float32 --steps 6
     .venv/bin/python benchmarks/system/train_phase.py --flush-denormal        # the same with denormals flushed
+    .venv/bin/python benchmarks/system/train_phase.py --plain --steps 8       # the run's own calls, nothing else
 
 Runs ``versus_trl/_ours_worker.py``'s synchronous step (the workload's vLLM engine, reference, learner, weight push)
 and times the learner's ``train_step`` three ways on every step's batch, each from the same learner state (weights,
@@ -16,6 +17,10 @@ AdamW moments and schedule restored between them):
 ``run`` > ``again`` is time spent getting ready for a new batch (kernels built for new shapes, memory faulted in
 after the engine and the reference ran); ``again`` > ``random`` is time the values themselves cost (the kernels'
 speed on the run's log-probs, such as denormal floats). Writes ``benchmarks/results/train_phase.json``.
+
+The three calls need the learner's state copied and restored around them, and those copies (the weights and both
+AdamW moments, twice a step) churn the process's heap: the calls that follow fault in memory anew for a few steps.
+``--plain`` times the run's own call alone, with no copies and no repeats: what a run's training phase costs.
 """
 
 from __future__ import annotations
@@ -120,6 +125,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed steps, after one warm-up step")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--flush-denormal", action="store_true", help="torch.set_flush_denormal(True) first")
+    parser.add_argument("--plain", action="store_true", help="time the run's own call alone: no copies, no repeats")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
     set_threads(args.threads)
@@ -152,14 +158,30 @@ def main() -> None:
     collector = make_collector(run, engine, env=env)
 
     rows = []
-    print(
-        "| step | tokens | micro-batches | run s | again s | random s | run / again | again / random |"
-        " page faults (k): run, again, random |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    if not args.plain:
+        print(
+            "| step | tokens | micro-batches | run s | again s | random s | run / again | again / random |"
+            " page faults (k): run, again, random |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     own = Timed(learner)
+    if args.plain:
+        print("| step | tokens | micro-batches | run s | page faults (k) |\n|---:|---:|---:|---:|---:|")
     for step in range(args.steps + 1):
         batch, _ = collector.collect(step, learner.version)
+        if args.plain:
+            batch, metrics = train_on_batch(learner, ref, batch, run.cfg.policy, run.cfg.sampling.max_new_tokens)
+            engine.update_weights(learner.weights_for_push())
+            tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+            row = dict(step=step, warm_up=step == 0, tokens=tokens, micro_batches=int(metrics["num_micro_batches"]))
+            row.update(run_s=own.last[0], page_faults_k=dict(run=own.last[1]))
+            rows.append(row)
+            print(
+                f"| {step}{' (warm-up)' if step == 0 else ''} | {tokens} | {row['micro_batches']} | {own.last[0]:.2f} |"
+                f" {own.last[1]} |",
+                flush=True,
+            )
+            continue
         before = snapshot(learner)
         batch, metrics = train_on_batch(learner, ref, batch, run.cfg.policy, run.cfg.sampling.max_new_tokens)
         after = snapshot(learner)
@@ -191,11 +213,9 @@ def main() -> None:
         )
     engine.shutdown()
     timed_rows = [r for r in rows if not r["warm_up"]]
-    summary = {k: statistics.median(r[k] for r in timed_rows) for k in ("run_s", "again_s", "random_s")}
-    print(
-        f"median of {len(timed_rows)} steps: run {summary['run_s']:.2f} s, again {summary['again_s']:.2f} s, "
-        f"random {summary['random_s']:.2f} s"
-    )
+    keys = ("run_s",) if args.plain else ("run_s", "again_s", "random_s")
+    summary = {k: statistics.median(r[k] for r in timed_rows) for k in keys}
+    print(f"median of {len(timed_rows)} steps: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in summary.items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "train_phase.json"
     out.write_text(
