@@ -119,6 +119,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=str(RESULTS / "interleaved_step.json"))
     args = parser.parse_args()
+    if "shapes" in args.arms.split(",") and args.calls < 3:
+        parser.error("--arms shapes: needs --calls 3 or more (a first call, then each new shape twice)")
     if args.child:
         print(json.dumps(child(args.child, args.precision, args.calls, args.threads)))
         return

@@ -158,15 +158,15 @@ def main() -> None:
     collector = make_collector(run, engine, env=env)
 
     rows = []
-    if not args.plain:
+    if args.plain:
+        print("| step | tokens | micro-batches | run s | page faults (k) |\n|---:|---:|---:|---:|---:|")
+    else:
         print(
             "| step | tokens | micro-batches | run s | again s | random s | run / again | again / random |"
             " page faults (k): run, again, random |"
         )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     own = Timed(learner)
-    if args.plain:
-        print("| step | tokens | micro-batches | run s | page faults (k) |\n|---:|---:|---:|---:|---:|")
     for step in range(args.steps + 1):
         batch, _ = collector.collect(step, learner.version)
         if args.plain:
