@@ -158,63 +158,48 @@ def main() -> None:
     collector = make_collector(run, engine, env=env)
 
     rows = []
-    if args.plain:
-        print("| step | tokens | micro-batches | run s | page faults (k) |\n|---:|---:|---:|---:|---:|")
-    else:
-        print(
-            "| step | tokens | micro-batches | run s | again s | random s | run / again | again / random |"
-            " page faults (k): run, again, random |"
-        )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    repeats = () if args.plain else ("again", "random")
+    print(
+        "| step | tokens | micro-batches | run s |"
+        + "".join(f" {r} s |" for r in repeats)
+        + (" run / again | again / random |" if repeats else "")
+        + f" page faults (k): {', '.join(('run', *repeats))} |"
+    )
+    print("|---:" * (4 + 2 * len(repeats)) + "|---|")
     own = Timed(learner)
     for step in range(args.steps + 1):
         batch, _ = collector.collect(step, learner.version)
-        if args.plain:
-            batch, metrics = train_on_batch(learner, ref, batch, run.cfg.policy, run.cfg.sampling.max_new_tokens)
-            engine.update_weights(learner.weights_for_push())
-            tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
-            row = dict(step=step, warm_up=step == 0, tokens=tokens, micro_batches=int(metrics["num_micro_batches"]))
-            row.update(run_s=own.last[0], page_faults_k=dict(run=own.last[1]))
-            rows.append(row)
-            print(
-                f"| {step}{' (warm-up)' if step == 0 else ''} | {tokens} | {row['micro_batches']} | {own.last[0]:.2f} |"
-                f" {own.last[1]} |",
-                flush=True,
-            )
-            continue
-        before = snapshot(learner)
+        before = None if args.plain else snapshot(learner)
         batch, metrics = train_on_batch(learner, ref, batch, run.cfg.policy, run.cfg.sampling.max_new_tokens)
-        after = snapshot(learner)
-        restore(learner, before)
-        run_s, run_faults = own.last
-        again, again_faults = timed(lambda b=batch: own.step(b.clone()))
-        restore(learner, before)
-        shuffled = randomised(batch, step)
-        random, random_faults = timed(lambda s=shuffled: own.step(s))
-        restore(learner, after)
-        engine.update_weights(learner.named_weights())
+        seconds, faults = {"run": own.last[0]}, {"run": own.last[1]}
+        if before is not None:  # the same call again, then a random batch of its shapes, each from the same state
+            after = snapshot(learner)
+            restore(learner, before)
+            seconds["again"], faults["again"] = timed(lambda b=batch: own.step(b.clone()))
+            restore(learner, before)
+            shuffled = randomised(batch, step)
+            seconds["random"], faults["random"] = timed(lambda s=shuffled: own.step(s))
+            restore(learner, after)
+        engine.update_weights(learner.weights_for_push())
         tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
-        row = dict(
-            step=step,
-            warm_up=step == 0,
-            tokens=tokens,
-            micro_batches=int(metrics["num_micro_batches"]),
-            run_s=run_s,
-            again_s=again,
-            random_s=random,
-            page_faults_k=dict(run=run_faults, again=again_faults, random=random_faults),
-        )
+        row = dict(step=step, warm_up=step == 0, tokens=tokens, micro_batches=int(metrics["num_micro_batches"]))
+        row.update({f"{k}_s": v for k, v in seconds.items()}, page_faults_k=faults)
         rows.append(row)
+        ratios = (
+            f" {seconds['run'] / seconds['again']:.2f} | {seconds['again'] / seconds['random']:.2f} |"
+            if repeats
+            else ""
+        )
         print(
-            f"| {step}{' (warm-up)' if step == 0 else ''} | {tokens} | {row['micro_batches']} | {row['run_s']:.2f} |"
-            f" {again:.2f} | {random:.2f} | {run_s / again:.2f} | {again / random:.2f} |"
-            f" {run_faults}, {again_faults}, {random_faults} |",
+            f"| {step}{' (warm-up)' if step == 0 else ''} | {tokens} | {row['micro_batches']} |"
+            + "".join(f" {v:.2f} |" for v in seconds.values())
+            + ratios
+            + f" {', '.join(str(f) for f in faults.values())} |",
             flush=True,
         )
     engine.shutdown()
     timed_rows = [r for r in rows if not r["warm_up"]]
-    keys = ("run_s",) if args.plain else ("run_s", "again_s", "random_s")
-    summary = {k: statistics.median(r[k] for r in timed_rows) for k in keys}
+    summary = {f"{k}_s": statistics.median(r[f"{k}_s"] for r in timed_rows) for k in ("run", *repeats)}
     print(f"median of {len(timed_rows)} steps: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in summary.items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "train_phase.json"
