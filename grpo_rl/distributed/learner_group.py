@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from grpo_rl.quiet import quiet_logging, quiet_start
 
@@ -36,7 +37,7 @@ from grpo_rl.errors import LearnerLost, RoleFailed
 from grpo_rl.placement.context import ActorSpec, RunContext
 from grpo_rl.placement.ray import address_towards, host_store, interface_with_address, node_address
 from grpo_rl.training.build import make_local_learner, seed_everything
-from grpo_rl.weights.sync import WeightPacket, call_failed, pack_weights
+from grpo_rl.weights.sync import WeightPacket, call_error, pack_weights
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,54 @@ class LearnerRank:
             dist.destroy_process_group()
 
 
+# How long a rank's error waits for a peer's death to be known. A rank killed between steps or mid-collective makes
+# its peers' collectives fail at once ("Connection closed by peer"), often before Ray has told this process that the
+# killed rank's actor died: that error is the loss of a rank, which a restart heals, not the failure of one.
+DEATH_GRACE_SECONDS = 10.0
+
+
+def gather_ranks(calls: list, what: str, timeout: float | None, pids: list[int], grace: float = DEATH_GRACE_SECONDS):
+    """``ray.get`` of one call per rank, in rank order.
+
+    Raises:
+        LearnerLost: a rank died (found within ``grace`` seconds of the first error, whichever rank raised it), or
+            the ranks did not finish within ``timeout``.
+        RoleFailed: a rank raised, and none died.
+    """
+    import ray
+
+    try:
+        return ray.get(calls, timeout=timeout)
+    except ray.exceptions.GetTimeoutError as e:
+        raise LearnerLost(f"the learner ranks did not finish {what} within pipeline.timeout_seconds={timeout:g}") from e
+    except ray.exceptions.RayError as e:
+        rank, death = _dead_rank(calls, grace)
+        if death is None and isinstance(e, ray.exceptions.RayActorError):
+            rank, death = None, e
+        if death is not None:
+            who = "a learner rank" if rank is None else f"learner rank {rank} (pid {pids[rank]})"
+            raise LearnerLost(f"{who} died during {what} ({died_how(death)})") from e
+        raise RoleFailed(f"a learner rank failed during {what} (its log is above): {e}") from e
+
+
+def _dead_rank(calls: list, grace: float) -> tuple[int | None, BaseException | None]:
+    """The first rank whose call ended in its actor's death, and that death, waiting up to ``grace`` seconds for
+    the calls still running to end; ``(None, None)`` when none did."""
+    import ray
+
+    deadline = time.monotonic() + grace
+    while True:
+        for rank, call in enumerate(calls):
+            death = call_error(call, ray.exceptions.RayActorError)
+            if death is not None:
+                return rank, death
+        pending = ray.wait(calls, num_returns=len(calls), timeout=0)[1]
+        left = deadline - time.monotonic()
+        if not pending or left <= 0:
+            return None, None
+        ray.wait(pending, num_returns=1, timeout=min(0.5, left))
+
+
 def combine_rank_metrics(results: list[dict]) -> dict:
     """One step's metrics from every rank's: rank 0's diagnostics (summed over ranks inside the step), the micro
     batches of all ranks, and for times (``*_seconds``) the slowest rank's, which is what the group took."""
@@ -193,26 +242,15 @@ class LearnerGroup:
         self.compiled = False  # each rank compiles its own forward (train.compile); nothing runs compiled here
 
     def _get(self, calls: list, what: str):
-        """``ray.get`` of one call per rank; a rank that died or did not answer raises :class:`LearnerLost`
-        (the group is then of no further use: :attr:`lost`), an error raised by a rank :class:`RoleFailed`."""
-        import ray
-
+        """One call per rank, their results (:func:`gather_ranks`); a lost rank leaves the group of no further use
+        (:attr:`lost`)."""
         if self.lost:
             raise LearnerLost(f"the learner group lost a rank earlier; it cannot do {what}")
         try:
-            return ray.get(calls, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError as e:
+            return gather_ranks(calls, what, self.timeout, self.pids)
+        except LearnerLost:
             self.lost = True
-            raise LearnerLost(
-                f"the learner ranks did not finish {what} within pipeline.timeout_seconds={self.timeout:g}"
-            ) from e
-        except ray.exceptions.RayActorError as e:
-            self.lost = True
-            rank = next((i for i, call in enumerate(calls) if call_failed(call, ray.exceptions.RayActorError)), None)
-            who = "a learner rank" if rank is None else f"learner rank {rank} (pid {self.pids[rank]})"
-            raise LearnerLost(f"{who} died during {what} ({died_how(e)})") from e
-        except ray.exceptions.RayError as e:
-            raise RoleFailed(f"a learner rank failed during {what} (its log is above): {e}") from e
+            raise
 
     def train_step(self, batch) -> dict[str, float]:
         """``train.updates_per_batch`` optimizer steps on ``batch`` (see :meth:`Learner.train_step`), split over the

@@ -177,28 +177,16 @@ class CheckpointManager:
         if step == 0 or self._boundary is None:
             return
         if self.learner.lost:  # a learner group without one of its ranks holds no usable state
-            since = self.last_checkpoint or self.resumed_from
-            log.warning(
-                "the learner lost a rank: no final checkpoint; resume=auto %s",
-                f"continues from {since}"
-                if since
-                else "starts over (no checkpoint was written: see train.checkpoint_frequency)",
-            )
+            log.warning("the learner lost a rank: no final checkpoint; %s", self.resume_note())
             return
         # The boundary's data position and RNG states, so a run stopped mid-step still resumes exactly; but a learner
         # updated in the unfinished step no longer matches it: the last periodic checkpoint stands, nothing exported.
         fingerprint, env_state, rng = self._boundary
         if _learner_fingerprint(self.learner) != fingerprint:
-            since = (
-                f"continues from {self.last_checkpoint}"
-                if self.last_checkpoint is not None
-                else "starts over (no checkpoint was written: see train.checkpoint_frequency)"
-            )
             log.warning(
-                "stopped in the middle of step %d after the learner had been updated: no checkpoint "
-                "written; resume=auto %s",
+                "stopped in the middle of step %d after the learner had been updated: no checkpoint written; %s",
                 step + 1,
-                since,
+                self.resume_note(),
             )
             return
         saved_step = checkpoint_step(self.last_checkpoint) if self.last_checkpoint is not None else None
@@ -214,6 +202,13 @@ class CheckpointManager:
                 self.last_checkpoint,
                 self.run_dir,
             )
+
+    def resume_note(self) -> str:
+        """Where ``resume=auto`` would continue this run from, for a message that no checkpoint was written now."""
+        since = self.last_checkpoint or self.resumed_from
+        if since is None:
+            return "resume=auto starts over (no checkpoint was written: see train.checkpoint_frequency)"
+        return f"resume=auto continues from {since}"
 
     def export_final(self) -> Path:
         """The policy as an HF folder (merged, for LoRA) at ``<run_dir>/final_model``, replaced atomically."""

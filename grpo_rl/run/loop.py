@@ -70,7 +70,7 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
         # Resume (resume=auto|<checkpoint>): weights, optimizer, stream position, RNG; the engines get the weights.
         checkpoints.resume(roles.weight_sync)
         cleanup.callback(lambda: roles.learner.shutdown())  # the learner of the last restart (a second one is a no-op)
-        cleanup.callback(lambda: checkpoints.finish(stopper.stopped_because))
+        cleanup.push(lambda *exc: finish_checkpoints(checkpoints, stopper, failure=exc[1]))
         cleanup.callback(roles.source.close)  # before the final checkpoint (a second close does nothing)
         try:
             run_healing_steps(run, roles, stopper, steps, checkpoints)
@@ -82,6 +82,19 @@ def train(cfg, run_dir: Path, mode: str, rewards: tuple = ()) -> RunOutcome:
         resumed_from=checkpoints.resumed_from,
         last_checkpoint=checkpoints.last_checkpoint,
     )
+
+
+def finish_checkpoints(checkpoints: CheckpointManager, stopper: Stopper, failure: BaseException | None) -> bool:
+    """The final checkpoint (:meth:`CheckpointManager.finish`). When the run is already ending on ``failure``, a
+    role that fails the checkpoint too is logged, and ``failure`` stays what the run ends with: the checkpoint's
+    error would otherwise hide why the run ended."""
+    try:
+        checkpoints.finish(stopper.stopped_because)
+    except RoleFailed as e:
+        if failure is None:
+            raise
+        log.warning("no final checkpoint: %s; %s", e, checkpoints.resume_note())
+    return False  # ExitStack: do not swallow ``failure``
 
 
 def run_healing_steps(run, roles: Roles, stopper: Stopper, steps: StepLog, checkpoints: CheckpointManager) -> None:

@@ -215,7 +215,7 @@ def wait_for_collectors(calls: list, what: str, timeout: float | None, *, lost_o
     except ray.exceptions.RayError as e:
         if lost_ok and isinstance(e, ray.exceptions.RayActorError):
             return [_unless_lost(i, call, what, timeout) for i, call in enumerate(calls)]
-        replica = next((i for i, call in enumerate(calls) if call_failed(call)), None)
+        replica = next((i for i, call in enumerate(calls) if call_error(call) is not None), None)
         who = "a collector" if replica is None else f"collector replica {replica}"
         how = "died" if isinstance(e, ray.exceptions.RayActorError) else "failed"
         raise RoleFailed(f"{who} {how} while {what}: {type(e).__name__}; its log is above") from e
@@ -235,12 +235,18 @@ def _unless_lost(replica: int, call, what: str, timeout: float | None):
         ) from e
 
 
-def call_failed(call, error: type[BaseException] | None = None) -> bool:
-    """Has the Ray ``call`` finished with a Ray error (of type ``error``, default any)? False while it runs."""
+def call_error(call, error: type[BaseException] | None = None) -> BaseException | None:
+    """The Ray error (of type ``error``, default any) the Ray ``call`` finished with; None while it runs or when it
+    returned."""
     import ray
 
     if not ray.wait([call], timeout=0)[0]:
-        return False
+        return None
+    try:
+        ray.get(call)
+    except ray.exceptions.RayError as e:
+        return e if isinstance(e, error or ray.exceptions.RayError) else None
+    return None
     try:
         ray.get(call)
     except ray.exceptions.RayError as e:

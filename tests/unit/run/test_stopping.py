@@ -186,3 +186,32 @@ def test_an_output_dir_that_is_a_file_is_a_user_error(tmp_path, resume):
     )
     with pytest.raises(RunFolderError, match=rf"^output_dir={file / 'run'} is inside {file}, which is a file"):
         check_run_folder(cfg, file / "run")
+
+
+def test_a_final_checkpoint_that_fails_on_a_failing_run_leaves_the_runs_own_error(
+    tmp_path, logger, tiny_model, tokenizer, caplog
+):
+    """A run ending on an error whose final checkpoint fails too (the learner's rank was gone by then) ends with
+    its own error, the checkpoint's logged; a run ending well whose final checkpoint fails ends with that."""
+    from grpo_rl.errors import LearnerLost, RoleFailed
+    from grpo_rl.run.loop import finish_checkpoints
+
+    run = _Run(_cfg(tmp_path, checkpoint_frequency=2), tmp_path, logger, tokenizer, tiny_model)
+    run.checkpoints.resume(weight_sync=None)
+    run.one_step()
+    run.one_step()  # checkpointed
+    run.one_step()
+
+    def gone() -> dict:
+        raise LearnerLost("learner rank 1 (pid 7) died during a checkpoint (its process was killed or crashed)")
+
+    run.learner.state_dict = gone
+    first = RoleFailed("a learner rank failed during a training step (its log is above): peer closed")
+    with caplog.at_level("WARNING", logger="grpo_rl.run.loop"):
+        assert finish_checkpoints(run.checkpoints, run.stopper, failure=first) is False
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "grpo_rl.run.loop"]
+    assert message.startswith("no final checkpoint: learner rank 1 (pid 7) died during a checkpoint")
+    assert message.endswith(f"resume=auto continues from {run.checkpoints.store.latest()}")
+    assert [p.name for p in run.checkpoints.store.list()] == ["step_00000002"]
+    with pytest.raises(LearnerLost, match="died during a checkpoint"):
+        finish_checkpoints(run.checkpoints, run.stopper, failure=None)
