@@ -160,18 +160,17 @@ def gather_ranks(calls: list, what: str, timeout: float | None, pids: list[int],
     except ray.exceptions.GetTimeoutError as e:
         raise LearnerLost(f"the learner ranks did not finish {what} within pipeline.timeout_seconds={timeout:g}") from e
     except ray.exceptions.RayError as e:
-        rank, death = _dead_rank(calls, grace)
-        if death is None and isinstance(e, ray.exceptions.RayActorError):
-            rank, death = None, e
-        if death is not None:
-            who = "a learner rank" if rank is None else f"learner rank {rank} (pid {pids[rank]})"
-            raise LearnerLost(f"{who} died during {what} ({died_how(death)})") from e
+        dead = _dead_rank(calls, grace)
+        if dead is not None:
+            rank, death = dead
+            raise LearnerLost(f"learner rank {rank} (pid {pids[rank]}) died during {what} ({died_how(death)})") from e
         raise RoleFailed(f"a learner rank failed during {what} (its log is above): {e}") from e
 
 
-def _dead_rank(calls: list, grace: float) -> tuple[int | None, BaseException | None]:
+def _dead_rank(calls: list, grace: float) -> tuple[int, BaseException] | None:
     """The first rank whose call ended in its actor's death, and that death, waiting up to ``grace`` seconds for
-    the calls still running to end; ``(None, None)`` when none did."""
+    the calls still running to end; None when none did. (A death ``ray.get`` raised is found at once: its call is
+    done.)"""
     import ray
 
     deadline = time.monotonic() + grace
@@ -183,7 +182,7 @@ def _dead_rank(calls: list, grace: float) -> tuple[int | None, BaseException | N
         pending = ray.wait(calls, num_returns=len(calls), timeout=0)[1]
         left = deadline - time.monotonic()
         if not pending or left <= 0:
-            return None, None
+            return None
         ray.wait(pending, num_returns=1, timeout=min(0.5, left))
 
 

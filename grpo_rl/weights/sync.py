@@ -247,8 +247,3 @@ def call_error(call, error: type[BaseException] | None = None) -> BaseException 
     except ray.exceptions.RayError as e:
         return e if isinstance(e, error or ray.exceptions.RayError) else None
     return None
-    try:
-        ray.get(call)
-    except ray.exceptions.RayError as e:
-        return isinstance(e, error or ray.exceptions.RayError)
-    return False
